@@ -1,0 +1,323 @@
+#include "cli_commands.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <system_error>
+
+#include "device_attributes.h"
+#include "file_util.h"
+#include "library_paths.h"
+#include "netdev.h"
+#include "sandbox.h"
+#include "sysfs_tree.h"
+
+namespace softverbs::cli {
+
+namespace fs = std::filesystem;
+
+void report_error(const std::string& message) { std::cerr << "softverbs: " << message << '\n'; }
+
+namespace {
+
+bool is_help(const char* arg) { return std::strcmp(arg, "--help") == 0 || std::strcmp(arg, "-h") == 0; }
+
+std::string host_identity() {
+  if (auto machine_id = read_first_line("/etc/machine-id"); machine_id && !machine_id->empty()) return *machine_id;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string text;
+  for (const auto& item : items) text += (text.empty() ? "" : ", ") + item;
+  return text;
+}
+
+// Parses "--flag VALUE" and "--flag=VALUE". Returns false (after reporting) on
+// a missing value.
+bool take_value(std::span<char*> args, size_t& i, const char* flag, std::string& value, bool& matched) {
+  matched = false;
+  size_t flag_length = std::strlen(flag);
+  const char* arg = args[i];
+  if (std::strcmp(arg, flag) == 0) {
+    matched = true;
+    if (i + 1 >= args.size()) {
+      report_error(std::string("option ") + flag + " needs a value");
+      return false;
+    }
+    value = args[++i];
+    return true;
+  }
+  if (std::strncmp(arg, flag, flag_length) == 0 && arg[flag_length] == '=') {
+    matched = true;
+    value = arg + flag_length + 1;
+    return true;
+  }
+  return true;
+}
+
+constexpr const char* kUpHelp =
+    "usage: softverbs up [--name NAME] [--netdev IF] [--transport auto|shm|udp]\n"
+    "\n"
+    "Creates the emulated RDMA device NAME (default softverbs0) on network device IF\n"
+    "(default lo), or refreshes it if it exists (GIDs follow IF's current addresses).\n"
+    "Run as root it also creates /dev/infiniband/uverbsN, which lets programs use the\n"
+    "device without `softverbs run` (see `softverbs env`).\n";
+
+constexpr const char* kDownHelp =
+    "usage: softverbs down [NAME | --all]\n"
+    "\n"
+    "Removes the emulated device NAME (default softverbs0), or every device.\n";
+
+constexpr const char* kStatusHelp =
+    "usage: softverbs status [NAME]\n"
+    "\n"
+    "Shows the emulated devices: port state, MTU, GID table and the processes using them.\n";
+
+constexpr const char* kEnvHelp =
+    "usage: softverbs env\n"
+    "\n"
+    "Prints `export` lines that make libibverbs in this shell find softverbs devices:\n"
+    "    eval \"$(softverbs env)\"\n"
+    "Programs started this way need /dev/infiniband/uverbsN to exist: `sudo softverbs up`\n"
+    "creates it. `softverbs run` needs neither.\n";
+
+std::string gid_type_label(GidType type) { return type == GidType::RoceV2 ? "RoCE v2" : "RoCE v1"; }
+
+fs::path dev_entry(const DeviceConfig& config) { return fs::path("/dev/infiniband") / config.uverbs_name(); }
+
+}  // namespace
+
+std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::string& name,
+                                     const std::string& netdev_name, TransportChoice transport, std::string* error) {
+  if (!is_valid_device_name(name)) {
+    *error = "invalid device name '" + name + "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -";
+    return std::nullopt;
+  }
+  auto netdev = query_netdev(netdev_name);
+  if (!netdev) {
+    *error = "no network device '" + netdev_name + "' (this namespace has: " + join(list_netdevs()) + ")";
+    return std::nullopt;
+  }
+  if (!registry.ensure_exists(error)) return std::nullopt;
+  RegistryLock lock(registry);
+
+  DeviceConfig config;
+  if (auto existing = registry.find(name)) config = *existing;
+  config.name = name;
+  config.netdev = netdev_name;
+  config.transport = transport;
+  config.netdev_mtu = netdev->mtu;
+  config.runtime_dir = registry.runtime_dir();
+  if (config.node_guid == 0) config.node_guid = derive_node_guid(host_identity(), name);
+  config.uverbs_index = registry.allocate_uverbs_index(name, "/sys");
+  if (config.uverbs_index < 0) {
+    *error = "too many devices: remove one with `softverbs down NAME`";
+    return std::nullopt;
+  }
+  if (!write_device_tree(registry.sysfs_root(), config, build_gid_table(*netdev), error)) return std::nullopt;
+  link_real_devices(registry.sysfs_root(), "/sys");
+  if (!registry.save(config, error)) return std::nullopt;
+  if (geteuid() == 0) {
+    std::string dev_error;
+    if (!ensure_dev_entry(config, &dev_error)) std::cerr << "softverbs: warning: " << dev_error << '\n';
+  }
+  return config;
+}
+
+std::optional<std::vector<DeviceConfig>> devices_or_default(const DeviceRegistry& registry, std::string* error) {
+  auto devices = registry.list();
+  if (!devices.empty()) return devices;
+  auto config = bring_up(registry, "softverbs0", "lo", TransportChoice::Auto, error);
+  if (!config) return std::nullopt;
+  return std::vector<DeviceConfig>{*config};
+}
+
+int command_up(std::span<char*> args) {
+  std::string name = "softverbs0", netdev = "lo", transport_text = "auto";
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (is_help(args[i])) {
+      std::cout << kUpHelp;
+      return kExitOk;
+    }
+    bool matched = false;
+    for (auto [flag, target] : {std::pair{"--name", &name}, {"--netdev", &netdev}, {"--transport", &transport_text}}) {
+      if (!take_value(args, i, flag, *target, matched)) return kExitUsage;
+      if (matched) break;
+    }
+    if (!matched) {
+      report_error(std::string("up: unexpected argument '") + args[i] + "'\n" + kUpHelp);
+      return kExitUsage;
+    }
+  }
+  auto transport = parse_transport(transport_text);
+  if (!transport) {
+    report_error("up: invalid transport '" + transport_text + "': use auto, shm or udp");
+    return kExitUsage;
+  }
+  if (!is_valid_device_name(name)) {
+    report_error("up: invalid device name '" + name + "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -");
+    return kExitUsage;
+  }
+  if (!query_netdev(netdev)) {
+    report_error("up: no network device '" + netdev + "' (this namespace has: " + join(list_netdevs()) + ")");
+    return kExitUsage;
+  }
+  DeviceRegistry registry(default_runtime_dir());
+  std::string error;
+  auto config = bring_up(registry, name, netdev, *transport, &error);
+  if (!config) {
+    report_error("up: " + error);
+    return kExitFailure;
+  }
+  std::cout << config->name << " is up on " << config->netdev << " (" << config->uverbs_name() << ", node GUID "
+            << format_guid(config->node_guid) << ", transport " << transport_name(config->transport) << ")\n";
+  return kExitOk;
+}
+
+int command_down(std::span<char*> args) {
+  std::string name = "softverbs0";
+  bool all = false;
+  bool named = false;
+  for (char* arg : args) {
+    if (is_help(arg)) {
+      std::cout << kDownHelp;
+      return kExitOk;
+    }
+    if (std::strcmp(arg, "--all") == 0) {
+      all = true;
+    } else if (arg[0] != '-' && !named) {
+      name = arg;
+      named = true;
+    } else {
+      report_error(std::string("down: unexpected argument '") + arg + "'\n" + kDownHelp);
+      return kExitUsage;
+    }
+  }
+  if (all && named) {
+    report_error("down: give a device name or --all, not both");
+    return kExitUsage;
+  }
+  DeviceRegistry registry(default_runtime_dir());
+  std::vector<DeviceConfig> targets;
+  if (all) {
+    targets = registry.list();
+  } else if (auto config = registry.find(name)) {
+    targets.push_back(*config);
+  } else {
+    std::vector<std::string> names;
+    for (const auto& device : registry.list()) names.push_back(device.name);
+    report_error("down: no device named '" + name + "'" +
+                 (names.empty() ? std::string(" (no device is up)") : " (devices up: " + join(names) + ")"));
+    return kExitFailure;
+  }
+  RegistryLock lock(registry);
+  for (const auto& config : targets) {
+    std::string error;
+    remove_device_tree(registry.sysfs_root(), config);
+    if (!registry.remove(config.name, &error)) {
+      report_error("down: " + error);
+      return kExitFailure;
+    }
+    if (geteuid() == 0) remove_dev_entry(config);
+    std::cout << config.name << " is down\n";
+  }
+  return kExitOk;
+}
+
+int command_status(std::span<char*> args) {
+  std::string only;
+  for (char* arg : args) {
+    if (is_help(arg)) {
+      std::cout << kStatusHelp;
+      return kExitOk;
+    }
+    if (arg[0] == '-' || !only.empty()) {
+      report_error(std::string("status: unexpected argument '") + arg + "'\n" + kStatusHelp);
+      return kExitUsage;
+    }
+    only = arg;
+  }
+  DeviceRegistry registry(default_runtime_dir());
+  auto devices = registry.list();
+  if (!only.empty()) {
+    std::erase_if(devices, [&](const DeviceConfig& d) { return d.name != only; });
+    if (devices.empty()) {
+      report_error("status: no device named '" + only + "'");
+      return kExitFailure;
+    }
+  }
+  if (devices.empty()) {
+    std::cout << "no softverbs device is up (runtime directory " << registry.runtime_dir().string()
+              << "); start one with `softverbs up`\n";
+    return kExitOk;
+  }
+  for (const auto& config : devices) {
+    PortAttributes port = port_attributes(config);
+    std::cout << config.name << ": " << config.uverbs_name() << ", netdev " << config.netdev << ", transport "
+              << transport_name(config.transport) << ", node GUID " << format_guid(config.node_guid) << '\n';
+    std::cout << "  port 1: " << (port.state == PortState::Active ? "ACTIVE" : "DOWN") << ", active MTU "
+              << mtu_bytes(port.active_mtu) << ", link layer Ethernet\n";
+    fs::path gid_dir = registry.sysfs_root() / "class/infiniband" / config.name / "ports/1";
+    for (int index = 0; index < port.gid_table_length; ++index) {
+      auto text = read_first_line(gid_dir / "gids" / std::to_string(index));
+      if (!text) continue;
+      auto gid = Gid::from_sysfs_string(*text);
+      if (!gid || gid->is_zero()) continue;
+      auto type = read_first_line(gid_dir / "gid_attrs/types" / std::to_string(index)).value_or("?");
+      auto ndev = read_first_line(gid_dir / "gid_attrs/ndevs" / std::to_string(index)).value_or("");
+      std::cout << "    GID[" << index << "] " << *text << "  "
+                << (type == "RoCE v2" ? gid_type_label(GidType::RoceV2) : gid_type_label(GidType::RoceV1)) << "  "
+                << ndev << '\n';
+    }
+    auto users = registry.users(config.name);
+    if (users.empty()) {
+      std::cout << "  processes: none\n";
+    } else {
+      std::cout << "  processes:";
+      for (const auto& user : users) std::cout << ' ' << user.pid << " (" << user.command << ')';
+      std::cout << '\n';
+    }
+  }
+  return kExitOk;
+}
+
+int command_env(std::span<char*> args) {
+  for (char* arg : args) {
+    if (is_help(arg)) {
+      std::cout << kEnvHelp;
+      return kExitOk;
+    }
+    report_error(std::string("env: unexpected argument '") + arg + "'\n" + kEnvHelp);
+    return kExitUsage;
+  }
+  LibraryPaths libraries = locate_libraries();
+  if (!libraries.found) {
+    report_error("env: cannot find libsoftverbs-rdmav34.so and libsoftverbs-preload.so (build or install softverbs)");
+    return kExitFailure;
+  }
+  DeviceRegistry registry(default_runtime_dir());
+  std::string error;
+  auto devices = devices_or_default(registry, &error);
+  if (!devices) {
+    report_error("env: " + error);
+    return kExitFailure;
+  }
+  for (const auto& variable : sandbox_environment(registry, libraries, /*namespaced=*/false))
+    std::cout << "export " << variable.first << "='" << variable.second << "'\n";
+  for (const auto& config : *devices) {
+    std::error_code ec;
+    if (!fs::exists(dev_entry(config), ec))
+      std::cout << "# warning: " << dev_entry(config).string()
+                << " is missing, so libibverbs will skip " << config.name
+                << "; run `sudo softverbs up` once, or use `softverbs run -- CMD`\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace softverbs::cli

@@ -1,0 +1,35 @@
+// The verbs of the `softverbs` command. Each returns the process exit code:
+// 0 success, 1 the operation failed, 2 bad usage.
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+
+#include "device_config.h"
+#include "device_registry.h"
+
+namespace softverbs::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+int command_up(std::span<char*> args);
+int command_down(std::span<char*> args);
+int command_status(std::span<char*> args);
+int command_env(std::span<char*> args);
+int command_run(std::span<char*> args);
+
+// Creates or refreshes a device: registry record, sysfs tree and, for root,
+// the /dev/infiniband entry. nullopt and a message on failure.
+std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::string& name,
+                                     const std::string& netdev, TransportChoice transport, std::string* error);
+
+// The devices that are up; brings up the default device first if none is.
+std::optional<std::vector<DeviceConfig>> devices_or_default(const DeviceRegistry& registry, std::string* error);
+
+// Prints "softverbs: <message>" to stderr.
+void report_error(const std::string& message);
+
+}  // namespace softverbs::cli

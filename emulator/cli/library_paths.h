@@ -1,0 +1,19 @@
+// Locating the provider and the preload library: next to the binary in a
+// build tree (bin/ and lib/), else where `cmake --install` put them.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace softverbs::cli {
+
+struct LibraryPaths {
+  // RDMAV_DRIVERS value: the provider's path without "-rdmav34.so".
+  std::string provider_stem;
+  std::filesystem::path preload;
+  bool found = false;
+};
+
+LibraryPaths locate_libraries();
+
+}  // namespace softverbs::cli

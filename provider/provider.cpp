@@ -1,0 +1,164 @@
+// Driver registration and device/context lifetime: what libibverbs calls to
+// find, open and close a softverbs device.
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "device_registry.h"
+#include "file_util.h"
+#include "device_limits.h"
+#include "provider_context.h"
+#include "sysfs_tree.h"
+
+namespace softverbs::provider {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Per-process count of open contexts per device, so that the registry lists
+// this process as a user while any context is open.
+class UserRecords {
+ public:
+  void opened(const DeviceConfig& config) {
+    std::lock_guard lock(mutex_);
+    if (open_counts_[config.name]++ == 0) DeviceRegistry(config.runtime_dir).register_user(config.name, getpid());
+  }
+  void closed(const DeviceConfig& config) {
+    std::lock_guard lock(mutex_);
+    if (--open_counts_[config.name] == 0) DeviceRegistry(config.runtime_dir).unregister_user(config.name, getpid());
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, int> open_counts_;
+};
+
+UserRecords& user_records() {
+  static UserRecords records;
+  return records;
+}
+
+bool match_device(abi::verbs_sysfs_dev*) {
+  // The match table has already required a "softverbs:" modalias; nothing
+  // else to check.
+  return true;
+}
+
+abi::verbs_device* alloc_device(abi::verbs_sysfs_dev*) {
+  auto device = std::make_unique<ProviderDevice>();
+  return &device.release()->verbs;
+}
+
+void uninit_device(abi::verbs_device* device) {
+  std::unique_ptr<ProviderDevice> owner(reinterpret_cast<ProviderDevice*>(device));
+}
+
+void free_context(ibv_context* context);
+
+const abi::verbs_context_ops kContextOps = [] {
+  abi::verbs_context_ops ops{};
+  ops.free_context = free_context;
+  ops.query_device_ex = query_device_ex;
+  ops.query_port = query_port;
+  return ops;
+}();
+
+std::unique_ptr<ContextState> load_context_state(const ibv_device* device) {
+  auto text = read_text_file(fs::path(device->ibdev_path) / kDeviceConfigFile);
+  if (!text) return nullptr;
+  std::string error;
+  auto config = DeviceConfig::parse(*text, &error);
+  if (!config) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto state = std::make_unique<ContextState>();
+  state->device = device_attributes(*config);
+  state->port = port_attributes(*config);
+  state->config = std::move(*config);
+  return state;
+}
+
+verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
+  // cmd_fd is the uverbs character device, which for softverbs is /dev/null
+  // opened read-write: libibverbs' kernel commands would "succeed" there.
+  // Replace it with a read-only /dev/null so that any kernel-only path fails
+  // cleanly with EBADF instead.
+  close(cmd_fd);
+  int inert_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (inert_fd < 0) return nullptr;
+
+  std::unique_ptr<ContextState> state = load_context_state(device);
+  if (!state) {
+    close(inert_fd);
+    return nullptr;
+  }
+  int async_pair[2];
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, async_pair) != 0) {
+    close(inert_fd);
+    return nullptr;
+  }
+
+  auto* context = static_cast<ProviderContext*>(_verbs_init_and_alloc_context(
+      device, inert_fd, sizeof(ProviderContext), reinterpret_cast<verbs_context*>(offsetof(ProviderContext, verbs)),
+      0 /* RDMA_DRIVER_UNKNOWN */));
+  if (context == nullptr) {
+    close(async_pair[0]);
+    close(async_pair[1]);
+    return nullptr;
+  }
+  // libibverbs calloc'ed the object; construct our member in place.
+  std::construct_at(&context->state, std::move(state));
+  context->verbs.context.async_fd = async_pair[0];
+  context->verbs.context.num_comp_vectors = 1;
+  context->state->async_event_writer = async_pair[1];
+  verbs_set_ops(&context->verbs, &kContextOps);
+  user_records().opened(context->state->config);
+  return &context->verbs;
+}
+
+void free_context(ibv_context* ibv_context) {
+  ProviderContext* context = to_provider(ibv_context);
+  user_records().closed(context->state->config);
+  std::destroy_at(&context->state);
+  verbs_uninit_context(&context->verbs);  // closes cmd_fd and async_fd
+  std::free(context);
+}
+
+const abi::verbs_match_ent kMatchTable[] = {
+    {nullptr, {.modalias = "softverbs:*"}, 0, 0, abi::kMatchModalias},
+    {nullptr, {.modalias = nullptr}, 0, 0, abi::kMatchSentinel},
+};
+
+const abi::verbs_device_ops kDeviceOps = {
+    .name = "softverbs",
+    .match_min_abi_version = limits::kUverbsAbiVersion,
+    .match_max_abi_version = limits::kUverbsAbiVersion,
+    .match_table = kMatchTable,
+    .static_providers = nullptr,
+    .match_device = match_device,
+    .alloc_context = alloc_context,
+    .import_context = nullptr,
+    .alloc_device = alloc_device,
+    .uninit_device = uninit_device,
+};
+
+}  // namespace
+
+ContextState::~ContextState() {
+  if (async_event_writer >= 0) close(async_event_writer);
+}
+
+}  // namespace softverbs::provider
+
+__attribute__((constructor)) static void register_softverbs_driver() {
+  verbs_register_driver_34(&softverbs::provider::kDeviceOps);
+}
