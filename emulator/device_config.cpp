@@ -73,7 +73,8 @@ std::optional<DeviceConfig> DeviceConfig::parse(std::string_view text, std::stri
     if (line.empty() || line[0] == '#') continue;
     size_t equals = line.find('=');
     auto fail = [&](const char* why) -> std::optional<DeviceConfig> {
-      if (error != nullptr) *error = "line " + std::to_string(line_number) + ": " + why + ": '" + std::string(line) + "'";
+      if (error != nullptr)
+        *error = "line " + std::to_string(line_number) + ": " + why + ": '" + std::string(line) + "'";
       return std::nullopt;
     };
     if (equals == std::string_view::npos) return fail("expected key=value");
@@ -113,8 +114,8 @@ std::optional<DeviceConfig> DeviceConfig::parse(std::string_view text, std::stri
 bool is_valid_device_name(std::string_view name) {
   if (name.empty() || name.size() > 63 || name == "." || name == "..") return false;
   for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
-              c == '.';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
     if (!ok) return false;
   }
   return true;

@@ -7,7 +7,7 @@
 
 namespace softverbs::limits {
 
-inline constexpr uint32_t kVendorId = 0xffffff;  // no IEEE OUI: an emulated device
+inline constexpr uint32_t kVendorId = 0xffffff;    // no IEEE OUI: an emulated device
 inline constexpr uint32_t kVendorPartId = 0x5356;  // "SV"
 inline constexpr uint32_t kHardwareVersion = 1;
 inline constexpr const char* kFirmwareVersion = "0.1.0";

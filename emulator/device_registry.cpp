@@ -13,8 +13,8 @@
 #include <set>
 #include <system_error>
 
-#include "file_util.h"
 #include "device_limits.h"
+#include "file_util.h"
 
 namespace softverbs {
 
@@ -129,8 +129,9 @@ std::vector<DeviceUser> DeviceRegistry::users(const std::string& device) const {
   std::vector<DeviceUser> users;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(users_dir(device), ec)) {
+    const std::string name = entry.path().filename();
     char* end = nullptr;
-    long pid = std::strtol(entry.path().filename().c_str(), &end, 10);
+    long pid = std::strtol(name.c_str(), &end, 10);
     if (end == nullptr || *end != '\0' || pid <= 0) continue;
     bool alive = kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
     if (!alive) {

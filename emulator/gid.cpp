@@ -40,9 +40,9 @@ Gid Gid::link_local_from_mac(std::span<const uint8_t, 6> mac) {
 
 std::string Gid::to_sysfs_string() const {
   char text[40];
-  std::snprintf(text, sizeof text, "%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x",
-                raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7], raw[8], raw[9], raw[10],
-                raw[11], raw[12], raw[13], raw[14], raw[15]);
+  std::snprintf(text, sizeof text, "%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x", raw[0],
+                raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7], raw[8], raw[9], raw[10], raw[11], raw[12],
+                raw[13], raw[14], raw[15]);
   return text;
 }
 

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <system_error>
 
-#include "file_util.h"
 #include "device_limits.h"
+#include "file_util.h"
 
 namespace softverbs {
 
@@ -72,8 +72,7 @@ void write_port(TreeWriter& tree, const fs::path& port_dir, const DeviceConfig& 
   tree.directory(port_dir / "gid_attrs/types");
   tree.directory(port_dir / "gid_attrs/ndevs");
   tree.file(port_dir / "state", std::string(port_state_text(port.state)) + "\n");
-  tree.file(port_dir / "phys_state",
-            port.physical_state == PortPhysicalState::LinkUp ? "5: LinkUp\n" : "2: Polling\n");
+  tree.file(port_dir / "phys_state", port.physical_state == PortPhysicalState::LinkUp ? "5: LinkUp\n" : "2: Polling\n");
   tree.file(port_dir / "link_layer", port.link_layer_ethernet ? "Ethernet\n" : "InfiniBand\n");
   tree.file(port_dir / "lid", "0x0\n");
   tree.file(port_dir / "sm_lid", "0x0\n");

@@ -12,9 +12,9 @@
 #include <mutex>
 #include <string>
 
+#include "device_limits.h"
 #include "device_registry.h"
 #include "file_util.h"
-#include "device_limits.h"
 #include "provider_context.h"
 #include "sysfs_tree.h"
 

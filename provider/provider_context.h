@@ -39,7 +39,7 @@ void fill_device_attr(const DeviceAttributes& attributes, ibv_device_attr_ex& ou
 void fill_port_attr(const PortAttributes& attributes, ibv_port_attr& out);
 
 int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
-                     size_t attr_size);
+                    size_t attr_size);
 int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr);
 
 }  // namespace softverbs::provider

@@ -313,8 +313,7 @@ int command_env(std::span<char*> args) {
   for (const auto& config : *devices) {
     std::error_code ec;
     if (!fs::exists(dev_entry(config), ec))
-      std::cout << "# warning: " << dev_entry(config).string()
-                << " is missing, so libibverbs will skip " << config.name
+      std::cout << "# warning: " << dev_entry(config).string() << " is missing, so libibverbs will skip " << config.name
                 << "; run `sudo softverbs up` once, or use `softverbs run -- CMD`\n";
   }
   return kExitOk;

@@ -23,8 +23,8 @@ int command_run(std::span<char*> args);
 
 // Creates or refreshes a device: registry record, sysfs tree and, for root,
 // the /dev/infiniband entry. nullopt and a message on failure.
-std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::string& name,
-                                     const std::string& netdev, TransportChoice transport, std::string* error);
+std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::string& name, const std::string& netdev,
+                                     TransportChoice transport, std::string* error);
 
 // The devices that are up; brings up the default device first if none is.
 std::optional<std::vector<DeviceConfig>> devices_or_default(const DeviceRegistry& registry, std::string* error);

@@ -16,7 +16,8 @@ LibraryPaths locate_libraries() {
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     fs::path build_lib = exe.parent_path().parent_path() / "lib";
-    if (fs::exists(build_lib / "libsoftverbs-rdmav34.so", ec) && fs::exists(build_lib / "libsoftverbs-preload.so", ec)) {
+    if (fs::exists(build_lib / "libsoftverbs-rdmav34.so", ec) &&
+        fs::exists(build_lib / "libsoftverbs-preload.so", ec)) {
       paths.provider_stem = (build_lib / "libsoftverbs").string();
       paths.preload = build_lib / "libsoftverbs-preload.so";
       paths.found = true;

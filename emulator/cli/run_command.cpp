@@ -34,9 +34,9 @@ constexpr const char* kRunHelp =
 
 std::string missing_device_fix(const std::vector<DeviceConfig>& devices, const std::string& why) {
   std::string entries;
-  for (const auto& config : devices) entries += (entries.empty() ? "" : ", ") + ("/dev/infiniband/" + config.uverbs_name());
-  return "cannot provide " + entries + " (" + why +
-         ").\nFix: run `sudo softverbs up` once (root creates " + entries +
+  for (const auto& config : devices)
+    entries += (entries.empty() ? "" : ", ") + ("/dev/infiniband/" + config.uverbs_name());
+  return "cannot provide " + entries + " (" + why + ").\nFix: run `sudo softverbs up` once (root creates " + entries +
          "), or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu "
          "24.04 also sysctl kernel.apparmor_restrict_unprivileged_userns=0).";
 }

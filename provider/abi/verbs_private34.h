@@ -227,8 +227,8 @@ static_assert(offsetof(verbs_context, context) + sizeof(ibv_context) == sizeof(v
 // Entry points of libibverbs' private ABI (IBVERBS_PRIVATE_34).
 extern "C" {
 void verbs_register_driver_34(const softverbs::abi::verbs_device_ops* ops);
-void* _verbs_init_and_alloc_context(ibv_device* device, int cmd_fd, size_t alloc_size,
-                                    verbs_context* context_offset, uint32_t driver_id);
+void* _verbs_init_and_alloc_context(ibv_device* device, int cmd_fd, size_t alloc_size, verbs_context* context_offset,
+                                    uint32_t driver_id);
 void verbs_uninit_context(verbs_context* context);
 void verbs_set_ops(verbs_context* context, const softverbs::abi::verbs_context_ops* ops);
 }

@@ -1,0 +1,187 @@
+// The `softverbs` command as a user meets it: a real process per call, with
+// its own runtime directory.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "device_config.h"
+#include "file_util.h"
+#include "process_runner.h"
+
+namespace softverbs {
+namespace {
+
+namespace fs = std::filesystem;
+using test::ProcessResult;
+using test::run_process;
+using test::TemporaryDirectory;
+
+class Cli : public ::testing::Test {
+ protected:
+  ProcessResult softverbs(std::vector<std::string> args) {
+    args.insert(args.begin(), SOFTVERBS_CLI);
+    return run_process(args, {"SOFTVERBS_RUNTIME_DIR=" + runtime_dir()});
+  }
+  std::string runtime_dir() const { return dir_.path() + "/rt"; }
+
+  TemporaryDirectory dir_;
+};
+
+TEST_F(Cli, NoArgumentsIsAUsageError) {
+  auto r = softverbs({});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("usage: softverbs COMMAND"), std::string::npos);
+}
+
+TEST_F(Cli, UnknownCommand) {
+  auto r = softverbs({"frobnicate"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unknown command 'frobnicate'"), std::string::npos);
+}
+
+TEST_F(Cli, EveryVerbHasHelp) {
+  for (const char* verb : {"up", "down", "status", "env", "run"}) {
+    auto r = softverbs({verb, "--help"});
+    EXPECT_EQ(r.exit_code, 0) << verb;
+    EXPECT_NE(r.out.find(std::string("usage: softverbs ") + verb), std::string::npos) << verb << ": " << r.out;
+  }
+  auto r = softverbs({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("Commands:"), std::string::npos);
+}
+
+TEST_F(Cli, UpRejectsBadArguments) {
+  auto r = softverbs({"up", "--netdev", "nosuchif0"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no network device 'nosuchif0'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("lo"), std::string::npos) << "lists the netdevs that exist: " << r.err;
+
+  r = softverbs({"up", "--name", "bad/name"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("invalid device name"), std::string::npos) << r.err;
+
+  r = softverbs({"up", "--transport", "carrier-pigeon"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("invalid transport"), std::string::npos) << r.err;
+
+  r = softverbs({"up", "--name"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("needs a value"), std::string::npos) << r.err;
+
+  r = softverbs({"up", "extra"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unexpected argument 'extra'"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(runtime_dir() + "/devices/softverbs0.conf")) << "a rejected call changes nothing";
+}
+
+TEST_F(Cli, UpStatusDownLifecycle) {
+  auto r = softverbs({"status"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("no softverbs device is up"), std::string::npos);
+
+  r = softverbs({"up", "--name=test1", "--transport", "shm"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("test1 is up on lo"), std::string::npos) << r.out;
+  auto record = DeviceConfig::parse(read_text_file(runtime_dir() + "/devices/test1.conf").value_or(""), nullptr);
+  ASSERT_TRUE(record);
+  EXPECT_EQ(record->transport, TransportChoice::SharedMemory);
+  EXPECT_TRUE(fs::exists(runtime_dir() + "/sysfs/class/infiniband/test1/ports/1/gids/0"));
+  EXPECT_TRUE(fs::exists(runtime_dir() + "/sysfs/class/infiniband_verbs/" + record->uverbs_name() + "/ibdev"));
+
+  // Refreshing keeps the identity of the device.
+  r = softverbs({"up", "--name", "test1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto again = DeviceConfig::parse(read_text_file(runtime_dir() + "/devices/test1.conf").value_or(""), nullptr);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->node_guid, record->node_guid);
+  EXPECT_EQ(again->uverbs_index, record->uverbs_index);
+
+  r = softverbs({"up", "--name", "test2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+
+  r = softverbs({"status"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("test1: " + record->uverbs_name()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("test2: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0000:0000:0000:0000:0000:ffff:7f00:0001  RoCE v2  lo"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("processes: none"), std::string::npos) << r.out;
+
+  r = softverbs({"status", "test2"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out.find("test1"), std::string::npos) << r.out;
+
+  r = softverbs({"status", "nosuch"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("no device named 'nosuch'"), std::string::npos) << r.err;
+
+  r = softverbs({"down", "test1"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(runtime_dir() + "/sysfs/class/infiniband/test1"));
+  EXPECT_FALSE(fs::exists(runtime_dir() + "/devices/test1.conf"));
+
+  r = softverbs({"down", "test1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("no device named 'test1' (devices up: test2)"), std::string::npos) << r.err;
+
+  r = softverbs({"down", "--all"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("test2 is down"), std::string::npos);
+
+  r = softverbs({"down", "test2", "--all"});
+  EXPECT_EQ(r.exit_code, 2);
+}
+
+TEST_F(Cli, EnvPrintsExportsAndBringsUpTheDefaultDevice) {
+  auto r = softverbs({"env"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("export SYSFS_PATH='" + runtime_dir() + "/sysfs'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("export RDMAV_DRIVERS='"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("libsoftverbs'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("export LD_PRELOAD='"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("libsoftverbs-preload.so"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(runtime_dir() + "/devices/softverbs0.conf"));
+
+  // The printed lines are valid shell that a program can then use.
+  auto shell = run_process({"sh", "-c", "eval \"$(" SOFTVERBS_CLI " env)\" && echo \"$SYSFS_PATH\""},
+                           {"SOFTVERBS_RUNTIME_DIR=" + runtime_dir()});
+  EXPECT_EQ(shell.exit_code, 0) << shell.err;
+  EXPECT_EQ(shell.out, runtime_dir() + "/sysfs\n");
+  EXPECT_NE(softverbs({"env", "--bogus"}).exit_code, 0);
+}
+
+TEST_F(Cli, RunUsageErrors) {
+  auto r = softverbs({"run"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no command given"), std::string::npos) << r.err;
+  r = softverbs({"run", "--frob", "true"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unknown option '--frob'"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, RunReportsAMissingCommandLikeAShell) {
+  auto r = softverbs({"run", "--", "/nonexistent/program"});
+  EXPECT_EQ(r.exit_code, 127);
+  EXPECT_NE(r.err.find("cannot run '/nonexistent/program'"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, RunPassesTheExitCodeThrough) {
+  auto r = softverbs({"run", "--", "sh", "-c", "exit 7"});
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+}
+
+TEST_F(Cli, RunPresentsTheTreeAtTheRealSysfsPaths) {
+  // Tools that read /sys directly (not $SYSFS_PATH) see the device too.
+  auto r = softverbs({"run", "--", "sh", "-c",
+                      "cat /sys/class/infiniband/softverbs0/node_guid && ls /sys/class/net && "
+                      "test -c /dev/infiniband/uverbs64 && echo SYSFS_PATH=${SYSFS_PATH:-unset}"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto record = DeviceConfig::parse(read_text_file(runtime_dir() + "/devices/softverbs0.conf").value_or(""), nullptr);
+  ASSERT_TRUE(record);
+  EXPECT_NE(r.out.find(format_guid(record->node_guid)), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lo"), std::string::npos) << "the real classes stay visible: " << r.out;
+  EXPECT_NE(r.out.find("SYSFS_PATH=unset"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace softverbs

@@ -1,0 +1,34 @@
+// Runs a real process and captures what it prints: the integration tests'
+// way of driving the `softverbs` command and rdma-core's tools.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace softverbs::test {
+
+struct ProcessResult {
+  int exit_code = -1;  // 128+N when killed by signal N
+  std::string out;
+  std::string err;
+};
+
+// argv[0] is looked up in PATH. `environment` entries ("NAME=value") are set
+// on top of this process's environment. Killed after `timeout_seconds`.
+ProcessResult run_process(const std::vector<std::string>& argv, const std::vector<std::string>& environment = {},
+                          int timeout_seconds = 60);
+
+// A fresh empty directory under $TMPDIR (or /tmp), removed by the destructor.
+class TemporaryDirectory {
+ public:
+  TemporaryDirectory();
+  ~TemporaryDirectory();
+  TemporaryDirectory(const TemporaryDirectory&) = delete;
+  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace softverbs::test

@@ -1,0 +1,115 @@
+// rdma-core's own, unmodified tools on a softverbs device, started through
+// `softverbs run` exactly as a user would.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <regex>
+
+#include "device_config.h"
+#include "file_util.h"
+#include "process_runner.h"
+
+namespace softverbs {
+namespace {
+
+namespace fs = std::filesystem;
+using test::ProcessResult;
+using test::run_process;
+using test::TemporaryDirectory;
+
+class RdmaTools : public ::testing::Test {
+ protected:
+  ProcessResult run_tool(std::vector<std::string> command, std::vector<std::string> run_options = {}) {
+    std::vector<std::string> argv = {SOFTVERBS_CLI, "run"};
+    argv.insert(argv.end(), run_options.begin(), run_options.end());
+    argv.push_back("--");
+    argv.insert(argv.end(), command.begin(), command.end());
+    return run_process(argv, {"SOFTVERBS_RUNTIME_DIR=" + runtime_dir()});
+  }
+  std::string runtime_dir() const { return dir_.path() + "/rt"; }
+  DeviceConfig record() const {
+    auto config = DeviceConfig::parse(read_text_file(runtime_dir() + "/devices/softverbs0.conf").value_or(""), nullptr);
+    EXPECT_TRUE(config);
+    return config.value_or(DeviceConfig{});
+  }
+  static std::string guid_without_colons(uint64_t guid) {
+    std::string text = format_guid(guid);
+    std::erase(text, ':');
+    return text;
+  }
+
+  TemporaryDirectory dir_;
+};
+
+TEST_F(RdmaTools, IbvDevicesListsSoftverbs0WithItsGuid) {
+  auto r = run_tool({"ibv_devices"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::regex row("softverbs0\\s+([0-9a-f]{16})");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(r.out, match, row)) << r.out;
+  EXPECT_EQ(match[1].str(), guid_without_colons(record().node_guid));
+}
+
+void expect_devinfo_output(const ProcessResult& r, const DeviceConfig& config) {
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("hca_id:\tsoftverbs0"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("transport:\\s+InfiniBand \\(0\\)"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("node_guid:\\s+" + format_guid(config.node_guid)))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("state:\\s+PORT_ACTIVE \\(4\\)"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("link_layer:\\s+Ethernet"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("phys_state:\\s+LINK_UP"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("GID\\[\\s*\\d+\\]:\\s+::ffff:127\\.0\\.0\\.1, RoCE v2"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("GID\\[\\s*0\\]:\\s+fe80:[0-9a-f:]+, RoCE v1"))) << r.out;
+}
+
+TEST_F(RdmaTools, IbvDevinfoVerbose) {
+  auto r = run_tool({"ibv_devinfo", "-v"});
+  expect_devinfo_output(r, record());
+}
+
+TEST_F(RdmaTools, IbvDevinfoSelectsTheDeviceByName) {
+  auto r = run_tool({"ibv_devinfo", "-d", "softverbs0", "-i", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("PORT_ACTIVE"), std::string::npos) << r.out;
+  r = run_tool({"ibv_devinfo", "-d", "nosuchdevice"});
+  EXPECT_NE(r.exit_code, 0);
+}
+
+TEST_F(RdmaTools, EnvironmentOnlyModeWhereTheDevEntryExists) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs /dev/infiniband/uverbsN, which root creates";
+  auto r = run_tool({"sh", "-c", "echo SYSFS_PATH=$SYSFS_PATH; ibv_devinfo -v"}, {"--no-namespace"});
+  expect_devinfo_output(r, record());
+  EXPECT_NE(r.out.find("SYSFS_PATH=" + runtime_dir() + "/sysfs"), std::string::npos) << r.out;
+}
+
+TEST_F(RdmaTools, NonRootUserGetsTheDeviceThroughAUserNamespace) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to switch to nobody";
+  // nobody has no /dev/infiniband entry of its own to rely on: the runtime
+  // directory is nobody's, and the CLI must build /dev and /sys in a user
+  // namespace.
+  fs::path nobody_runtime = fs::path(dir_.path()) / "nobody-rt";
+  fs::create_directories(nobody_runtime);
+  ASSERT_EQ(chown(nobody_runtime.c_str(), 65534, 65534), 0);
+  auto r = run_process({"setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", SOFTVERBS_CLI, "run", "--",
+                        "sh", "-c", "id -u; ibv_devinfo -v"},
+                       {"SOFTVERBS_RUNTIME_DIR=" + nobody_runtime.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_EQ(r.out.substr(0, r.out.find('\n')), "65534") << "the program keeps the caller's uid";
+  auto config = DeviceConfig::parse(read_text_file(nobody_runtime / "devices/softverbs0.conf").value_or(""), nullptr);
+  ASSERT_TRUE(config);
+  expect_devinfo_output(r, *config);
+}
+
+TEST_F(RdmaTools, PreloadRefusesOnlyRdmaNetlink) {
+  // On a host with ib_core, libibverbs would ask RDMA netlink and never see
+  // the sysfs tree; the preload makes that socket fail as on a host without.
+  auto r = run_process({NETLINK_PROBE}, {std::string("LD_PRELOAD=") + PRELOAD_LIBRARY});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("NETLINK_RDMA: Protocol not supported"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("NETLINK_ROUTE: ok"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("AF_INET: ok"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace softverbs
