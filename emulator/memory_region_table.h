@@ -1,0 +1,96 @@
+// The lkey/rkey table of a device: what a key names (a process's virtual
+// range, its PD, its access rights) and the checks every SGE and every remote
+// access passes before a byte moves. Fixed capacity and no pointers, so the
+// table can live in memory shared between processes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+namespace softverbs {
+
+// Access bits; values are the verbs ABI's (IBV_ACCESS_*).
+namespace access {
+inline constexpr uint32_t kLocalWrite = 1u << 0;
+inline constexpr uint32_t kRemoteWrite = 1u << 1;
+inline constexpr uint32_t kRemoteRead = 1u << 2;
+inline constexpr uint32_t kRemoteAtomic = 1u << 3;
+inline constexpr uint32_t kMwBind = 1u << 4;
+inline constexpr uint32_t kZeroBased = 1u << 5;
+inline constexpr uint32_t kOnDemand = 1u << 6;
+inline constexpr uint32_t kHugetlb = 1u << 7;
+inline constexpr uint32_t kRelaxedOrdering = 1u << 20;
+// What softverbs accepts at registration.
+inline constexpr uint32_t kSupported =
+    kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic | kMwBind | kZeroBased | kHugetlb | kRelaxedOrdering;
+}  // namespace access
+
+// ibv_reg_mr's rule: remote write or atomic needs local write. Returns 0 or EINVAL.
+int validate_registration_access(uint32_t flags);
+
+enum class KeyCheck : uint8_t {
+  Ok,
+  InvalidKey,    // no such key, or a key of a deregistered region
+  WrongPd,       // the key belongs to another protection domain
+  OutOfBounds,   // [address, address+length) leaves the region
+  AccessDenied,  // the region does not grant the access asked for
+};
+
+struct MemoryRegion {
+  uint32_t key = 0;
+  uint32_t pd_handle = 0;
+  uint32_t access = 0;
+  int32_t owner_pid = 0;
+  uint64_t address = 0;  // the process-virtual start of the registered range
+  uint64_t iova = 0;     // where the range starts in the key's address space
+  uint64_t length = 0;
+};
+
+// Where a checked access lands in the owner's address space.
+struct ResolvedRange {
+  int32_t owner_pid = 0;
+  uint64_t address = 0;
+};
+
+class MemoryRegionTable {
+ public:
+  static constexpr uint32_t kCapacity = 65536;
+
+  // A table whose first keys' variant bytes start at `seed`, so that keys are
+  // not the same in every run.
+  explicit MemoryRegionTable(uint32_t seed = 0);
+
+  // Registers and returns the key (lkey == rkey), or nullopt when full.
+  std::optional<uint32_t> register_region(uint32_t pd_handle, int32_t owner_pid, uint64_t address, uint64_t iova,
+                                          uint64_t length, uint32_t access_flags);
+  // False if `key` names no live region.
+  bool deregister(uint32_t key);
+  // The live region of `key`, if any.
+  std::optional<MemoryRegion> find(uint32_t key) const;
+
+  // A local SGE: lkey, address and length as posted (address is an iova).
+  KeyCheck check_local(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
+                       ResolvedRange* resolved) const;
+  // A remote access by rkey; `needed_access` is kRemoteRead/Write/Atomic.
+  KeyCheck check_remote(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
+                        ResolvedRange* resolved) const;
+
+  size_t live_count() const { return live_; }
+
+ private:
+  struct Slot {
+    MemoryRegion region;
+    bool live = false;
+    uint8_t variant = 0;  // changes at every reuse: a stale key stays invalid
+  };
+  KeyCheck check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
+                 ResolvedRange* resolved) const;
+  const Slot* slot_of(uint32_t key) const;
+
+  Slot slots_[kCapacity];
+  uint32_t next_free_hint_ = 0;
+  size_t live_ = 0;
+};
+
+}  // namespace softverbs

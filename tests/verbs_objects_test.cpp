@@ -1,0 +1,228 @@
+// Unit tests of the verbs object model: the QP state machine's Modify QP
+// rules, the MR key table's checks and the completion ring.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <memory>
+#include <vector>
+
+#include "completion_ring.h"
+#include "memory_region_table.h"
+#include "qp_state_machine.h"
+
+namespace softverbs {
+namespace {
+
+using namespace qp_attr;
+
+constexpr uint32_t kRcInit = kState | kPkeyIndex | kPort | kAccessFlags;
+constexpr uint32_t kUdInit = kState | kPkeyIndex | kPort | kQkey;
+constexpr uint32_t kRcRtr = kState | kAddressVector | kPathMtu | kDestQpn | kRqPsn | kMaxDestRdAtomic | kMinRnrTimer;
+constexpr uint32_t kUcRtr = kState | kAddressVector | kPathMtu | kDestQpn | kRqPsn;
+constexpr uint32_t kRcRts = kState | kTimeout | kRetryCount | kRnrRetry | kSqPsn | kMaxQpRdAtomic;
+
+TEST(QpStateMachine, TheConnectSequenceEachTypeNeeds) {
+  EXPECT_EQ(check_transition(QpState::Reset, QpState::Init, QpType::Rc, kRcInit), TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Init, QpState::Rtr, QpType::Rc, kRcRtr), TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Rtr, QpState::Rts, QpType::Rc, kRcRts), TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Reset, QpState::Init, QpType::Uc, kRcInit), TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Init, QpState::Rtr, QpType::Uc, kUcRtr), TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Rtr, QpState::Rts, QpType::Uc, kState | kSqPsn), TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Reset, QpState::Init, QpType::Ud, kUdInit), TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Init, QpState::Rtr, QpType::Ud, kState), TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Rtr, QpState::Rts, QpType::Ud, kState | kSqPsn), TransitionVerdict::Allowed);
+}
+
+TEST(QpStateMachine, MissingRequiredAttributes) {
+  EXPECT_EQ(check_transition(QpState::Reset, QpState::Init, QpType::Rc, kState | kPkeyIndex | kPort),
+            TransitionVerdict::MissingRequiredAttribute);
+  EXPECT_EQ(check_transition(QpState::Reset, QpState::Init, QpType::Ud, kState | kPkeyIndex | kPort),
+            TransitionVerdict::MissingRequiredAttribute)
+      << "UD needs a qkey";
+  EXPECT_EQ(check_transition(QpState::Init, QpState::Rtr, QpType::Rc, kUcRtr),
+            TransitionVerdict::MissingRequiredAttribute)
+      << "RC needs max_dest_rd_atomic and min_rnr_timer";
+  EXPECT_EQ(check_transition(QpState::Rtr, QpState::Rts, QpType::Rc, kState | kSqPsn),
+            TransitionVerdict::MissingRequiredAttribute);
+}
+
+TEST(QpStateMachine, AttributesOutsideTheTransition) {
+  EXPECT_EQ(check_transition(QpState::Reset, QpState::Init, QpType::Ud, kUdInit | kAccessFlags),
+            TransitionVerdict::AttributeNotAllowed);
+  EXPECT_EQ(check_transition(QpState::Reset, QpState::Init, QpType::Rc, kRcInit | kQkey),
+            TransitionVerdict::AttributeNotAllowed);
+  EXPECT_EQ(check_transition(QpState::Init, QpState::Rtr, QpType::Uc, kUcRtr | kMinRnrTimer),
+            TransitionVerdict::AttributeNotAllowed)
+      << "UC has no RNR";
+  EXPECT_EQ(check_transition(QpState::Rtr, QpState::Rts, QpType::Rc, kRcRts | kMinRnrTimer | kAccessFlags),
+            TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Rts, QpState::Rts, QpType::Rc, kState | kDestQpn),
+            TransitionVerdict::AttributeNotAllowed);
+}
+
+TEST(QpStateMachine, NoSuchTransitions) {
+  EXPECT_EQ(check_transition(QpState::Reset, QpState::Rtr, QpType::Rc, kRcRtr), TransitionVerdict::NoSuchTransition);
+  EXPECT_EQ(check_transition(QpState::Reset, QpState::Rts, QpType::Rc, kRcRts), TransitionVerdict::NoSuchTransition);
+  EXPECT_EQ(check_transition(QpState::Init, QpState::Rts, QpType::Ud, kState | kSqPsn),
+            TransitionVerdict::NoSuchTransition);
+  EXPECT_EQ(check_transition(QpState::Error, QpState::Rts, QpType::Rc, kState), TransitionVerdict::NoSuchTransition);
+  EXPECT_EQ(check_transition(QpState::Rtr, QpState::Init, QpType::Rc, kState), TransitionVerdict::NoSuchTransition);
+}
+
+TEST(QpStateMachine, ResetAndErrorFromEveryState) {
+  for (QpState from :
+       {QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe, QpState::Error}) {
+    for (QpType type : {QpType::Rc, QpType::Uc, QpType::Ud}) {
+      EXPECT_EQ(check_transition(from, QpState::Reset, type, kState), TransitionVerdict::Allowed)
+          << qp_state_name(from);
+      EXPECT_EQ(check_transition(from, QpState::Error, type, kState), TransitionVerdict::Allowed)
+          << qp_state_name(from);
+      EXPECT_EQ(check_transition(from, QpState::Error, type, kState | kQkey), TransitionVerdict::AttributeNotAllowed);
+    }
+  }
+}
+
+TEST(QpStateMachine, CurrentStateOnlyFromRtrOnward) {
+  EXPECT_EQ(check_transition(QpState::Init, QpState::Rtr, QpType::Ud, kState | kCurrentState),
+            TransitionVerdict::CurrentStateNotAllowed);
+  EXPECT_EQ(check_transition(QpState::Rtr, QpState::Rts, QpType::Ud, kState | kSqPsn | kCurrentState),
+            TransitionVerdict::Allowed);
+}
+
+TEST(QpStateMachine, DrainAndSendQueueError) {
+  EXPECT_EQ(check_transition(QpState::Rts, QpState::Sqd, QpType::Rc, kState | kEnableSqdAsyncNotify),
+            TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Sqd, QpState::Rts, QpType::Rc, kState), TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Sqd, QpState::Sqd, QpType::Rc, kState | kTimeout | kRetryCount),
+            TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Sqe, QpState::Rts, QpType::Ud, kState | kQkey), TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Sqe, QpState::Rts, QpType::Uc, kState | kQkey),
+            TransitionVerdict::AttributeNotAllowed);
+}
+
+TEST(QpStateMachine, PostingRules) {
+  EXPECT_FALSE(can_post_send(QpState::Reset));
+  EXPECT_FALSE(can_post_send(QpState::Init));
+  EXPECT_FALSE(can_post_send(QpState::Rtr));
+  EXPECT_TRUE(can_post_send(QpState::Rts));
+  EXPECT_TRUE(can_post_send(QpState::Error)) << "accepted, completes with a flush error";
+  EXPECT_FALSE(can_post_recv(QpState::Reset));
+  EXPECT_TRUE(can_post_recv(QpState::Init));
+  EXPECT_TRUE(can_post_recv(QpState::Rtr));
+}
+
+TEST(MemoryRegistration, RemoteWriteOrAtomicNeedsLocalWrite) {
+  EXPECT_EQ(validate_registration_access(access::kRemoteWrite), EINVAL);
+  EXPECT_EQ(validate_registration_access(access::kRemoteAtomic | access::kRemoteRead), EINVAL);
+  EXPECT_EQ(validate_registration_access(access::kRemoteWrite | access::kLocalWrite), 0);
+  EXPECT_EQ(validate_registration_access(access::kRemoteRead), 0);
+  EXPECT_EQ(validate_registration_access(0), 0) << "local read is always allowed";
+  EXPECT_EQ(validate_registration_access(access::kOnDemand), EINVAL) << "ODP is not emulated";
+}
+
+class MrTable : public ::testing::Test {
+ protected:
+  // 16 MiB of slots: on the heap.
+  std::unique_ptr<MemoryRegionTable> table = std::make_unique<MemoryRegionTable>(0x5a);
+};
+
+TEST_F(MrTable, KeysAreDistinctNonZeroAndNotReusedVerbatim) {
+  auto a = table->register_region(1, 100, 0x10000, 0x10000, 4096, access::kLocalWrite);
+  auto b = table->register_region(1, 100, 0x20000, 0x20000, 4096, access::kLocalWrite);
+  ASSERT_TRUE(a && b);
+  EXPECT_NE(*a, *b);
+  EXPECT_NE(*a, 0u);
+  ASSERT_TRUE(table->deregister(*a));
+  EXPECT_FALSE(table->find(*a));
+  EXPECT_FALSE(table->deregister(*a)) << "double deregistration is refused";
+  // Reusing the slot changes the variant byte: the stale key stays invalid.
+  std::vector<uint32_t> keys;
+  for (int i = 0; i < 3; ++i) keys.push_back(*table->register_region(1, 100, 0x30000, 0x30000, 64, 0));
+  for (uint32_t key : keys) EXPECT_NE(key, *a);
+  EXPECT_EQ(table->check_local(*a, 1, 0x10000, 1, 0, nullptr), KeyCheck::InvalidKey);
+  EXPECT_EQ(table->live_count(), 4u);
+}
+
+TEST_F(MrTable, BoundsAreCheckedWithoutOverflow) {
+  uint32_t key =
+      *table->register_region(7, 42, 0x7f0000001000, 0x1000, 0x1000, access::kLocalWrite | access::kRemoteRead);
+  ResolvedRange where;
+  EXPECT_EQ(table->check_local(key, 7, 0x1000, 0x1000, access::kLocalWrite, &where), KeyCheck::Ok);
+  EXPECT_EQ(where.address, 0x7f0000001000u);
+  EXPECT_EQ(where.owner_pid, 42);
+  EXPECT_EQ(table->check_local(key, 7, 0x1800, 0x800, 0, &where), KeyCheck::Ok);
+  EXPECT_EQ(where.address, 0x7f0000001800u);
+  EXPECT_EQ(table->check_local(key, 7, 0x1800, 0x801, 0, nullptr), KeyCheck::OutOfBounds);
+  EXPECT_EQ(table->check_local(key, 7, 0xfff, 1, 0, nullptr), KeyCheck::OutOfBounds);
+  EXPECT_EQ(table->check_local(key, 7, 0x2000, 0, 0, nullptr), KeyCheck::Ok) << "zero bytes at the end";
+  EXPECT_EQ(table->check_local(key, 7, 0x2000, 1, 0, nullptr), KeyCheck::OutOfBounds);
+  EXPECT_EQ(table->check_remote(key, 7, 0x1800, UINT64_MAX, access::kRemoteRead, nullptr), KeyCheck::OutOfBounds);
+  EXPECT_EQ(table->check_remote(key, 7, UINT64_MAX, 2, access::kRemoteRead, nullptr), KeyCheck::OutOfBounds);
+}
+
+TEST_F(MrTable, AccessRightsAndProtectionDomains) {
+  uint32_t read_only = *table->register_region(1, 1, 0x1000, 0x1000, 0x1000, access::kRemoteRead);
+  EXPECT_EQ(table->check_local(read_only, 1, 0x1000, 8, 0, nullptr), KeyCheck::Ok) << "local read always";
+  EXPECT_EQ(table->check_local(read_only, 1, 0x1000, 8, access::kLocalWrite, nullptr), KeyCheck::AccessDenied);
+  EXPECT_EQ(table->check_remote(read_only, 1, 0x1000, 8, access::kRemoteRead, nullptr), KeyCheck::Ok);
+  EXPECT_EQ(table->check_remote(read_only, 1, 0x1000, 8, access::kRemoteWrite, nullptr), KeyCheck::AccessDenied);
+  EXPECT_EQ(table->check_remote(read_only, 1, 0x1000, 8, access::kRemoteAtomic, nullptr), KeyCheck::AccessDenied);
+  EXPECT_EQ(table->check_remote(read_only, 2, 0x1000, 8, access::kRemoteRead, nullptr), KeyCheck::WrongPd);
+  EXPECT_EQ(table->check_remote(read_only ^ 0x100, 1, 0x1000, 8, access::kRemoteRead, nullptr), KeyCheck::InvalidKey);
+  EXPECT_EQ(table->check_remote(0, 1, 0x1000, 8, access::kRemoteRead, nullptr), KeyCheck::InvalidKey);
+}
+
+TEST_F(MrTable, ZeroBasedIovaMapsOntoTheRegisteredAddress) {
+  uint32_t key = *table->register_region(1, 9, 0x555500000000, 0, 4096, access::kLocalWrite | access::kRemoteWrite);
+  ResolvedRange where;
+  ASSERT_EQ(table->check_remote(key, 1, 100, 8, access::kRemoteWrite, &where), KeyCheck::Ok);
+  EXPECT_EQ(where.address, 0x555500000000u + 100);
+}
+
+TEST_F(MrTable, FullTableRefusesRegistration) {
+  for (uint32_t i = 0; i < MemoryRegionTable::kCapacity; ++i)
+    ASSERT_TRUE(table->register_region(1, 1, 0x1000, 0x1000, 1, 0)) << i;
+  EXPECT_FALSE(table->register_region(1, 1, 0x1000, 0x1000, 1, 0));
+}
+
+TEST(CompletionRing, FifoOrderAndWrapAround) {
+  CompletionRingHeader header;
+  std::vector<Completion> storage(4);
+  CompletionRing::initialize(header, storage);
+  CompletionRing ring(header, storage);
+  std::vector<Completion> out(3);
+  uint64_t next_expected = 0;
+  for (uint64_t round = 0; round < 5; ++round) {
+    for (uint64_t i = 0; i < 3; ++i) {
+      Completion c;
+      c.wr_id = round * 3 + i;
+      ASSERT_TRUE(ring.push(c));
+    }
+    ASSERT_EQ(ring.pop(out), 3u);
+    for (const auto& c : out) EXPECT_EQ(c.wr_id, next_expected++);
+  }
+  EXPECT_EQ(ring.size(), 0u);
+  EXPECT_FALSE(ring.overflowed());
+}
+
+TEST(CompletionRing, OverflowIsReportedNeverOverwritten) {
+  CompletionRingHeader header;
+  std::vector<Completion> storage(2);
+  CompletionRing::initialize(header, storage);
+  CompletionRing ring(header, storage);
+  Completion c;
+  c.wr_id = 1;
+  ASSERT_TRUE(ring.push(c));
+  c.wr_id = 2;
+  ASSERT_TRUE(ring.push(c));
+  c.wr_id = 3;
+  EXPECT_FALSE(ring.push(c));
+  EXPECT_TRUE(ring.overflowed());
+  std::vector<Completion> out(4);
+  ASSERT_EQ(ring.pop(out), 2u);
+  EXPECT_EQ(out[0].wr_id, 1u);
+  EXPECT_EQ(out[1].wr_id, 2u);
+}
+
+}  // namespace
+}  // namespace softverbs
