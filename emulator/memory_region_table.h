@@ -78,6 +78,20 @@ class MemoryRegionTable {
 
   size_t live_count() const { return live_; }
 
+  // Deregisters every region whose owner `is_gone`; returns how many.
+  template <typename Predicate>
+  size_t deregister_owned_if(Predicate is_gone) {
+    size_t removed = 0;
+    for (Slot& slot : slots_) {
+      if (slot.live && is_gone(slot.region.owner_pid)) {
+        slot.live = false;
+        --live_;
+        ++removed;
+      }
+    }
+    return removed;
+  }
+
  private:
   struct Slot {
     MemoryRegion region;

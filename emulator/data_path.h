@@ -1,0 +1,68 @@
+// The shared-memory data path. The initiating process plays the HCA for
+// both ends: its requester validates and executes a send work request and its
+// responder places the data in the target process and completes there, so a
+// WRITE, READ or atomic needs nothing from the target application, and a
+// SEND only a posted receive.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <span>
+
+#include "completion_ring.h"
+#include "device_memory.h"
+#include "work_request.h"
+
+namespace softverbs {
+
+struct SendRequest {
+  uint64_t wr_id = 0;
+  SendOpcode opcode = SendOpcode::Send;
+  uint32_t flags = 0;
+  uint32_t imm_data = 0;  // network byte order, as posted
+  std::span<const Sge> sges;
+  std::span<const uint8_t> inline_data;  // used instead of sges with kInline
+  uint64_t remote_address = 0;
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  // UD only
+  uint32_t remote_qpn = 0;
+  uint32_t remote_qkey = 0;
+  bool has_grh = false;
+  std::array<uint8_t, 16> source_gid{};
+  std::array<uint8_t, 16> destination_gid{};
+  uint8_t hop_limit = 0;
+  uint8_t traffic_class = 0;
+  uint32_t flow_label = 0;
+};
+
+enum class SendOutcome : uint8_t {
+  Completed,         // `completion` holds the requester's result
+  ReceiverNotReady,  // RC: no receive posted at the target (RNR); nothing moved
+};
+
+// Executes `request` on `qp` (a QP of this process). On an error status the
+// caller moves an RC QP to ERR (the IB spec's requester behaviour).
+SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, Completion& completion);
+
+// Adds a receive WQE to the QP's receive queue: 0, EINVAL (bad SGE count or
+// state) or ENOMEM (queue full). In ERR the WQE completes at once, flushed.
+int post_receive(DeviceMemory& memory, QpRecord& qp, uint64_t wr_id, std::span<const Sge> sges);
+
+// Pushes a completion into CQ `cq_index`, waking the owner's completion
+// channel if the CQ is armed for it. False if the CQ overflowed.
+bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& completion, bool solicited);
+
+// Completes every receive WQE still queued on `qp` with IBV_WC_WR_FLUSH_ERR.
+void flush_receive_queue(DeviceMemory& memory, QpRecord& qp);
+
+// Discards queued receive WQEs without completing them (Modify QP to RESET).
+void discard_receive_queue(QpRecord& qp);
+
+// IB encodings of the RNR NAK timer (min_rnr_timer), in microseconds.
+uint32_t rnr_timer_microseconds(uint8_t encoded);
+
+}  // namespace softverbs

@@ -1,0 +1,199 @@
+#include "device_memory.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+namespace softverbs {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
+constexpr unsigned kMinBlockShift = 12;
+
+uint64_t round_up(uint64_t value, uint64_t alignment) { return (value + alignment - 1) / alignment * alignment; }
+
+unsigned size_class(uint64_t bytes) {
+  uint64_t block = std::max<uint64_t>(bytes, uint64_t{1} << kMinBlockShift);
+  return static_cast<unsigned>(std::bit_width(block - 1));
+}
+
+bool process_alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+void initialize(DeviceShared* shared, uint64_t total_size) {
+  std::construct_at(shared);
+  shared->objects_lock.initialize();
+  shared->memory_lock.initialize();
+  shared->atomics_lock.initialize();
+  for (auto& qp : shared->qps) qp.lock.initialize();
+  for (auto& cq : shared->cqs) cq.lock.initialize();
+  std::construct_at(&shared->mrs, static_cast<uint32_t>(std::random_device{}()));
+  shared->next_pd_handle = 1;
+  shared->heap_start = round_up(sizeof(DeviceShared), 4096);
+  shared->heap_next = shared->heap_start;
+  shared->heap_end = total_size;
+  shared->version = kVersion;
+  std::atomic_thread_fence(std::memory_order_release);
+  shared->magic = kMagic;
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceMemory> DeviceMemory::open(const std::filesystem::path& path, std::string* error) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    *error = "cannot open " + path.string() + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  flock(fd, LOCK_EX);  // one initializer
+  const uint64_t total = round_up(sizeof(DeviceShared), 4096) + kHeapBytes;
+  struct stat info {};
+  fstat(fd, &info);
+  bool fresh = info.st_size == 0;
+  if (fresh && ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    *error = "cannot size " + path.string() + ": " + std::strerror(errno);
+    close(fd);
+    return nullptr;
+  }
+  if (!fresh && static_cast<uint64_t>(info.st_size) != total) {
+    *error = path.string() + " has an unexpected size (another softverbs version?); run `softverbs down` and retry";
+    close(fd);
+    return nullptr;
+  }
+  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    *error = "cannot map " + path.string() + ": " + std::strerror(errno);
+    close(fd);
+    return nullptr;
+  }
+  auto* shared = static_cast<DeviceShared*>(base);
+  if (fresh) initialize(shared, total);
+  bool valid = shared->magic == kMagic && shared->version == kVersion;
+  flock(fd, LOCK_UN);
+  close(fd);
+  if (!valid) {
+    munmap(base, total);
+    *error = path.string() + " is not a softverbs device memory file of this version";
+    return nullptr;
+  }
+  return std::unique_ptr<DeviceMemory>(new DeviceMemory(static_cast<char*>(base), total));
+}
+
+DeviceMemory::~DeviceMemory() { munmap(base_, size_); }
+
+uint64_t DeviceMemory::allocate(uint64_t bytes) {
+  unsigned cls = size_class(bytes);
+  if (cls >= std::size(shared().free_lists)) return 0;
+  uint64_t block = uint64_t{1} << cls;
+  SharedLock lock(shared().objects_lock);
+  DeviceShared& s = shared();
+  if (uint64_t head = s.free_lists[cls]; head != 0) {
+    s.free_lists[cls] = *at<uint64_t>(head);
+    std::memset(base_ + head, 0, block);
+    return head;
+  }
+  uint64_t offset = round_up(s.heap_next, std::min<uint64_t>(block, 1 << 21));
+  if (offset + block > s.heap_end) return 0;
+  s.heap_next = offset + block;
+  return offset;  // never used before: zero
+}
+
+void DeviceMemory::release(uint64_t offset, uint64_t bytes) {
+  if (offset == 0) return;
+  unsigned cls = size_class(bytes);
+  SharedLock lock(shared().objects_lock);
+  *at<uint64_t>(offset) = shared().free_lists[cls];
+  shared().free_lists[cls] = offset;
+}
+
+int DeviceMemory::allocate_qp(pid_t owner) {
+  SharedLock lock(shared().objects_lock);
+  for (int i = 0; i < limits::kMaxQp; ++i) {
+    QpRecord& qp = shared().qps[i];
+    if (qp.live) continue;
+    // Keep the lock object; reset everything else.
+    qp.live = 1;
+    qp.qpn = kQpnBase + static_cast<uint32_t>(i);
+    qp.type = QpType::Rc;
+    qp.state = QpState::Reset;
+    qp.signal_all = 0;
+    qp.owner_pid = owner;
+    qp.pd_handle = 0;
+    qp.send_cq = qp.recv_cq = qp.srq = -1;
+    qp.caps = {};
+    qp.attributes = {};
+    qp.rq = {};
+    return i;
+  }
+  return -1;
+}
+
+int DeviceMemory::allocate_cq(pid_t owner) {
+  SharedLock lock(shared().objects_lock);
+  for (int i = 0; i < limits::kMaxCq; ++i) {
+    CqRecord& cq = shared().cqs[i];
+    if (cq.live) continue;
+    cq.live = 1;
+    cq.owner_pid = owner;
+    cq.owner_handle = 0;
+    cq.ring_offset = 0;
+    cq.ring_bytes = 0;
+    cq.ring = {};
+    cq.armed = CqArm::None;
+    cq.channel_address_length = 0;
+    return i;
+  }
+  return -1;
+}
+
+uint32_t DeviceMemory::allocate_pd_handle() {
+  SharedLock lock(shared().objects_lock);
+  return shared().next_pd_handle++;
+}
+
+QpRecord* DeviceMemory::qp_by_number(uint32_t qpn) {
+  if (qpn < kQpnBase || qpn >= kQpnBase + limits::kMaxQp) return nullptr;
+  QpRecord& qp = shared().qps[qpn - kQpnBase];
+  return qp.live ? &qp : nullptr;
+}
+
+void DeviceMemory::reclaim_dead_owners() {
+  for (auto& qp : shared().qps) {
+    if (!qp.live || process_alive(qp.owner_pid)) continue;
+    uint64_t ring = 0, bytes = 0;
+    {
+      SharedLock lock(qp.lock);
+      if (!qp.live || process_alive(qp.owner_pid)) continue;
+      ring = qp.rq.ring_offset;
+      bytes = uint64_t{qp.rq.capacity} * qp.rq.slot_size;
+      qp.live = 0;
+    }
+    release(ring, bytes);
+  }
+  for (auto& cq : shared().cqs) {
+    if (!cq.live || process_alive(cq.owner_pid)) continue;
+    uint64_t ring = 0, bytes = 0;
+    {
+      SharedLock lock(cq.lock);
+      if (!cq.live || process_alive(cq.owner_pid)) continue;
+      ring = cq.ring_offset;
+      bytes = cq.ring_bytes;
+      cq.live = 0;
+    }
+    release(ring, bytes);
+  }
+  SharedLock lock(shared().memory_lock);
+  shared().mrs.deregister_owned_if([](int32_t pid) { return !process_alive(pid); });
+}
+
+}  // namespace softverbs

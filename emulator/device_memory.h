@@ -1,0 +1,163 @@
+// The device's state shared by every process that opens it, as an HCA's
+// memory is: QP and CQ records, receive queues, completion rings and the MR
+// table, all in one file-backed mapping. Records refer to each other by index
+// and to heap blocks by offset, never by pointer, since each process maps the
+// file at its own address.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "completion_ring.h"
+#include "device_limits.h"
+#include "memory_region_table.h"
+#include "qp_state_machine.h"
+#include "shared_mutex.h"
+#include "work_request.h"
+
+namespace softverbs {
+
+// QPNs start above the special QPs 0 and 1.
+inline constexpr uint32_t kQpnBase = 0x11;
+
+// A receive queue (a QP's own or an SRQ): a ring of RecvWqe slots, each
+// followed by max_sge SGEs.
+struct RecvQueue {
+  uint64_t ring_offset = 0;
+  uint32_t capacity = 0;
+  uint32_t max_sge = 0;
+  uint32_t slot_size = 0;
+  uint32_t reserved = 0;
+  uint64_t posted = 0;    // entries ever posted
+  uint64_t consumed = 0;  // entries ever consumed
+};
+
+enum class CqArm : uint32_t { None = 0, NextCompletion = 1, SolicitedOnly = 2 };
+
+struct CqRecord {
+  SharedMutex lock;
+  uint32_t live = 0;
+  int32_t owner_pid = 0;
+  uint64_t owner_handle = 0;  // the ibv_cq pointer in the owner, for events
+  uint64_t ring_offset = 0;
+  uint64_t ring_bytes = 0;
+  CompletionRingHeader ring;
+  CqArm armed = CqArm::None;
+  uint32_t channel_address_length = 0;  // 0: no completion channel
+  char channel_address[108] = {};       // sun_path of the owner's channel socket
+};
+
+// What Modify QP sets and Query QP reports, besides the state.
+struct QpAttributes {
+  uint32_t qkey = 0;
+  uint32_t rq_psn = 0;
+  uint32_t sq_psn = 0;
+  uint32_t dest_qpn = 0;
+  uint32_t access_flags = 0;
+  uint16_t pkey_index = 0;
+  uint8_t port = 1;
+  uint8_t path_mtu = 0;
+  uint8_t timeout = 0;
+  uint8_t retry_count = 0;
+  uint8_t rnr_retry = 0;
+  uint8_t min_rnr_timer = 0;
+  uint8_t max_rd_atomic = 0;
+  uint8_t max_dest_rd_atomic = 0;
+  uint8_t sq_draining = 0;
+  uint8_t sgid_index = 0;
+  uint8_t hop_limit = 0;
+  uint8_t traffic_class = 0;
+  uint8_t service_level = 0;
+  uint8_t is_global = 0;
+  uint32_t flow_label = 0;
+  uint8_t dgid[16] = {};
+  uint16_t dlid = 0;
+};
+
+struct QpCapacities {
+  uint32_t max_send_wr = 0;
+  uint32_t max_recv_wr = 0;
+  uint32_t max_send_sge = 0;
+  uint32_t max_recv_sge = 0;
+  uint32_t max_inline_data = 0;
+};
+
+struct QpRecord {
+  SharedMutex lock;  // state, attributes and the receive queue
+  uint32_t live = 0;
+  uint32_t qpn = 0;
+  QpType type = QpType::Rc;
+  QpState state = QpState::Reset;
+  uint8_t signal_all = 0;
+  int32_t owner_pid = 0;
+  uint32_t pd_handle = 0;
+  int32_t send_cq = -1;
+  int32_t recv_cq = -1;
+  int32_t srq = -1;
+  QpCapacities caps;
+  QpAttributes attributes;
+  RecvQueue rq;
+};
+
+struct DeviceShared {
+  uint64_t magic = 0;
+  uint32_t version = 0;
+  uint32_t reserved = 0;
+  SharedMutex objects_lock;  // records, handles and the heap
+  SharedMutex memory_lock;   // the MR table, held across every data copy
+  SharedMutex atomics_lock;  // makes atomics atomic with respect to each other
+  uint32_t next_pd_handle = 0;
+  uint64_t heap_start = 0;
+  uint64_t heap_next = 0;
+  uint64_t heap_end = 0;
+  uint64_t free_lists[40] = {};  // by power-of-two size class
+  QpRecord qps[limits::kMaxQp];
+  CqRecord cqs[limits::kMaxCq];
+  MemoryRegionTable mrs;
+};
+
+class DeviceMemory {
+ public:
+  // Maps (creating and initializing on first use) the device memory file.
+  static std::unique_ptr<DeviceMemory> open(const std::filesystem::path& path, std::string* error);
+  ~DeviceMemory();
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  DeviceShared& shared() { return *reinterpret_cast<DeviceShared*>(base_); }
+  template <typename T>
+  T* at(uint64_t offset) {
+    return reinterpret_cast<T*>(base_ + offset);
+  }
+
+  // Heap blocks for rings; 0 when exhausted. Callers hold no lock.
+  uint64_t allocate(uint64_t bytes);
+  void release(uint64_t offset, uint64_t bytes);
+
+  // Record allocation; -1 when the device's limit is reached.
+  int allocate_qp(pid_t owner);
+  int allocate_cq(pid_t owner);
+  uint32_t allocate_pd_handle();
+
+  QpRecord* qp_by_number(uint32_t qpn);
+
+  // Frees the records of processes that exited without cleaning up.
+  void reclaim_dead_owners();
+
+  RecvWqe* recv_slot(RecvQueue& queue, uint64_t sequence) {
+    return at<RecvWqe>(queue.ring_offset + (sequence % queue.capacity) * queue.slot_size);
+  }
+  static Sge* sges_of(RecvWqe* wqe) { return reinterpret_cast<Sge*>(wqe + 1); }
+
+ private:
+  DeviceMemory(char* base, size_t size) : base_(base), size_(size) {}
+  char* base_;
+  size_t size_;
+};
+
+}  // namespace softverbs

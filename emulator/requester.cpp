@@ -1,0 +1,337 @@
+// The requester's half of the data path: validates a send work request
+// against the MR table, finds the target QP, and executes the operation with
+// one copy into or out of the target process.
+#include <endian.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "data_path.h"
+#include "memory_copy.h"
+
+namespace softverbs {
+
+namespace {
+
+constexpr size_t kGrhBytes = 40;
+
+WcOpcode requester_opcode(SendOpcode opcode) {
+  switch (opcode) {
+    case SendOpcode::RdmaWrite:
+    case SendOpcode::RdmaWriteWithImm:
+      return WcOpcode::RdmaWrite;
+    case SendOpcode::RdmaRead:
+      return WcOpcode::RdmaRead;
+    case SendOpcode::AtomicCompareSwap:
+      return WcOpcode::CompareSwap;
+    case SendOpcode::AtomicFetchAdd:
+      return WcOpcode::FetchAdd;
+    case SendOpcode::Send:
+    case SendOpcode::SendWithImm:
+      break;
+  }
+  return WcOpcode::Send;
+}
+
+bool carries_immediate(SendOpcode opcode) {
+  return opcode == SendOpcode::SendWithImm || opcode == SendOpcode::RdmaWriteWithImm;
+}
+
+bool reads_into_local(SendOpcode opcode) {
+  return opcode == SendOpcode::RdmaRead || opcode == SendOpcode::AtomicCompareSwap ||
+         opcode == SendOpcode::AtomicFetchAdd;
+}
+
+// A UD message must fit one packet of the path MTU.
+uint64_t ud_mtu_bytes(const QpRecord& qp) {
+  return qp.attributes.path_mtu != 0 ? (uint64_t{128} << qp.attributes.path_mtu) : 4096;
+}
+
+bool receive_capable(QpState state) {
+  return state == QpState::Rtr || state == QpState::Rts || state == QpState::Sqd || state == QpState::Sqe;
+}
+
+// The requester's local buffers, resolved to this process's addresses.
+struct LocalBuffers {
+  std::vector<iovec> vectors;
+  uint64_t length = 0;
+};
+
+WcStatus resolve_local(DeviceMemory& memory, const QpRecord& qp, const SendRequest& request, LocalBuffers& out) {
+  if (request.flags & send_flag::kInline) {
+    out.vectors.push_back({const_cast<uint8_t*>(request.inline_data.data()), request.inline_data.size()});
+    out.length = request.inline_data.size();
+    return WcStatus::Success;
+  }
+  uint32_t needed = reads_into_local(request.opcode) ? access::kLocalWrite : 0;
+  for (const Sge& sge : request.sges) {
+    ResolvedRange where;
+    if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, sge.length, needed, &where) !=
+            KeyCheck::Ok ||
+        where.owner_pid != getpid())
+      return WcStatus::LocalProtectionError;
+    if (sge.length == 0) continue;
+    out.vectors.push_back({reinterpret_cast<void*>(where.address), sge.length});
+    out.length += sge.length;
+  }
+  if (out.length > limits::kMaxMessageSize) return WcStatus::LocalLengthError;
+  return WcStatus::Success;
+}
+
+// The receive WQE at the target, resolved to the target's addresses.
+struct ReceivePlacement {
+  uint64_t wr_id = 0;
+  pid_t owner = 0;
+  std::vector<iovec> vectors;
+  uint64_t capacity = 0;
+  bool protection_error = false;
+};
+
+// Takes the next receive WQE of `target` (its lock held by the caller).
+bool take_receive(DeviceMemory& memory, QpRecord& target, ReceivePlacement& out) {
+  RecvQueue& rq = target.rq;
+  if (rq.consumed == rq.posted) return false;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  RecvWqe* wqe = memory.recv_slot(rq, rq.consumed++);
+  out.wr_id = wqe->wr_id;
+  out.owner = target.owner_pid;
+  const Sge* sges = DeviceMemory::sges_of(wqe);
+  for (uint32_t i = 0; i < wqe->num_sge && i < rq.max_sge; ++i) {
+    ResolvedRange where;
+    if (memory.shared().mrs.check_local(sges[i].lkey, target.pd_handle, sges[i].address, sges[i].length,
+                                        access::kLocalWrite, &where) != KeyCheck::Ok ||
+        where.owner_pid != target.owner_pid) {
+      out.protection_error = true;
+      continue;
+    }
+    if (sges[i].length == 0) continue;
+    out.vectors.push_back({reinterpret_cast<void*>(where.address), sges[i].length});
+    out.capacity += sges[i].length;
+  }
+  return true;
+}
+
+// Fits `length` bytes from the front of `vectors`; the rest is dropped.
+std::vector<iovec> first_bytes(const std::vector<iovec>& vectors, uint64_t length) {
+  std::vector<iovec> out;
+  for (const iovec& v : vectors) {
+    if (length == 0) break;
+    size_t take = std::min<uint64_t>(v.iov_len, length);
+    out.push_back({v.iov_base, take});
+    length -= take;
+  }
+  return out;
+}
+
+std::vector<iovec> skip_bytes(const std::vector<iovec>& vectors, uint64_t skip) {
+  std::vector<iovec> out;
+  for (const iovec& v : vectors) {
+    if (skip >= v.iov_len) {
+      skip -= v.iov_len;
+      continue;
+    }
+    out.push_back({static_cast<char*>(v.iov_base) + skip, v.iov_len - skip});
+    skip = 0;
+  }
+  return out;
+}
+
+std::array<uint8_t, kGrhBytes> build_grh(const SendRequest& request, uint64_t payload) {
+  std::array<uint8_t, kGrhBytes> grh{};
+  uint32_t first_word = (6u << 28) | (uint32_t{request.traffic_class} << 20) | (request.flow_label & 0xfffff);
+  first_word = htobe32(first_word);
+  std::memcpy(grh.data(), &first_word, 4);
+  uint16_t payload_be = htobe16(static_cast<uint16_t>(payload));
+  std::memcpy(grh.data() + 4, &payload_be, 2);
+  grh[6] = 0x1b;  // next header: IB BTH
+  grh[7] = request.hop_limit;
+  std::memcpy(grh.data() + 8, request.source_gid.data(), 16);
+  std::memcpy(grh.data() + 24, request.destination_gid.data(), 16);
+  return grh;
+}
+
+}  // namespace
+
+SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, Completion& completion) {
+  completion = {};
+  completion.wr_id = request.wr_id;
+  completion.opcode = requester_opcode(request.opcode);
+  completion.qp_num = qp.qpn;
+
+  DeviceShared& device = memory.shared();
+  SharedLock memory_lock(device.memory_lock);  // keeps every key valid while bytes move
+
+  LocalBuffers local;
+  completion.status = resolve_local(memory, qp, request, local);
+  if (completion.status != WcStatus::Success) return SendOutcome::Completed;
+  completion.byte_len = static_cast<uint32_t>(local.length);
+
+  const bool reliable = qp.type == QpType::Rc;
+  uint32_t target_qpn = qp.type == QpType::Ud ? request.remote_qpn : qp.attributes.dest_qpn;
+  QpRecord* target = memory.qp_by_number(target_qpn);
+
+  // Where nobody answers: RC retries until retry_cnt runs out; UC and UD
+  // packets are lost silently and the sender completes successfully.
+  auto unreachable = [&]() {
+    if (reliable) completion.status = WcStatus::RetryExceededError;
+    return SendOutcome::Completed;
+  };
+  if (target == nullptr) return unreachable();
+
+  SharedLock target_lock(target->lock);
+  if (!target->live || target->type != qp.type || !receive_capable(target->state)) return unreachable();
+  if (qp.type != QpType::Ud && target->attributes.dest_qpn != qp.qpn) return unreachable();
+  if (qp.type == QpType::Ud) {
+    // A qkey with the high bit set means "use the QP's own qkey".
+    uint32_t qkey = (request.remote_qkey & 0x80000000u) ? qp.attributes.qkey : request.remote_qkey;
+    if (qkey != target->attributes.qkey) return SendOutcome::Completed;  // dropped, as on the wire
+    if (local.length > ud_mtu_bytes(qp)) {
+      completion.status = WcStatus::LocalLengthError;
+      return SendOutcome::Completed;
+    }
+  }
+
+  // One-sided operations: checked against the target's registration and the
+  // target QP's remote access rights.
+  auto check_remote = [&](uint32_t needed, uint64_t length, ResolvedRange& where) {
+    if ((target->attributes.access_flags & needed) != needed) return false;
+    return device.mrs.check_remote(request.rkey, target->pd_handle, request.remote_address, length, needed, &where) ==
+               KeyCheck::Ok &&
+           where.owner_pid == target->owner_pid;
+  };
+
+  switch (request.opcode) {
+    case SendOpcode::RdmaWrite:
+    case SendOpcode::RdmaWriteWithImm: {
+      ResolvedRange where;
+      if (!check_remote(access::kRemoteWrite, local.length, where)) {
+        completion.status = WcStatus::RemoteAccessError;
+        return SendOutcome::Completed;
+      }
+      ReceivePlacement receive;
+      if (request.opcode == SendOpcode::RdmaWriteWithImm && !take_receive(memory, *target, receive)) {
+        if (reliable) return SendOutcome::ReceiverNotReady;
+        return SendOutcome::Completed;
+      }
+      iovec remote{reinterpret_cast<void*>(where.address), local.length};
+      if (local.length > 0 && copy_to_process(where.owner_pid, local.vectors, std::span(&remote, 1)) != 0) {
+        completion.status = WcStatus::RemoteAccessError;
+        return SendOutcome::Completed;
+      }
+      if (request.opcode == SendOpcode::RdmaWriteWithImm) {
+        Completion received;
+        received.wr_id = receive.wr_id;
+        received.opcode = WcOpcode::ReceiveRdmaWithImm;
+        received.byte_len = static_cast<uint32_t>(local.length);
+        received.imm_data = request.imm_data;
+        received.flags = wc_flag::kWithImm;
+        received.qp_num = target->qpn;
+        received.src_qp = qp.qpn;
+        deliver_completion(memory, target->recv_cq, received, request.flags & send_flag::kSolicited);
+      }
+      return SendOutcome::Completed;
+    }
+    case SendOpcode::RdmaRead: {
+      ResolvedRange where;
+      if (!check_remote(access::kRemoteRead, local.length, where)) {
+        completion.status = WcStatus::RemoteAccessError;
+        return SendOutcome::Completed;
+      }
+      iovec remote{reinterpret_cast<void*>(where.address), local.length};
+      if (local.length > 0 && copy_from_process(where.owner_pid, local.vectors, std::span(&remote, 1)) != 0)
+        completion.status = WcStatus::RemoteAccessError;
+      return SendOutcome::Completed;
+    }
+    case SendOpcode::AtomicCompareSwap:
+    case SendOpcode::AtomicFetchAdd: {
+      if (local.length != 8) {
+        completion.status = WcStatus::LocalLengthError;
+        return SendOutcome::Completed;
+      }
+      ResolvedRange where;
+      if (request.remote_address % 8 != 0) {
+        completion.status = WcStatus::RemoteInvalidRequestError;
+        return SendOutcome::Completed;
+      }
+      if (!check_remote(access::kRemoteAtomic, 8, where)) {
+        completion.status = WcStatus::RemoteAccessError;
+        return SendOutcome::Completed;
+      }
+      SharedLock atomics(device.atomics_lock);
+      uint64_t original = 0;
+      iovec value{&original, 8};
+      iovec remote{reinterpret_cast<void*>(where.address), 8};
+      if (copy_from_process(where.owner_pid, std::span(&value, 1), std::span(&remote, 1)) != 0) {
+        completion.status = WcStatus::RemoteAccessError;
+        return SendOutcome::Completed;
+      }
+      uint64_t updated = original;
+      if (request.opcode == SendOpcode::AtomicFetchAdd)
+        updated = original + request.compare_add;
+      else if (original == request.compare_add)
+        updated = request.swap;
+      if (updated != original) {
+        iovec next{&updated, 8};
+        if (copy_to_process(where.owner_pid, std::span(&next, 1), std::span(&remote, 1)) != 0) {
+          completion.status = WcStatus::RemoteAccessError;
+          return SendOutcome::Completed;
+        }
+      }
+      copy_to_process(getpid(), std::span(&value, 1), local.vectors);
+      return SendOutcome::Completed;
+    }
+    case SendOpcode::Send:
+    case SendOpcode::SendWithImm:
+      break;
+  }
+
+  // SEND: needs a receive WQE at the target.
+  ReceivePlacement receive;
+  if (!take_receive(memory, *target, receive)) {
+    if (reliable) return SendOutcome::ReceiverNotReady;
+    return SendOutcome::Completed;  // UC/UD: dropped
+  }
+  Completion received;
+  received.wr_id = receive.wr_id;
+  received.opcode = WcOpcode::Receive;
+  received.qp_num = target->qpn;
+  received.src_qp = qp.qpn;
+  if (carries_immediate(request.opcode)) {
+    received.imm_data = request.imm_data;
+    received.flags |= wc_flag::kWithImm;
+  }
+  uint64_t header = qp.type == QpType::Ud ? kGrhBytes : 0;
+  if (receive.protection_error) {
+    received.status = WcStatus::LocalProtectionError;
+    if (reliable) completion.status = WcStatus::RemoteOperationError;
+  } else if (local.length + header > receive.capacity) {
+    received.status = WcStatus::LocalLengthError;
+    if (reliable) completion.status = WcStatus::RemoteInvalidRequestError;
+  } else {
+    int error = 0;
+    if (header != 0) {
+      // UD: the first 40 bytes of the receive buffer hold the GRH.
+      received.flags |= request.has_grh ? wc_flag::kGrh : 0;
+      auto grh = build_grh(request, local.length);
+      iovec grh_vector{grh.data(), grh.size()};
+      error = copy_to_process(receive.owner, std::span(&grh_vector, 1), first_bytes(receive.vectors, header));
+    }
+    auto payload_vectors = skip_bytes(receive.vectors, header);
+    if (error == 0 && local.length > 0) error = copy_to_process(receive.owner, local.vectors, payload_vectors);
+    if (error != 0) {
+      received.status = WcStatus::LocalProtectionError;
+      if (reliable) completion.status = WcStatus::RemoteOperationError;
+    }
+    received.byte_len = static_cast<uint32_t>(local.length + header);
+  }
+  if (received.status != WcStatus::Success && qp.type != QpType::Ud) {
+    // A receive-side error takes the responder QP to ERR as well.
+    target->state = QpState::Error;
+  }
+  deliver_completion(memory, target->recv_cq, received, request.flags & send_flag::kSolicited);
+  return SendOutcome::Completed;
+}
+
+}  // namespace softverbs

@@ -1,0 +1,43 @@
+// Work requests and queue entries as the emulator sees them, independent of
+// libibverbs' structures (the provider translates).
+#pragma once
+
+#include <cstdint>
+
+#include "completion_ring.h"
+
+namespace softverbs {
+
+struct Sge {
+  uint64_t address = 0;  // an iova in the lkey's region
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+};
+
+// Send opcodes; values are the verbs ABI's (IBV_WR_*).
+enum class SendOpcode : uint32_t {
+  RdmaWrite = 0,
+  RdmaWriteWithImm = 1,
+  Send = 2,
+  SendWithImm = 3,
+  RdmaRead = 4,
+  AtomicCompareSwap = 5,
+  AtomicFetchAdd = 6,
+};
+
+namespace send_flag {
+inline constexpr uint32_t kFence = 1u << 0;
+inline constexpr uint32_t kSignaled = 1u << 1;
+inline constexpr uint32_t kSolicited = 1u << 2;
+inline constexpr uint32_t kInline = 1u << 3;
+}  // namespace send_flag
+
+// A receive queue entry, stored in shared memory with its SGEs after it.
+struct RecvWqe {
+  uint64_t wr_id = 0;
+  uint32_t num_sge = 0;
+  uint32_t reserved = 0;
+  // Sge sges[max_sge] follow.
+};
+
+}  // namespace softverbs
