@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -68,6 +69,7 @@ const abi::verbs_context_ops kContextOps = [] {
   ops.free_context = free_context;
   ops.query_device_ex = query_device_ex;
   ops.query_port = query_port;
+  add_verbs_object_ops(ops);
   return ops;
 }();
 
@@ -81,6 +83,14 @@ std::unique_ptr<ContextState> load_context_state(const ibv_device* device) {
     return nullptr;
   }
   auto state = std::make_unique<ContextState>();
+  std::string memory_error;
+  state->memory = DeviceMemory::open(config->runtime_dir / (config->name + ".mem"), &memory_error);
+  if (!state->memory) {
+    std::fprintf(stderr, "softverbs: %s\n", memory_error.c_str());
+    errno = EIO;
+    return nullptr;
+  }
+  state->memory->reclaim_dead_owners();
   state->device = device_attributes(*config);
   state->port = port_attributes(*config);
   state->config = std::move(*config);

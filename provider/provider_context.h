@@ -3,10 +3,13 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "abi/verbs_private34.h"
 #include "device_attributes.h"
 #include "device_config.h"
+#include "device_memory.h"
 
 namespace softverbs::provider {
 
@@ -15,11 +18,17 @@ struct ProviderDevice {
 };
 
 // Everything a context knows that is not libibverbs' business.
+struct ProviderQp;
+
 struct ContextState {
   DeviceConfig config;
   DeviceAttributes device;
   PortAttributes port;
   int async_event_writer = -1;  // the other end of context.async_fd
+  std::unique_ptr<DeviceMemory> memory;
+  // QPs of this context, swept for deferred sends (RNR, peer not ready).
+  std::mutex qps_mutex;
+  std::vector<ProviderQp*> qps;
 
   ~ContextState();
 };
@@ -41,5 +50,8 @@ void fill_port_attr(const PortAttributes& attributes, ibv_port_attr& out);
 int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
                     size_t attr_size);
 int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr);
+
+// Fills the PD/MR/CQ/QP/AH entries of the ops table.
+void add_verbs_object_ops(abi::verbs_context_ops& ops);
 
 }  // namespace softverbs::provider

@@ -1,0 +1,797 @@
+// PD, MR, CQ, QP and AH: each op translates libibverbs' structures into the
+// emulator's and back. Semantics live in emulator/ (state machine, MR table,
+// requester/responder); what stays here is bookkeeping of the ibv_* objects
+// and the deferred sends of this process.
+#include <endian.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "data_path.h"
+#include "device_limits.h"
+#include "provider_context.h"
+#include "qp_state_machine.h"
+
+namespace softverbs::provider {
+
+// The verbs ABI's values and the emulator's are the same numbers; say so.
+static_assert(IBV_QP_STATE == qp_attr::kState && IBV_QP_DEST_QPN == qp_attr::kDestQpn &&
+              IBV_QP_MAX_DEST_RD_ATOMIC == qp_attr::kMaxDestRdAtomic && IBV_QP_CAP == qp_attr::kCapabilities);
+static_assert(IBV_ACCESS_LOCAL_WRITE == access::kLocalWrite && IBV_ACCESS_REMOTE_ATOMIC == access::kRemoteAtomic &&
+              IBV_ACCESS_ZERO_BASED == access::kZeroBased && IBV_ACCESS_RELAXED_ORDERING == access::kRelaxedOrdering);
+static_assert(IBV_WC_RNR_RETRY_EXC_ERR == static_cast<int>(WcStatus::RnrRetryExceededError) &&
+              IBV_WC_GENERAL_ERR == static_cast<int>(WcStatus::GeneralError));
+static_assert(IBV_WC_RECV_RDMA_WITH_IMM == static_cast<int>(WcOpcode::ReceiveRdmaWithImm));
+static_assert(IBV_WR_ATOMIC_FETCH_AND_ADD == static_cast<int>(SendOpcode::AtomicFetchAdd));
+static_assert(IBV_SEND_INLINE == send_flag::kInline && IBV_WC_WITH_IMM == wc_flag::kWithImm);
+static_assert(IBV_QPS_ERR == static_cast<int>(QpState::Error) && IBV_QPT_RC == 2 && IBV_QPT_UD == 4);
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ContextState& state_of(ibv_context* context) { return *to_provider(context)->state; }
+DeviceMemory& memory_of(ibv_context* context) { return *state_of(context).memory; }
+
+template <typename T, typename Member>
+T* container_of(Member* member, Member T::*field) {
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(member) -
+                              reinterpret_cast<std::ptrdiff_t>(&(static_cast<T*>(nullptr)->*field)));
+}
+
+// ---- protection domains ---------------------------------------------------
+
+struct ProviderPd {
+  ibv_pd ibv{};
+};
+
+ibv_pd* alloc_pd(ibv_context* context) {
+  auto pd = std::make_unique<ProviderPd>();
+  pd->ibv.context = context;
+  pd->ibv.handle = memory_of(context).allocate_pd_handle();
+  return &pd.release()->ibv;
+}
+
+int dealloc_pd(ibv_pd* pd) {
+  std::unique_ptr<ProviderPd> owner(reinterpret_cast<ProviderPd*>(pd));
+  return 0;
+}
+
+// ---- memory regions -------------------------------------------------------
+
+ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access_flags) {
+  if (int error = validate_registration_access(static_cast<uint32_t>(access_flags))) {
+    errno = error;
+    return nullptr;
+  }
+  if (length > limits::kMaxMrSize || (addr == nullptr && length != 0)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  DeviceMemory& memory = memory_of(pd->context);
+  uint64_t iova = (access_flags & IBV_ACCESS_ZERO_BASED) ? 0 : hca_va;
+  std::optional<uint32_t> key;
+  {
+    SharedLock lock(memory.shared().memory_lock);
+    key = memory.shared().mrs.register_region(pd->handle, getpid(), reinterpret_cast<uint64_t>(addr), iova, length,
+                                              static_cast<uint32_t>(access_flags));
+  }
+  if (!key) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  auto mr = std::make_unique<abi::verbs_mr>();
+  mr->ibv_mr.context = pd->context;
+  mr->ibv_mr.pd = pd;
+  mr->ibv_mr.addr = addr;
+  mr->ibv_mr.length = length;
+  mr->ibv_mr.handle = *key;
+  mr->ibv_mr.lkey = *key;
+  mr->ibv_mr.rkey = *key;
+  mr->mr_type = abi::kMrTypeMr;
+  mr->access = access_flags;
+  return &mr.release()->ibv_mr;
+}
+
+int dereg_mr(abi::verbs_mr* vmr) {
+  DeviceMemory& memory = memory_of(vmr->ibv_mr.context);
+  {
+    SharedLock lock(memory.shared().memory_lock);
+    if (!memory.shared().mrs.deregister(vmr->ibv_mr.lkey)) return EINVAL;
+  }
+  std::unique_ptr<abi::verbs_mr> owner(vmr);
+  return 0;
+}
+
+// ---- completion queues ----------------------------------------------------
+
+struct ProviderCq {
+  abi::verbs_cq verbs{};
+  int index = -1;
+  int qp_references = 0;  // under the context's qps_mutex
+};
+
+ProviderCq* to_cq(ibv_cq* cq) { return reinterpret_cast<ProviderCq*>(cq); }
+
+ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel, int comp_vector) {
+  ContextState& state = state_of(context);
+  if (cqe < 1 || cqe > state.device.max_cqe || comp_vector < 0 || comp_vector >= context->num_comp_vectors) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  // A channel made by the preload is a datagram socket with an abstract
+  // address that other processes can send events to.
+  sockaddr_un channel_address{};
+  socklen_t channel_length = sizeof channel_address;
+  if (channel != nullptr) {
+    if (getsockname(channel->fd, reinterpret_cast<sockaddr*>(&channel_address), &channel_length) != 0 ||
+        channel_address.sun_family != AF_UNIX || channel_length <= offsetof(sockaddr_un, sun_path)) {
+      errno = EINVAL;
+      return nullptr;
+    }
+  }
+  DeviceMemory& memory = *state.memory;
+  int index = memory.allocate_cq(getpid());
+  if (index < 0) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  uint32_t capacity = std::bit_ceil(static_cast<uint32_t>(cqe));
+  uint64_t bytes = uint64_t{capacity} * sizeof(Completion);
+  uint64_t ring = memory.allocate(bytes);
+  if (ring == 0) {
+    memory.shared().cqs[index].live = 0;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  auto cq = std::make_unique<ProviderCq>();
+  cq->index = index;
+  cq->verbs.cq.context = context;
+  cq->verbs.cq.channel = channel;
+  cq->verbs.cq.cqe = static_cast<int>(capacity);
+  cq->verbs.cq.handle = static_cast<uint32_t>(index);
+  CqRecord& record = memory.shared().cqs[index];
+  {
+    SharedLock lock(record.lock);
+    record.ring_offset = ring;
+    record.ring_bytes = bytes;
+    CompletionRing::initialize(record.ring, std::span(memory.at<Completion>(ring), capacity));
+    record.owner_handle = reinterpret_cast<uint64_t>(&cq->verbs.cq);
+    if (channel != nullptr) {
+      record.channel_address_length = channel_length - offsetof(sockaddr_un, sun_path);
+      std::memcpy(record.channel_address, channel_address.sun_path, record.channel_address_length);
+    }
+  }
+  return &cq.release()->verbs.cq;
+}
+
+int destroy_cq(ibv_cq* ibv) {
+  ProviderCq* cq = to_cq(ibv);
+  ContextState& state = state_of(ibv->context);
+  {
+    std::lock_guard guard(state.qps_mutex);
+    if (cq->qp_references > 0) return EBUSY;
+  }
+  CqRecord& record = state.memory->shared().cqs[cq->index];
+  uint64_t ring, bytes;
+  {
+    SharedLock lock(record.lock);
+    record.live = 0;
+    ring = record.ring_offset;
+    bytes = record.ring_bytes;
+  }
+  state.memory->release(ring, bytes);
+  std::unique_ptr<ProviderCq> owner(cq);
+  return 0;
+}
+
+int req_notify_cq(ibv_cq* ibv, int solicited_only) {
+  CqRecord& record = memory_of(ibv->context).shared().cqs[to_cq(ibv)->index];
+  SharedLock lock(record.lock);
+  record.armed = solicited_only ? CqArm::SolicitedOnly : CqArm::NextCompletion;
+  return 0;
+}
+
+void progress_deferred_sends(ContextState& state);
+
+void to_ibv_wc(const Completion& c, ibv_wc& wc) {
+  wc = {};
+  wc.wr_id = c.wr_id;
+  wc.status = static_cast<ibv_wc_status>(c.status);
+  wc.opcode = static_cast<ibv_wc_opcode>(c.opcode);
+  wc.byte_len = c.byte_len;
+  wc.imm_data = c.imm_data;
+  wc.qp_num = c.qp_num;
+  wc.src_qp = c.src_qp;
+  wc.wc_flags = c.flags;
+  wc.pkey_index = c.pkey_index;
+  wc.sl = c.sl;
+}
+
+int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
+  if (num_entries < 0) return -EINVAL;
+  ContextState& state = state_of(ibv->context);
+  progress_deferred_sends(state);
+  CqRecord& record = state.memory->shared().cqs[to_cq(ibv)->index];
+  Completion batch[16];
+  int polled = 0;
+  while (polled < num_entries) {
+    size_t want = std::min<size_t>(std::size(batch), static_cast<size_t>(num_entries - polled));
+    size_t got;
+    {
+      SharedLock lock(record.lock);
+      CompletionRing ring(record.ring, std::span(state.memory->at<Completion>(record.ring_offset), record.ring.capacity));
+      got = ring.pop(std::span(batch, want));
+    }
+    for (size_t i = 0; i < got; ++i) to_ibv_wc(batch[i], wc[polled + static_cast<int>(i)]);
+    polled += static_cast<int>(got);
+    if (got < want) break;
+  }
+  return polled;
+}
+
+// ---- address handles ------------------------------------------------------
+
+struct ProviderAh {
+  ibv_ah ibv{};
+  ibv_ah_attr attr{};
+  ibv_gid source_gid{};
+};
+
+ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
+  if (attr == nullptr || attr->port_num != 1 || (attr->is_global && attr->grh.sgid_index >= limits::kGidTableLength)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto ah = std::make_unique<ProviderAh>();
+  ah->ibv.context = pd->context;
+  ah->ibv.pd = pd;
+  ah->attr = *attr;
+  if (attr->is_global && ibv_query_gid(pd->context, 1, attr->grh.sgid_index, &ah->source_gid) != 0) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return &ah.release()->ibv;
+}
+
+int destroy_ah(ibv_ah* ah) {
+  std::unique_ptr<ProviderAh> owner(reinterpret_cast<ProviderAh*>(ah));
+  return 0;
+}
+
+}  // namespace
+
+// ---- queue pairs ----------------------------------------------------------
+
+// A send that could not run yet: the receiver had no WQE posted (RNR), or the
+// peer QP was not ready (RC retries until timeout x retry_cnt runs out).
+struct DeferredSend {
+  SendRequest request;
+  std::vector<Sge> sges;
+  std::vector<uint8_t> inline_bytes;
+  bool signaled = false;
+  int rnr_retries_left = 0;  // -1: infinite (rnr_retry 7)
+  Clock::time_point next_attempt{};
+  Clock::time_point give_up{Clock::time_point::max()};
+};
+
+struct ProviderQp {
+  abi::verbs_qp verbs{};
+  int index = -1;
+  ProviderCq* send_cq = nullptr;
+  ProviderCq* recv_cq = nullptr;
+  std::mutex mutex;  // serializes this QP's send queue
+  std::deque<DeferredSend> deferred;
+};
+
+namespace {
+
+ProviderQp* to_qp(ibv_qp* qp) { return reinterpret_cast<ProviderQp*>(qp); }
+
+QpRecord& record_of(ProviderQp* qp) { return memory_of(qp->verbs.qp.context).shared().qps[qp->index]; }
+
+std::optional<QpType> emulator_qp_type(ibv_qp_type type) {
+  switch (type) {
+    case IBV_QPT_RC:
+      return QpType::Rc;
+    case IBV_QPT_UC:
+      return QpType::Uc;
+    case IBV_QPT_UD:
+      return QpType::Ud;
+    default:
+      return std::nullopt;
+  }
+}
+
+ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  ContextState& state = state_of(pd->context);
+  auto type = emulator_qp_type(attr->qp_type);
+  if (!type) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_qp_cap& cap = attr->cap;
+  if (attr->send_cq == nullptr || attr->recv_cq == nullptr || attr->send_cq->context != pd->context ||
+      attr->recv_cq->context != pd->context || cap.max_send_wr > static_cast<uint32_t>(state.device.max_qp_wr) ||
+      cap.max_recv_wr > static_cast<uint32_t>(state.device.max_qp_wr) ||
+      cap.max_send_sge > static_cast<uint32_t>(state.device.max_sge) ||
+      cap.max_recv_sge > static_cast<uint32_t>(state.device.max_sge) ||
+      cap.max_inline_data > static_cast<uint32_t>(state.device.max_inline_data)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (attr->srq != nullptr) {
+    errno = EOPNOTSUPP;  // SRQs are not emulated yet
+    return nullptr;
+  }
+  DeviceMemory& memory = *state.memory;
+  int index = memory.allocate_qp(getpid());
+  if (index < 0) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  QpRecord& record = memory.shared().qps[index];
+  uint32_t recv_capacity = std::max<uint32_t>(cap.max_recv_wr, 1);
+  uint32_t recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
+  uint32_t slot_size = static_cast<uint32_t>(sizeof(RecvWqe) + recv_sge * sizeof(Sge));
+  uint64_t ring = memory.allocate(uint64_t{recv_capacity} * slot_size);
+  if (ring == 0) {
+    SharedLock lock(record.lock);
+    record.live = 0;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  cap.max_send_wr = std::max<uint32_t>(cap.max_send_wr, 1);
+  cap.max_recv_wr = recv_capacity;
+  cap.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
+  cap.max_recv_sge = recv_sge;
+  {
+    SharedLock lock(record.lock);
+    record.type = *type;
+    record.pd_handle = pd->handle;
+    record.signal_all = attr->sq_sig_all ? 1 : 0;
+    record.send_cq = to_cq(attr->send_cq)->index;
+    record.recv_cq = to_cq(attr->recv_cq)->index;
+    record.caps = {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data};
+    record.rq = RecvQueue{ring, recv_capacity, recv_sge, slot_size, 0, 0, 0};
+    record.attributes.path_mtu = static_cast<uint8_t>(state.port.active_mtu);
+  }
+  auto qp = std::make_unique<ProviderQp>();
+  qp->index = index;
+  qp->send_cq = to_cq(attr->send_cq);
+  qp->recv_cq = to_cq(attr->recv_cq);
+  ibv_qp& ibv = qp->verbs.qp;
+  ibv.context = pd->context;
+  ibv.qp_context = attr->qp_context;
+  ibv.pd = pd;
+  ibv.send_cq = attr->send_cq;
+  ibv.recv_cq = attr->recv_cq;
+  ibv.srq = nullptr;
+  ibv.handle = static_cast<uint32_t>(index);
+  ibv.qp_num = record.qpn;
+  ibv.state = IBV_QPS_RESET;
+  ibv.qp_type = attr->qp_type;
+  pthread_mutex_init(&ibv.mutex, nullptr);
+  pthread_cond_init(&ibv.cond, nullptr);
+  ibv.events_completed = 0;
+  {
+    std::lock_guard guard(state.qps_mutex);
+    ++qp->send_cq->qp_references;
+    ++qp->recv_cq->qp_references;
+    state.qps.push_back(qp.get());
+  }
+  return &qp.release()->verbs.qp;
+}
+
+void complete_send(DeviceMemory& memory, ProviderQp* qp, const Completion& completion) {
+  deliver_completion(memory, qp->send_cq->index, completion, false);
+}
+
+// Takes the QP to ERR: deferred sends and queued receives complete flushed.
+void enter_error_state(DeviceMemory& memory, ProviderQp* qp) {
+  QpRecord& record = record_of(qp);
+  {
+    SharedLock lock(record.lock);
+    record.state = QpState::Error;
+  }
+  qp->verbs.qp.state = IBV_QPS_ERR;
+  while (!qp->deferred.empty()) {
+    Completion flushed;
+    flushed.wr_id = qp->deferred.front().request.wr_id;
+    flushed.status = WcStatus::WrFlushError;
+    flushed.opcode = WcOpcode::Send;
+    flushed.qp_num = record.qpn;
+    complete_send(memory, qp, flushed);
+    qp->deferred.pop_front();
+  }
+  flush_receive_queue(memory, record);
+}
+
+int destroy_qp(ibv_qp* ibv) {
+  ProviderQp* qp = to_qp(ibv);
+  ContextState& state = state_of(ibv->context);
+  QpRecord& record = record_of(qp);
+  uint64_t ring, bytes;
+  {
+    SharedLock lock(record.lock);
+    record.live = 0;
+    ring = record.rq.ring_offset;
+    bytes = uint64_t{record.rq.capacity} * record.rq.slot_size;
+  }
+  state.memory->release(ring, bytes);
+  {
+    std::lock_guard guard(state.qps_mutex);
+    --qp->send_cq->qp_references;
+    --qp->recv_cq->qp_references;
+    std::erase(state.qps, qp);
+  }
+  std::unique_ptr<ProviderQp> owner(qp);
+  return 0;
+}
+
+bool valid_attribute_values(const ContextState& state, const ibv_qp_attr& attr, int mask) {
+  if ((mask & IBV_QP_PORT) && attr.port_num != 1) return false;
+  if ((mask & IBV_QP_PKEY_INDEX) && attr.pkey_index >= limits::kPkeyTableLength) return false;
+  if ((mask & IBV_QP_ACCESS_FLAGS) &&
+      (attr.qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND)))
+    return false;
+  if ((mask & IBV_QP_PATH_MTU) && (attr.path_mtu < IBV_MTU_256 || attr.path_mtu > IBV_MTU_4096)) return false;
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > state.device.max_qp_init_rd_atomic) return false;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > state.device.max_qp_rd_atomic) return false;
+  if ((mask & IBV_QP_TIMEOUT) && attr.timeout > 31) return false;
+  if ((mask & IBV_QP_RETRY_CNT) && attr.retry_cnt > 7) return false;
+  if ((mask & IBV_QP_RNR_RETRY) && attr.rnr_retry > 7) return false;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && attr.min_rnr_timer > 31) return false;
+  if ((mask & IBV_QP_DEST_QPN) && attr.dest_qp_num > 0xffffff) return false;
+  if ((mask & (IBV_QP_RQ_PSN | IBV_QP_SQ_PSN)) &&
+      (((mask & IBV_QP_RQ_PSN) && attr.rq_psn > 0xffffff) || ((mask & IBV_QP_SQ_PSN) && attr.sq_psn > 0xffffff)))
+    return false;
+  if ((mask & IBV_QP_AV) && (attr.ah_attr.port_num > 1 ||
+                             (attr.ah_attr.is_global && attr.ah_attr.grh.sgid_index >= limits::kGidTableLength)))
+    return false;
+  return true;
+}
+
+void apply_attributes(QpAttributes& a, const ibv_qp_attr& attr, int mask) {
+  if (mask & IBV_QP_QKEY) a.qkey = attr.qkey;
+  if (mask & IBV_QP_RQ_PSN) a.rq_psn = attr.rq_psn;
+  if (mask & IBV_QP_SQ_PSN) a.sq_psn = attr.sq_psn;
+  if (mask & IBV_QP_DEST_QPN) a.dest_qpn = attr.dest_qp_num;
+  if (mask & IBV_QP_ACCESS_FLAGS) a.access_flags = static_cast<uint32_t>(attr.qp_access_flags);
+  if (mask & IBV_QP_PKEY_INDEX) a.pkey_index = attr.pkey_index;
+  if (mask & IBV_QP_PORT) a.port = attr.port_num;
+  if (mask & IBV_QP_PATH_MTU) a.path_mtu = static_cast<uint8_t>(attr.path_mtu);
+  if (mask & IBV_QP_TIMEOUT) a.timeout = attr.timeout;
+  if (mask & IBV_QP_RETRY_CNT) a.retry_count = attr.retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) a.rnr_retry = attr.rnr_retry;
+  if (mask & IBV_QP_MIN_RNR_TIMER) a.min_rnr_timer = attr.min_rnr_timer;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) a.max_rd_atomic = attr.max_rd_atomic;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+  if (mask & IBV_QP_AV) {
+    const ibv_ah_attr& ah = attr.ah_attr;
+    a.dlid = ah.dlid;
+    a.service_level = ah.sl;
+    a.is_global = ah.is_global;
+    a.sgid_index = ah.grh.sgid_index;
+    a.hop_limit = ah.grh.hop_limit;
+    a.traffic_class = ah.grh.traffic_class;
+    a.flow_label = ah.grh.flow_label;
+    std::memcpy(a.dgid, ah.grh.dgid.raw, 16);
+  }
+}
+
+int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
+  ProviderQp* qp = to_qp(ibv);
+  ContextState& state = state_of(ibv->context);
+  QpRecord& record = record_of(qp);
+  QpState target;
+  {
+    SharedLock lock(record.lock);
+    QpState current = record.state;
+    if ((mask & IBV_QP_CUR_STATE) && static_cast<int>(attr->cur_qp_state) != static_cast<int>(current)) return EINVAL;
+    target = (mask & IBV_QP_STATE) ? static_cast<QpState>(attr->qp_state) : current;
+    if ((mask & IBV_QP_STATE) && attr->qp_state > IBV_QPS_ERR) return EINVAL;
+    if (check_transition(current, target, record.type, static_cast<uint32_t>(mask)) != TransitionVerdict::Allowed)
+      return EINVAL;
+    if (!valid_attribute_values(state, *attr, mask)) return EINVAL;
+    apply_attributes(record.attributes, *attr, mask);
+    if (target == QpState::Reset) {
+      discard_receive_queue(record);
+      record.attributes = QpAttributes{};
+      record.attributes.path_mtu = static_cast<uint8_t>(state.port.active_mtu);
+    }
+    if (target != QpState::Error) record.state = target;
+  }
+  std::lock_guard guard(qp->mutex);
+  if (target == QpState::Error) {
+    enter_error_state(*state.memory, qp);
+  } else {
+    if (target == QpState::Reset) qp->deferred.clear();
+    ibv->state = static_cast<ibv_qp_state>(target);
+  }
+  return 0;
+}
+
+int query_qp(ibv_qp* ibv, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) {
+  ProviderQp* qp = to_qp(ibv);
+  QpRecord& record = record_of(qp);
+  SharedLock lock(record.lock);
+  const QpAttributes& a = record.attributes;
+  *attr = {};
+  attr->qp_state = static_cast<ibv_qp_state>(record.state);
+  attr->cur_qp_state = attr->qp_state;
+  attr->path_mtu = static_cast<ibv_mtu>(a.path_mtu);
+  attr->qkey = a.qkey;
+  attr->rq_psn = a.rq_psn;
+  attr->sq_psn = a.sq_psn;
+  attr->dest_qp_num = a.dest_qpn;
+  attr->qp_access_flags = static_cast<int>(a.access_flags);
+  attr->cap = {record.caps.max_send_wr, record.caps.max_recv_wr, record.caps.max_send_sge, record.caps.max_recv_sge,
+               record.caps.max_inline_data};
+  attr->ah_attr.dlid = a.dlid;
+  attr->ah_attr.sl = a.service_level;
+  attr->ah_attr.is_global = a.is_global;
+  attr->ah_attr.port_num = a.port;
+  attr->ah_attr.grh.sgid_index = a.sgid_index;
+  attr->ah_attr.grh.hop_limit = a.hop_limit;
+  attr->ah_attr.grh.traffic_class = a.traffic_class;
+  attr->ah_attr.grh.flow_label = a.flow_label;
+  std::memcpy(attr->ah_attr.grh.dgid.raw, a.dgid, 16);
+  attr->pkey_index = a.pkey_index;
+  attr->sq_draining = 0;
+  attr->max_rd_atomic = a.max_rd_atomic;
+  attr->max_dest_rd_atomic = a.max_dest_rd_atomic;
+  attr->min_rnr_timer = a.min_rnr_timer;
+  attr->port_num = a.port;
+  attr->timeout = a.timeout;
+  attr->retry_cnt = a.retry_count;
+  attr->rnr_retry = a.rnr_retry;
+  *init_attr = {};
+  init_attr->qp_context = ibv->qp_context;
+  init_attr->send_cq = ibv->send_cq;
+  init_attr->recv_cq = ibv->recv_cq;
+  init_attr->srq = ibv->srq;
+  init_attr->cap = attr->cap;
+  init_attr->qp_type = ibv->qp_type;
+  init_attr->sq_sig_all = record.signal_all;
+  return 0;
+}
+
+int post_recv(ibv_qp* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  ProviderQp* qp = to_qp(ibv);
+  DeviceMemory& memory = memory_of(ibv->context);
+  for (; wr != nullptr; wr = wr->next) {
+    if (wr->num_sge < 0) {
+      *bad_wr = wr;
+      return EINVAL;
+    }
+    std::span<const Sge> sges(reinterpret_cast<const Sge*>(wr->sg_list), static_cast<size_t>(wr->num_sge));
+    if (int error = post_receive(memory, record_of(qp), wr->wr_id, sges)) {
+      *bad_wr = wr;
+      return error;
+    }
+  }
+  return 0;
+}
+static_assert(sizeof(Sge) == sizeof(ibv_sge) && offsetof(Sge, lkey) == offsetof(ibv_sge, lkey));
+
+bool opcode_allowed(QpType type, ibv_wr_opcode opcode) {
+  switch (opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+      return true;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return type != QpType::Ud;
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      return type == QpType::Rc;
+    default:
+      return false;
+  }
+}
+
+// Builds the emulator's request; `owned` keeps what must outlive the caller's
+// work request (inline bytes, SGE copy) for a deferred send.
+int translate_send(ProviderQp* qp, const QpRecord& record, const ibv_send_wr* wr, DeferredSend& owned) {
+  if (!opcode_allowed(record.type, wr->opcode) || wr->num_sge < 0 ||
+      static_cast<uint32_t>(wr->num_sge) > record.caps.max_send_sge)
+    return EINVAL;
+  SendRequest& r = owned.request;
+  r.wr_id = wr->wr_id;
+  r.opcode = static_cast<SendOpcode>(wr->opcode);
+  r.flags = wr->send_flags;
+  r.imm_data = wr->imm_data;
+  owned.sges.assign(reinterpret_cast<const Sge*>(wr->sg_list), reinterpret_cast<const Sge*>(wr->sg_list) + wr->num_sge);
+  if (wr->send_flags & IBV_SEND_INLINE) {
+    if (wr->opcode == IBV_WR_RDMA_READ || wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+        wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+      return EINVAL;
+    size_t total = 0;
+    for (const Sge& sge : owned.sges) total += sge.length;
+    if (total > record.caps.max_inline_data) return EINVAL;
+    owned.inline_bytes.reserve(total);
+    for (const Sge& sge : owned.sges) {
+      const auto* bytes = reinterpret_cast<const uint8_t*>(sge.address);
+      owned.inline_bytes.insert(owned.inline_bytes.end(), bytes, bytes + sge.length);
+    }
+  }
+  switch (wr->opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+      r.remote_address = wr->wr.rdma.remote_addr;
+      r.rkey = wr->wr.rdma.rkey;
+      break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      r.remote_address = wr->wr.atomic.remote_addr;
+      r.rkey = wr->wr.atomic.rkey;
+      r.compare_add = wr->wr.atomic.compare_add;
+      r.swap = wr->wr.atomic.swap;
+      break;
+    default:
+      break;
+  }
+  if (record.type == QpType::Ud) {
+    if (wr->wr.ud.ah == nullptr) return EINVAL;
+    auto* ah = reinterpret_cast<ProviderAh*>(wr->wr.ud.ah);
+    r.remote_qpn = wr->wr.ud.remote_qpn;
+    r.remote_qkey = wr->wr.ud.remote_qkey;
+    r.has_grh = ah->attr.is_global;
+    std::memcpy(r.source_gid.data(), ah->source_gid.raw, 16);
+    std::memcpy(r.destination_gid.data(), ah->attr.grh.dgid.raw, 16);
+    r.hop_limit = ah->attr.grh.hop_limit;
+    r.traffic_class = ah->attr.grh.traffic_class;
+    r.flow_label = ah->attr.grh.flow_label;
+  }
+  owned.signaled = (wr->send_flags & IBV_SEND_SIGNALED) || record.signal_all;
+  (void)qp;
+  return 0;
+}
+
+void bind_spans(DeferredSend& send) {
+  send.request.sges = send.sges;
+  send.request.inline_data = send.inline_bytes;
+}
+
+// Runs one send; false if it must wait (and `send` is updated for later).
+bool attempt_send(DeviceMemory& memory, ProviderQp* qp, DeferredSend& send, bool first_attempt) {
+  QpRecord& record = record_of(qp);
+  Completion completion;
+  SendOutcome outcome = execute_send(memory, record, send.request, completion);
+  auto now = Clock::now();
+  if (outcome == SendOutcome::ReceiverNotReady) {
+    if (first_attempt) send.rnr_retries_left = record.attributes.rnr_retry == 7 ? -1 : record.attributes.rnr_retry;
+    if (send.rnr_retries_left == 0) {
+      completion.status = WcStatus::RnrRetryExceededError;
+    } else {
+      if (send.rnr_retries_left > 0) --send.rnr_retries_left;
+      uint8_t timer = 1;
+      if (QpRecord* target = memory.qp_by_number(record.attributes.dest_qpn)) timer = target->attributes.min_rnr_timer;
+      send.next_attempt = now + std::chrono::microseconds(rnr_timer_microseconds(timer));
+      return false;
+    }
+  } else if (completion.status == WcStatus::RetryExceededError && record.attributes.timeout != 0) {
+    // No responder yet: a real RC requester retransmits for
+    // 4.096 us * 2^timeout per try, retry_cnt + 1 tries, before giving up.
+    if (first_attempt) {
+      double per_try = 4.096e-6 * static_cast<double>(uint64_t{1} << record.attributes.timeout);
+      send.give_up = now + std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(per_try * (record.attributes.retry_count + 1)));
+    }
+    if (now < send.give_up) {
+      send.next_attempt = now + std::chrono::microseconds(50);
+      return false;
+    }
+  } else if (completion.status == WcStatus::RetryExceededError && record.attributes.timeout == 0) {
+    send.next_attempt = now + std::chrono::microseconds(50);  // timeout 0: retry forever
+    return false;
+  }
+  if (completion.status != WcStatus::Success) {
+    complete_send(memory, qp, completion);
+    enter_error_state(memory, qp);
+    return true;
+  }
+  if (send.signaled) complete_send(memory, qp, completion);
+  return true;
+}
+
+// Retries this QP's deferred sends whose time has come, in order.
+void progress_qp(DeviceMemory& memory, ProviderQp* qp) {
+  std::lock_guard guard(qp->mutex);
+  while (!qp->deferred.empty()) {
+    if (Clock::now() < qp->deferred.front().next_attempt) return;
+    // Out of the queue while it runs: an error flushes what stays queued.
+    DeferredSend head = std::move(qp->deferred.front());
+    qp->deferred.pop_front();
+    bind_spans(head);
+    if (!attempt_send(memory, qp, head, false)) {
+      qp->deferred.push_front(std::move(head));
+      bind_spans(qp->deferred.front());
+      return;
+    }
+  }
+}
+
+void progress_deferred_sends(ContextState& state) {
+  std::vector<ProviderQp*> qps;
+  {
+    std::lock_guard guard(state.qps_mutex);
+    for (ProviderQp* qp : state.qps)
+      if (!qp->deferred.empty()) qps.push_back(qp);
+  }
+  for (ProviderQp* qp : qps) progress_qp(*state.memory, qp);
+}
+
+int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  ProviderQp* qp = to_qp(ibv);
+  DeviceMemory& memory = memory_of(ibv->context);
+  QpRecord& record = record_of(qp);
+  std::lock_guard guard(qp->mutex);
+  for (; wr != nullptr; wr = wr->next) {
+    QpState qp_state;
+    {
+      SharedLock lock(record.lock);
+      qp_state = record.state;
+    }
+    if (!can_post_send(qp_state)) {
+      *bad_wr = wr;
+      return EINVAL;
+    }
+    DeferredSend send;
+    if (int error = translate_send(qp, record, wr, send)) {
+      *bad_wr = wr;
+      return error;
+    }
+    bind_spans(send);
+    if (qp_state == QpState::Error) {
+      Completion flushed;
+      flushed.wr_id = wr->wr_id;
+      flushed.status = WcStatus::WrFlushError;
+      flushed.qp_num = record.qpn;
+      complete_send(memory, qp, flushed);
+      continue;
+    }
+    if (qp_state == QpState::Sqd || !qp->deferred.empty() || !attempt_send(memory, qp, send, true)) {
+      qp->deferred.push_back(std::move(send));
+      bind_spans(qp->deferred.back());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_verbs_object_ops(abi::verbs_context_ops& ops) {
+  ops.alloc_pd = alloc_pd;
+  ops.dealloc_pd = dealloc_pd;
+  ops.reg_mr = reg_mr;
+  ops.dereg_mr = dereg_mr;
+  ops.create_cq = create_cq;
+  ops.destroy_cq = destroy_cq;
+  ops.poll_cq = poll_cq;
+  ops.req_notify_cq = req_notify_cq;
+  ops.create_ah = create_ah;
+  ops.destroy_ah = destroy_ah;
+  ops.create_qp = create_qp;
+  ops.modify_qp = modify_qp;
+  ops.query_qp = query_qp;
+  ops.destroy_qp = destroy_qp;
+  ops.post_send = post_send;
+  ops.post_recv = post_recv;
+}
+
+}  // namespace softverbs::provider
