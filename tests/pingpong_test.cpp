@@ -1,0 +1,76 @@
+// rdma-core's ibv_*_pingpong, unmodified, between two processes started with
+// `softverbs run`: the shared-memory data path as users first meet it.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "process_runner.h"
+
+namespace softverbs {
+namespace {
+
+using test::ProcessResult;
+using test::run_process;
+using test::TemporaryDirectory;
+
+struct PingpongCase {
+  const char* name;
+  const char* tool;
+  std::vector<std::string> args;
+};
+
+class Pingpong : public ::testing::TestWithParam<PingpongCase> {};
+
+TEST_P(Pingpong, ServerAndClientExitZero) {
+  const PingpongCase& c = GetParam();
+  TemporaryDirectory dir;
+  std::vector<std::string> env = {"SOFTVERBS_RUNTIME_DIR=" + dir.path() + "/rt"};
+  // A port per case, so that ctest -j runs them side by side.
+  std::string port = std::to_string(20000 + static_cast<int>(std::hash<std::string>{}(c.name) % 20000));
+  auto command = [&](bool client) {
+    std::vector<std::string> argv = {SOFTVERBS_CLI, "run", "--", c.tool, "-d", "softverbs0", "-p", port};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    if (client) argv.push_back("localhost");
+    return argv;
+  };
+  // Bring the device up first, so that server and client do not race to.
+  ASSERT_EQ(run_process({SOFTVERBS_CLI, "up"}, env).exit_code, 0);
+  auto server = std::async(std::launch::async, [&] { return run_process(command(false), env, 60); });
+  ProcessResult client;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    client = run_process(command(true), env, 60);
+    if (client.err.find("Couldn't connect") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ProcessResult served = server.get();
+  EXPECT_EQ(client.exit_code, 0) << client.out << client.err;
+  EXPECT_EQ(served.exit_code, 0) << served.out << served.err;
+  for (const ProcessResult* r : {&client, &served}) {
+    EXPECT_NE(r->out.find("iters in"), std::string::npos) << r->out << r->err;
+    EXPECT_EQ(r->err.find("Failed status"), std::string::npos) << r->err;
+  }
+}
+
+const PingpongCase kCases[] = {
+    {"rc", "ibv_rc_pingpong", {"-n", "200"}},
+    {"rc_events", "ibv_rc_pingpong", {"-e", "-n", "200"}},
+    {"rc_gid_v2", "ibv_rc_pingpong", {"-g", "3", "-n", "200"}},
+    {"rc_1MiB_validated", "ibv_rc_pingpong", {"-g", "1", "-s", "1048576", "-c", "-n", "50"}},
+    {"rc_events_validated", "ibv_rc_pingpong", {"-g", "3", "-e", "-c", "-s", "65536", "-n", "50"}},
+    {"uc", "ibv_uc_pingpong", {"-n", "200"}},
+    {"uc_events", "ibv_uc_pingpong", {"-e", "-n", "200"}},
+    {"uc_gid_v2", "ibv_uc_pingpong", {"-g", "3", "-c", "-n", "200"}},
+    {"ud", "ibv_ud_pingpong", {"-n", "200"}},
+    {"ud_events", "ibv_ud_pingpong", {"-e", "-n", "200"}},
+    {"ud_gid_v2", "ibv_ud_pingpong", {"-g", "3", "-c", "-n", "200"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Tools, Pingpong, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<PingpongCase>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace softverbs
