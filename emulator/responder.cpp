@@ -108,9 +108,9 @@ void discard_receive_queue(QpRecord& qp) { qp.rq.consumed = qp.rq.posted; }
 
 uint32_t rnr_timer_microseconds(uint8_t encoded) {
   // IB spec table 45 (RNR NAK timer field), in microseconds.
-  static constexpr uint32_t kTable[32] = {655360, 10,    20,    30,    40,    60,     80,     120,
-                                          160,    240,   320,   480,   640,   960,    1280,   1920,
-                                          2560,   3840,  5120,  7680,  10240, 15360,  20480,  30720,
+  static constexpr uint32_t kTable[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                          160,    240,   320,   480,    640,    960,    1280,   1920,
+                                          2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
                                           40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
   return kTable[encoded & 31];
 }

@@ -230,7 +230,8 @@ int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
     size_t got;
     {
       SharedLock lock(record.lock);
-      CompletionRing ring(record.ring, std::span(state.memory->at<Completion>(record.ring_offset), record.ring.capacity));
+      CompletionRing ring(record.ring,
+                          std::span(state.memory->at<Completion>(record.ring_offset), record.ring.capacity));
       got = ring.pop(std::span(batch, want));
     }
     for (size_t i = 0; i < got; ++i) to_ibv_wc(batch[i], wc[polled + static_cast<int>(i)]);
@@ -457,8 +458,8 @@ bool valid_attribute_values(const ContextState& state, const ibv_qp_attr& attr, 
   if ((mask & (IBV_QP_RQ_PSN | IBV_QP_SQ_PSN)) &&
       (((mask & IBV_QP_RQ_PSN) && attr.rq_psn > 0xffffff) || ((mask & IBV_QP_SQ_PSN) && attr.sq_psn > 0xffffff)))
     return false;
-  if ((mask & IBV_QP_AV) && (attr.ah_attr.port_num > 1 ||
-                             (attr.ah_attr.is_global && attr.ah_attr.grh.sgid_index >= limits::kGidTableLength)))
+  if ((mask & IBV_QP_AV) &&
+      (attr.ah_attr.port_num > 1 || (attr.ah_attr.is_global && attr.ah_attr.grh.sgid_index >= limits::kGidTableLength)))
     return false;
   return true;
 }

@@ -1,0 +1,652 @@
+// The data path through the installed libibverbs: every opcode and error
+// status on real QPs. Started through `softverbs run` by ctest.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+ibv_context* open_softverbs() {
+  int count = 0;
+  ibv_device** list = ibv_get_device_list(&count);
+  ibv_context* context = nullptr;
+  for (int i = 0; list && i < count; ++i)
+    if (std::strcmp(ibv_get_device_name(list[i]), "softverbs0") == 0) context = ibv_open_device(list[i]);
+  if (list) ibv_free_device_list(list);
+  return context;
+}
+
+// Polls until `n` completions arrived or 5 s passed.
+std::vector<ibv_wc> poll_n(ibv_cq* cq, int n) {
+  std::vector<ibv_wc> out;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (static_cast<int>(out.size()) < n && std::chrono::steady_clock::now() < deadline) {
+    ibv_wc wc[8];
+    int got = ibv_poll_cq(cq, 8, wc);
+    for (int i = 0; i < got; ++i) out.push_back(wc[i]);
+    if (got == 0) std::this_thread::yield();
+  }
+  return out;
+}
+
+int to_init(ibv_qp* qp, ibv_qp_type type, int access) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_INIT;
+  attr.pkey_index = 0;
+  attr.port_num = 1;
+  int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+  if (type == IBV_QPT_UD) {
+    attr.qkey = 0x11111111;
+    mask |= IBV_QP_QKEY;
+  } else {
+    attr.qp_access_flags = access;
+    mask |= IBV_QP_ACCESS_FLAGS;
+  }
+  return ibv_modify_qp(qp, &attr, mask);
+}
+
+int to_rtr(ibv_qp* qp, ibv_qp_type type, uint32_t dest_qpn) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RTR;
+  if (type == IBV_QPT_UD) return ibv_modify_qp(qp, &attr, IBV_QP_STATE);
+  attr.path_mtu = IBV_MTU_4096;
+  attr.dest_qp_num = dest_qpn;
+  attr.rq_psn = 0;
+  attr.ah_attr.port_num = 1;
+  attr.ah_attr.is_global = 1;
+  attr.ah_attr.grh.sgid_index = 1;
+  attr.ah_attr.grh.hop_limit = 1;
+  int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  if (type == IBV_QPT_RC) {
+    attr.max_dest_rd_atomic = 4;
+    attr.min_rnr_timer = 1;
+    mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  }
+  return ibv_modify_qp(qp, &attr, mask);
+}
+
+int to_rts(ibv_qp* qp, ibv_qp_type type, uint8_t rnr_retry = 7) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RTS;
+  attr.sq_psn = 0;
+  int mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+  if (type == IBV_QPT_RC) {
+    attr.timeout = 14;
+    attr.retry_cnt = 7;
+    attr.rnr_retry = rnr_retry;
+    attr.max_rd_atomic = 4;
+    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+  }
+  return ibv_modify_qp(qp, &attr, mask);
+}
+
+constexpr int kAllAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
+ protected:
+  void SetUp() override {
+    context_ = open_softverbs();
+    ASSERT_NE(context_, nullptr);
+    pd_ = ibv_alloc_pd(context_);
+    ASSERT_NE(pd_, nullptr);
+    cq_a_ = ibv_create_cq(context_, 64, nullptr, nullptr, 0);
+    cq_b_ = ibv_create_cq(context_, 64, nullptr, nullptr, 0);
+    ASSERT_TRUE(cq_a_ && cq_b_);
+    buffer_a_.assign(8192, 0);
+    buffer_b_.assign(8192, 0);
+    mr_a_ = ibv_reg_mr(pd_, buffer_a_.data(), buffer_a_.size(), kAllAccess);
+    mr_b_ = ibv_reg_mr(pd_, buffer_b_.data(), buffer_b_.size(), kAllAccess);
+    ASSERT_TRUE(mr_a_ && mr_b_);
+  }
+  void TearDown() override {
+    for (ibv_qp* qp : {qp_a_, qp_b_})
+      if (qp) {
+        EXPECT_EQ(ibv_destroy_qp(qp), 0);
+      }
+    if (ah_) ibv_destroy_ah(ah_);
+    for (ibv_mr* mr : {mr_a_, mr_b_})
+      if (mr) {
+        EXPECT_EQ(ibv_dereg_mr(mr), 0);
+      }
+    for (ibv_cq* cq : {cq_a_, cq_b_})
+      if (cq) {
+        EXPECT_EQ(ibv_destroy_cq(cq), 0);
+      }
+    if (pd_) {
+      EXPECT_EQ(ibv_dealloc_pd(pd_), 0);
+    }
+    if (context_) {
+      EXPECT_EQ(ibv_close_device(context_), 0);
+    }
+  }
+
+  ibv_qp* make_qp(ibv_qp_type type, ibv_cq* cq) {
+    ibv_qp_init_attr init{};
+    init.send_cq = cq;
+    init.recv_cq = cq;
+    init.qp_type = type;
+    init.cap = {16, 16, 4, 4, 64};
+    return ibv_create_qp(pd_, &init);
+  }
+
+  // Two QPs of `type` connected to each other, both in RTS.
+  void connect(ibv_qp_type type, int access_b = kAllAccess, uint8_t rnr_retry = 7) {
+    qp_a_ = make_qp(type, cq_a_);
+    qp_b_ = make_qp(type, cq_b_);
+    ASSERT_TRUE(qp_a_ && qp_b_);
+    ASSERT_EQ(to_init(qp_a_, type, kAllAccess), 0);
+    ASSERT_EQ(to_init(qp_b_, type, access_b), 0);
+    ASSERT_EQ(to_rtr(qp_a_, type, qp_b_->qp_num), 0);
+    ASSERT_EQ(to_rtr(qp_b_, type, qp_a_->qp_num), 0);
+    ASSERT_EQ(to_rts(qp_a_, type, rnr_retry), 0);
+    ASSERT_EQ(to_rts(qp_b_, type, rnr_retry), 0);
+    if (type == IBV_QPT_UD) {
+      ibv_ah_attr ah{};
+      ah.port_num = 1;
+      ah.is_global = 1;
+      ah.grh.sgid_index = 1;
+      ibv_query_gid(context_, 1, 1, &ah.grh.dgid);
+      ah_ = ibv_create_ah(pd_, &ah);
+      ASSERT_NE(ah_, nullptr);
+    }
+  }
+
+  int post_recv_b(uint64_t wr_id, uint32_t offset, uint32_t length) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_b_.data() + offset), length, mr_b_->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    return ibv_post_recv(qp_b_, &wr, &bad);
+  }
+
+  int post_a(ibv_wr_opcode opcode, uint64_t wr_id, uint32_t offset, uint32_t length, uint64_t remote = 0,
+             uint32_t rkey = 0, uint32_t lkey = 0) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_a_.data() + offset), length, lkey ? lkey : mr_a_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = opcode;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.imm_data = htonl(0xabcd0123);
+    wr.wr.rdma.remote_addr = remote;
+    wr.wr.rdma.rkey = rkey;
+    if (qp_a_->qp_type == IBV_QPT_UD) {
+      wr.wr.ud.ah = ah_;
+      wr.wr.ud.remote_qpn = qp_b_->qp_num;
+      wr.wr.ud.remote_qkey = 0x11111111;
+    }
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(qp_a_, &wr, &bad);
+  }
+
+  uint64_t addr_b(uint32_t offset) { return reinterpret_cast<uint64_t>(buffer_b_.data() + offset); }
+
+  ibv_context* context_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_cq* cq_a_ = nullptr;
+  ibv_cq* cq_b_ = nullptr;
+  ibv_qp* qp_a_ = nullptr;
+  ibv_qp* qp_b_ = nullptr;
+  ibv_ah* ah_ = nullptr;
+  ibv_mr* mr_a_ = nullptr;
+  ibv_mr* mr_b_ = nullptr;
+  std::vector<uint8_t> buffer_a_, buffer_b_;
+};
+
+TEST_P(DataPath, SendWithImmediateDeliversDataAndCompletions) {
+  ibv_qp_type type = GetParam();
+  connect(type);
+  uint32_t header = type == IBV_QPT_UD ? 40 : 0;
+  for (int i = 0; i < 100; ++i) buffer_a_[i] = static_cast<uint8_t>(i * 7);
+  ASSERT_EQ(post_recv_b(77, 0, 200 + header), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND_WITH_IMM, 11, 0, 100), 0);
+  auto sent = poll_n(cq_a_, 1);
+  auto received = poll_n(cq_b_, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(sent[0].wr_id, 11u);
+  EXPECT_EQ(sent[0].opcode, IBV_WC_SEND);
+  EXPECT_EQ(received[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(received[0].wr_id, 77u);
+  EXPECT_EQ(received[0].opcode, IBV_WC_RECV);
+  EXPECT_EQ(received[0].byte_len, 100u + header);
+  EXPECT_TRUE(received[0].wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_EQ(ntohl(received[0].imm_data), 0xabcd0123u);
+  EXPECT_EQ(received[0].qp_num, qp_b_->qp_num);
+  EXPECT_EQ(received[0].src_qp, qp_a_->qp_num);
+  EXPECT_EQ(std::memcmp(buffer_b_.data() + header, buffer_a_.data(), 100), 0);
+  EXPECT_EQ(buffer_b_[header + 100], 0) << "nothing written past the message";
+  if (type == IBV_QPT_UD) {
+    EXPECT_TRUE(received[0].wc_flags & IBV_WC_GRH);
+    EXPECT_EQ(buffer_b_[0] >> 4, 6) << "GRH IP version";
+  }
+}
+
+TEST_P(DataPath, ZeroLengthSend) {
+  connect(GetParam());
+  ASSERT_EQ(post_recv_b(1, 0, 64), 0);
+  ibv_send_wr wr{};
+  wr.wr_id = 5;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (GetParam() == IBV_QPT_UD) {
+    wr.wr.ud.ah = ah_;
+    wr.wr.ud.remote_qpn = qp_b_->qp_num;
+    wr.wr.ud.remote_qkey = 0x11111111;
+  }
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
+  auto sent = poll_n(cq_a_, 1);
+  auto received = poll_n(cq_b_, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(received[0].byte_len, GetParam() == IBV_QPT_UD ? 40u : 0u);
+}
+
+TEST_P(DataPath, PostSendBeforeRtsFailsWithEinval) {
+  ibv_qp_type type = GetParam();
+  qp_a_ = make_qp(type, cq_a_);
+  ASSERT_NE(qp_a_, nullptr);
+  qp_b_ = make_qp(type, cq_b_);
+  EXPECT_EQ(post_a(IBV_WR_SEND, 1, 0, 8), EINVAL) << "RESET";
+  ASSERT_EQ(to_init(qp_a_, type, kAllAccess), 0);
+  EXPECT_EQ(post_a(IBV_WR_SEND, 1, 0, 8), EINVAL) << "INIT";
+  ASSERT_EQ(to_rtr(qp_a_, type, qp_b_->qp_num), 0);
+  EXPECT_EQ(post_a(IBV_WR_SEND, 1, 0, 8), EINVAL) << "RTR";
+  EXPECT_TRUE(poll_n(cq_a_, 1).empty()) << "a refused post completes nothing";
+}
+
+TEST_P(DataPath, OpcodesTheQpTypeDoesNotSupportAreRefused) {
+  ibv_qp_type type = GetParam();
+  connect(type);
+  int read_result = post_a(IBV_WR_RDMA_READ, 1, 0, 8, addr_b(0), mr_b_->rkey);
+  EXPECT_EQ(read_result, type == IBV_QPT_RC ? 0 : EINVAL);
+  int write_result = post_a(IBV_WR_RDMA_WRITE, 2, 0, 8, addr_b(0), mr_b_->rkey);
+  EXPECT_EQ(write_result, type == IBV_QPT_UD ? EINVAL : 0);
+}
+
+TEST_P(DataPath, LocalSgeOutsideItsRegionIsALocalProtectionError) {
+  connect(GetParam());
+  ASSERT_EQ(post_recv_b(1, 0, 4096), 0);
+  // 16 bytes past the end of mr_a.
+  ibv_sge sge{reinterpret_cast<uint64_t>(buffer_a_.data() + buffer_a_.size() - 16), 32, mr_a_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = 9;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (GetParam() == IBV_QPT_UD) {
+    wr.wr.ud.ah = ah_;
+    wr.wr.ud.remote_qpn = qp_b_->qp_num;
+    wr.wr.ud.remote_qkey = 0x11111111;
+  }
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
+  auto sent = poll_n(cq_a_, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, IBV_WC_LOC_PROT_ERR);
+  EXPECT_EQ(sent[0].wr_id, 9u);
+  EXPECT_TRUE(poll_n(cq_b_, 1).empty()) << "nothing arrived";
+}
+
+INSTANTIATE_TEST_SUITE_P(QpTypes, DataPath, ::testing::Values(IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD),
+                         [](const auto& info) {
+                           return std::string(info.param == IBV_QPT_RC ? "RC" : info.param == IBV_QPT_UC ? "UC" : "UD");
+                         });
+
+class RcDataPath : public DataPath {};
+
+TEST_F(RcDataPath, RdmaWriteAndReadMoveBytesWithoutTheTarget) {
+  connect(IBV_QPT_RC);
+  for (int i = 0; i < 512; ++i) buffer_a_[i] = static_cast<uint8_t>(255 - i);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 1, 0, 512, addr_b(1024), mr_b_->rkey), 0);
+  auto wrote = poll_n(cq_a_, 1);
+  ASSERT_EQ(wrote.size(), 1u);
+  EXPECT_EQ(wrote[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wrote[0].opcode, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(std::memcmp(buffer_b_.data() + 1024, buffer_a_.data(), 512), 0);
+  EXPECT_TRUE(poll_n(cq_b_, 1).empty()) << "a plain WRITE completes nothing at the target";
+
+  std::memset(buffer_b_.data() + 4096, 0x5c, 300);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_READ, 2, 2048, 300, addr_b(4096), mr_b_->rkey), 0);
+  auto read = poll_n(cq_a_, 1);
+  ASSERT_EQ(read.size(), 1u);
+  EXPECT_EQ(read[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(read[0].opcode, IBV_WC_RDMA_READ);
+  EXPECT_EQ(read[0].byte_len, 300u);
+  for (int i = 0; i < 300; ++i) ASSERT_EQ(buffer_a_[2048 + i], 0x5c) << i;
+}
+
+TEST_F(RcDataPath, WriteWithImmediateConsumesAReceive) {
+  connect(IBV_QPT_RC);
+  ASSERT_EQ(post_recv_b(42, 0, 0), 0);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE_WITH_IMM, 3, 0, 64, addr_b(256), mr_b_->rkey), 0);
+  auto received = poll_n(cq_b_, 1);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(received[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(received[0].wr_id, 42u);
+  EXPECT_EQ(received[0].byte_len, 64u);
+  EXPECT_EQ(ntohl(received[0].imm_data), 0xabcd0123u);
+  EXPECT_EQ(poll_n(cq_a_, 1).size(), 1u);
+}
+
+TEST_F(RcDataPath, AtomicsReturnTheOriginalValue) {
+  connect(IBV_QPT_RC);
+  uint64_t target = 40;
+  std::memcpy(buffer_b_.data() + 64, &target, 8);
+  ibv_sge sge{reinterpret_cast<uint64_t>(buffer_a_.data()), 8, mr_a_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = 1;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.atomic.remote_addr = addr_b(64);
+  wr.wr.atomic.rkey = mr_b_->rkey;
+  wr.wr.atomic.compare_add = 2;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
+  auto done = poll_n(cq_a_, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(done[0].opcode, IBV_WC_FETCH_ADD);
+  uint64_t value;
+  std::memcpy(&value, buffer_a_.data(), 8);
+  EXPECT_EQ(value, 40u);
+  std::memcpy(&value, buffer_b_.data() + 64, 8);
+  EXPECT_EQ(value, 42u);
+
+  wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+  wr.wr.atomic.compare_add = 42;
+  wr.wr.atomic.swap = 1000;
+  ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
+  done = poll_n(cq_a_, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].opcode, IBV_WC_COMP_SWAP);
+  std::memcpy(&value, buffer_b_.data() + 64, 8);
+  EXPECT_EQ(value, 1000u);
+  wr.wr.atomic.compare_add = 7;  // no match: unchanged
+  wr.wr.atomic.swap = 5;
+  ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
+  ASSERT_EQ(poll_n(cq_a_, 1).size(), 1u);
+  std::memcpy(&value, buffer_b_.data() + 64, 8);
+  EXPECT_EQ(value, 1000u);
+  std::memcpy(&value, buffer_a_.data(), 8);
+  EXPECT_EQ(value, 1000u) << "the original value comes back";
+}
+
+TEST_F(RcDataPath, BadRkeyIsARemoteAccessErrorAndTheRestIsFlushed) {
+  connect(IBV_QPT_RC);
+  ASSERT_EQ(post_recv_b(99, 0, 64), 0);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 1, 0, 8, addr_b(0), mr_b_->rkey ^ 0x55), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 2, 0, 8), 0);
+  auto done = poll_n(cq_a_, 2);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(done[0].wr_id, 1u);
+  EXPECT_EQ(done[1].status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(done[1].wr_id, 2u);
+  ibv_qp_attr attr;
+  ibv_qp_init_attr init;
+  ASSERT_EQ(ibv_query_qp(qp_a_, &attr, IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(attr.qp_state, IBV_QPS_ERR);
+}
+
+TEST_F(RcDataPath, RemoteRangeAndRightsAreEnforced) {
+  connect(IBV_QPT_RC, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);  // QP B allows no remote read
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 1, 0, 16, addr_b(8192 - 8), mr_b_->rkey), 0);
+  auto done = poll_n(cq_a_, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_REM_ACCESS_ERR) << "8 bytes past the region";
+}
+
+TEST_F(RcDataPath, ReadOnAQpWithoutRemoteReadAccess) {
+  connect(IBV_QPT_RC, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_READ, 1, 0, 16, addr_b(0), mr_b_->rkey), 0);
+  auto done = poll_n(cq_a_, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_REM_ACCESS_ERR);
+}
+
+TEST_F(RcDataPath, RegionWithoutRemoteWriteRefusesWrites) {
+  connect(IBV_QPT_RC);
+  ibv_mr* read_only = ibv_reg_mr(pd_, buffer_b_.data(), 4096, IBV_ACCESS_REMOTE_READ);
+  ASSERT_NE(read_only, nullptr);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 1, 0, 16, addr_b(0), read_only->rkey), 0);
+  auto done = poll_n(cq_a_, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(ibv_dereg_mr(read_only), 0);
+}
+
+TEST_F(RcDataPath, ReceiveTooSmall) {
+  connect(IBV_QPT_RC);
+  ASSERT_EQ(post_recv_b(5, 0, 16), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 6, 0, 64), 0);
+  auto received = poll_n(cq_b_, 1);
+  auto sent = poll_n(cq_a_, 1);
+  ASSERT_EQ(received.size(), 1u);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(received[0].status, IBV_WC_LOC_LEN_ERR);
+  EXPECT_EQ(sent[0].status, IBV_WC_REM_INV_REQ_ERR);
+}
+
+TEST_F(RcDataPath, RnrRetryZeroFailsAtOnce) {
+  connect(IBV_QPT_RC, kAllAccess, /*rnr_retry=*/0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 1, 0, 8), 0);
+  auto sent = poll_n(cq_a_, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, IBV_WC_RNR_RETRY_EXC_ERR);
+}
+
+TEST_F(RcDataPath, InfiniteRnrRetryWaitsForTheReceive) {
+  connect(IBV_QPT_RC, kAllAccess, /*rnr_retry=*/7);
+  buffer_a_[0] = 0x42;
+  ASSERT_EQ(post_a(IBV_WR_SEND, 1, 0, 8), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 2, 0, 8), 0);  // queued behind the first: order is kept
+  ibv_wc wc;
+  EXPECT_EQ(ibv_poll_cq(cq_a_, 1, &wc), 0) << "still waiting for a receive";
+  ASSERT_EQ(post_recv_b(10, 0, 8), 0);
+  ASSERT_EQ(post_recv_b(11, 8, 8), 0);
+  auto sent = poll_n(cq_a_, 2);
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].wr_id, 1u);
+  EXPECT_EQ(sent[1].wr_id, 2u);
+  EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS);
+  auto received = poll_n(cq_b_, 2);
+  ASSERT_EQ(received.size(), 2u);
+  EXPECT_EQ(buffer_b_[0], 0x42);
+}
+
+TEST_F(RcDataPath, ModifyQpEnforcesTheSpecRules) {
+  qp_a_ = make_qp(IBV_QPT_RC, cq_a_);
+  ASSERT_NE(qp_a_, nullptr);
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_INIT;
+  EXPECT_EQ(ibv_modify_qp(qp_a_, &attr, IBV_QP_STATE), EINVAL) << "RESET->INIT needs pkey, port, access";
+  attr.qp_state = IBV_QPS_RTS;
+  EXPECT_EQ(ibv_modify_qp(qp_a_, &attr, IBV_QP_STATE), EINVAL) << "RESET->RTS does not exist";
+  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, 0), 0);
+  attr = {};
+  attr.qp_state = IBV_QPS_INIT;
+  attr.port_num = 2;
+  EXPECT_EQ(ibv_modify_qp(qp_a_, &attr, IBV_QP_STATE | IBV_QP_PORT), EINVAL) << "no port 2";
+  ibv_qp_init_attr init;
+  ASSERT_EQ(ibv_query_qp(qp_a_, &attr, IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(attr.qp_state, IBV_QPS_INIT);
+  EXPECT_EQ(init.cap.max_send_wr, 16u);
+}
+
+TEST_F(RcDataPath, RegistrationRules) {
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd_, buffer_a_.data(), 64, IBV_ACCESS_REMOTE_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd_, buffer_a_.data(), 64, IBV_ACCESS_REMOTE_ATOMIC), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_mr* ok = ibv_reg_mr(pd_, buffer_a_.data(), 64, IBV_ACCESS_REMOTE_READ);
+  ASSERT_NE(ok, nullptr);
+  EXPECT_NE(ok->lkey, mr_a_->lkey);
+  EXPECT_EQ(ibv_dereg_mr(ok), 0);
+}
+
+TEST_F(RcDataPath, CqInUseCannotBeDestroyed) {
+  connect(IBV_QPT_RC);
+  EXPECT_EQ(ibv_destroy_cq(cq_a_), EBUSY);
+}
+
+TEST_F(RcDataPath, CompletionChannelWakesTheWaiter) {
+  ibv_comp_channel* channel = ibv_create_comp_channel(context_);
+  ASSERT_NE(channel, nullptr) << std::strerror(errno);
+  ibv_cq* evented = ibv_create_cq(context_, 8, nullptr, channel, 0);
+  ASSERT_NE(evented, nullptr);
+  // B's receive completions go to the evented CQ.
+  qp_a_ = make_qp(IBV_QPT_RC, cq_a_);
+  ibv_qp_init_attr init{};
+  init.send_cq = cq_b_;
+  init.recv_cq = evented;
+  init.qp_type = IBV_QPT_RC;
+  init.cap = {4, 4, 1, 1, 0};
+  qp_b_ = ibv_create_qp(pd_, &init);
+  ASSERT_TRUE(qp_a_ && qp_b_);
+  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
+  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
+  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC), 0);
+  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC), 0);
+  ASSERT_EQ(ibv_req_notify_cq(evented, 0), 0);
+  ASSERT_EQ(post_recv_b(3, 0, 64), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 4, 0, 16), 0);
+  ibv_cq* event_cq = nullptr;
+  void* event_context = nullptr;
+  ASSERT_EQ(ibv_get_cq_event(channel, &event_cq, &event_context), 0);
+  EXPECT_EQ(event_cq, evented);
+  ibv_ack_cq_events(event_cq, 1);
+  auto received = poll_n(evented, 1);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].wr_id, 3u);
+  EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
+  qp_b_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(evented), 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+}
+
+// Two processes: the child registers memory and waits; the parent writes,
+// reads and runs atomics on it, and the child checks what arrived.
+TEST(CrossProcess, OneSidedOperationsNeedNothingFromTheTarget) {
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(to_parent), 0);
+  struct Info {
+    uint32_t qpn;
+    uint32_t rkey;
+    uint64_t address;
+  };
+  pid_t child = fork();
+  if (child == 0) {
+    ibv_context* context = open_softverbs();
+    ibv_pd* pd = context ? ibv_alloc_pd(context) : nullptr;
+    ibv_cq* cq = pd ? ibv_create_cq(context, 8, nullptr, nullptr, 0) : nullptr;
+    std::vector<uint64_t> memory(64, 7);
+    ibv_mr* mr = cq ? ibv_reg_mr(pd, memory.data(), memory.size() * 8, kAllAccess) : nullptr;
+    ibv_qp_init_attr init{};
+    init.send_cq = init.recv_cq = cq;
+    init.qp_type = IBV_QPT_RC;
+    init.cap = {4, 4, 1, 1, 0};
+    ibv_qp* qp = mr ? ibv_create_qp(pd, &init) : nullptr;
+    if (!qp) _exit(10);
+    Info mine{qp->qp_num, mr->rkey, reinterpret_cast<uint64_t>(memory.data())}, theirs{};
+    if (write(to_parent[1], &mine, sizeof mine) != sizeof mine ||
+        read(to_child[0], &theirs, sizeof theirs) != sizeof theirs)
+      _exit(11);
+    if (to_init(qp, IBV_QPT_RC, kAllAccess) || to_rtr(qp, IBV_QPT_RC, theirs.qpn) || to_rts(qp, IBV_QPT_RC)) _exit(12);
+    char ready = 'r';
+    if (write(to_parent[1], &ready, 1) != 1) _exit(13);
+    char done;
+    if (read(to_child[0], &done, 1) != 1) _exit(14);  // the parent worked meanwhile
+    bool ok = memory[0] == 0x1122334455667788ull && memory[1] == 7 + 5 && memory[2] == 99;
+    ibv_destroy_qp(qp);
+    ibv_dereg_mr(mr);
+    ibv_destroy_cq(cq);
+    ibv_dealloc_pd(pd);
+    ibv_close_device(context);
+    _exit(ok ? 0 : 20);
+  }
+  ibv_context* context = open_softverbs();
+  ASSERT_NE(context, nullptr);
+  ibv_pd* pd = ibv_alloc_pd(context);
+  ibv_cq* cq = ibv_create_cq(context, 8, nullptr, nullptr, 0);
+  std::vector<uint64_t> local(8, 0);
+  ibv_mr* mr = ibv_reg_mr(pd, local.data(), local.size() * 8, kAllAccess);
+  ibv_qp_init_attr init{};
+  init.send_cq = init.recv_cq = cq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap = {4, 4, 1, 1, 0};
+  ibv_qp* qp = ibv_create_qp(pd, &init);
+  ASSERT_TRUE(pd && cq && mr && qp);
+  Info mine{qp->qp_num, mr->rkey, 0}, theirs{};
+  ASSERT_EQ(read(to_parent[0], &theirs, sizeof theirs), static_cast<ssize_t>(sizeof theirs));
+  ASSERT_EQ(write(to_child[1], &mine, sizeof mine), static_cast<ssize_t>(sizeof mine));
+  ASSERT_EQ(to_init(qp, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_rtr(qp, IBV_QPT_RC, theirs.qpn), 0);
+  ASSERT_EQ(to_rts(qp, IBV_QPT_RC), 0);
+  char ready;
+  ASSERT_EQ(read(to_parent[0], &ready, 1), 1);
+
+  auto run = [&](ibv_wr_opcode opcode, uint64_t* sink, uint64_t remote, uint64_t compare_add, uint64_t swap) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(sink), 8, mr->lkey};
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = opcode;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+      wr.wr.atomic = {remote, compare_add, swap, theirs.rkey};
+    } else {
+      wr.wr.rdma = {remote, theirs.rkey};
+    }
+    ibv_send_wr* bad = nullptr;
+    EXPECT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+    auto done = poll_n(cq, 1);
+    EXPECT_EQ(done.size(), 1u);
+    return done.empty() ? IBV_WC_GENERAL_ERR : done[0].status;
+  };
+  local[0] = 0x1122334455667788ull;
+  EXPECT_EQ(run(IBV_WR_RDMA_WRITE, &local[0], theirs.address, 0, 0), IBV_WC_SUCCESS);
+  EXPECT_EQ(run(IBV_WR_RDMA_READ, &local[1], theirs.address + 8 * 3, 0, 0), IBV_WC_SUCCESS);
+  EXPECT_EQ(local[1], 7u) << "read the child's memory";
+  EXPECT_EQ(run(IBV_WR_ATOMIC_FETCH_AND_ADD, &local[2], theirs.address + 8, 5, 0), IBV_WC_SUCCESS);
+  EXPECT_EQ(local[2], 7u);
+  EXPECT_EQ(run(IBV_WR_ATOMIC_CMP_AND_SWP, &local[3], theirs.address + 16, 7, 99), IBV_WC_SUCCESS);
+  EXPECT_EQ(run(IBV_WR_RDMA_WRITE, &local[0], theirs.address + 64 * 8, 0, 0), IBV_WC_REM_ACCESS_ERR)
+      << "one past the child's region";
+  char done = 'd';
+  ASSERT_EQ(write(to_child[1], &done, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  ibv_destroy_qp(qp);
+  ibv_dereg_mr(mr);
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(context);
+}
+
+}  // namespace
