@@ -224,7 +224,8 @@ int command_down(std::span<char*> args) {
       report_error("down: " + error);
       return kExitFailure;
     }
-    if (geteuid() == 0) remove_dev_entry(config);
+    // /dev/infiniband/uverbsN stays: it is only a link to /dev/null, and
+    // devices in other runtime directories may use the same number.
     std::cout << config.name << " is down\n";
   }
   return kExitOk;

@@ -154,13 +154,6 @@ bool ensure_dev_entry(const DeviceConfig& config, std::string* error) {
   return true;
 }
 
-void remove_dev_entry(const DeviceConfig& config) {
-  fs::path entry = fs::path("/dev/infiniband") / config.uverbs_name();
-  std::error_code ec;
-  if (fs::is_symlink(entry, ec) && fs::read_symlink(entry, ec) == "/dev/null") fs::remove(entry, ec);
-  rmdir("/dev/infiniband");  // only if empty
-}
-
 bool dev_entries_exist(const std::vector<DeviceConfig>& devices) {
   for (const auto& config : devices) {
     std::error_code ec;

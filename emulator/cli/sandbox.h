@@ -22,7 +22,6 @@ Environment sandbox_environment(const DeviceRegistry& registry, const LibraryPat
 // As root: /dev/infiniband/<uverbs> as a link to /dev/null (libibverbs only
 // needs a character device it can open).
 bool ensure_dev_entry(const DeviceConfig& config, std::string* error);
-void remove_dev_entry(const DeviceConfig& config);
 bool dev_entries_exist(const std::vector<DeviceConfig>& devices);
 
 enum class NamespaceOutcome {
