@@ -52,6 +52,9 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
 // state) or ENOMEM (queue full). In ERR the WQE completes at once, flushed.
 int post_receive(DeviceMemory& memory, QpRecord& qp, uint64_t wr_id, std::span<const Sge> sges);
 
+// Adds a receive WQE to a shared receive queue: 0, EINVAL or ENOMEM.
+int post_srq_receive(DeviceMemory& memory, SrqRecord& srq, uint64_t wr_id, std::span<const Sge> sges);
+
 // Pushes a completion into CQ `cq_index`, waking the owner's completion
 // channel if the CQ is armed for it. False if the CQ overflowed.
 bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& completion, bool solicited);

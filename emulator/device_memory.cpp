@@ -17,7 +17,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
 constexpr unsigned kMinBlockShift = 12;
 
@@ -37,6 +37,7 @@ void initialize(DeviceShared* shared, uint64_t total_size) {
   shared->atomics_lock.initialize();
   for (auto& qp : shared->qps) qp.lock.initialize();
   for (auto& cq : shared->cqs) cq.lock.initialize();
+  for (auto& srq : shared->srqs) srq.lock.initialize();
   std::construct_at(&shared->mrs, static_cast<uint32_t>(std::random_device{}()));
   shared->next_pd_handle = 1;
   shared->heap_start = round_up(sizeof(DeviceShared), 4096);
@@ -50,6 +51,11 @@ void initialize(DeviceShared* shared, uint64_t total_size) {
 }  // namespace
 
 std::unique_ptr<DeviceMemory> DeviceMemory::open(const std::filesystem::path& path, std::string* error) {
+  return open_or_recreate(path, error, true);
+}
+
+std::unique_ptr<DeviceMemory> DeviceMemory::open_or_recreate(const std::filesystem::path& path, std::string* error,
+                                                             bool may_recreate) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
     *error = "cannot open " + path.string() + ": " + std::strerror(errno);
@@ -66,8 +72,11 @@ std::unique_ptr<DeviceMemory> DeviceMemory::open(const std::filesystem::path& pa
     return nullptr;
   }
   if (!fresh && static_cast<uint64_t>(info.st_size) != total) {
-    *error = path.string() + " has an unexpected size (another softverbs version?); run `softverbs down` and retry";
+    // Left by another softverbs version: its processes cannot talk to ours
+    // anyway, so start a fresh device memory beside them.
     close(fd);
+    if (may_recreate && unlink(path.c_str()) == 0) return open_or_recreate(path, error, false);
+    *error = path.string() + " belongs to another softverbs version and cannot be replaced";
     return nullptr;
   }
   void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -83,6 +92,7 @@ std::unique_ptr<DeviceMemory> DeviceMemory::open(const std::filesystem::path& pa
   close(fd);
   if (!valid) {
     munmap(base, total);
+    if (may_recreate && unlink(path.c_str()) == 0) return open_or_recreate(path, error, false);
     *error = path.string() + " is not a softverbs device memory file of this version";
     return nullptr;
   }
@@ -130,6 +140,8 @@ int DeviceMemory::allocate_qp(pid_t owner) {
     qp.owner_pid = owner;
     qp.pd_handle = 0;
     qp.send_cq = qp.recv_cq = qp.srq = -1;
+    qp.owner_handle = 0;
+    qp.owner_async = {};
     qp.caps = {};
     qp.attributes = {};
     qp.rq = {};
@@ -150,7 +162,25 @@ int DeviceMemory::allocate_cq(pid_t owner) {
     cq.ring_bytes = 0;
     cq.ring = {};
     cq.armed = CqArm::None;
-    cq.channel_address_length = 0;
+    cq.channel = {};
+    cq.owner_async = {};
+    return i;
+  }
+  return -1;
+}
+
+int DeviceMemory::allocate_srq(pid_t owner) {
+  SharedLock lock(shared().objects_lock);
+  for (int i = 0; i < limits::kMaxSrq; ++i) {
+    SrqRecord& srq = shared().srqs[i];
+    if (srq.live) continue;
+    srq.live = 1;
+    srq.owner_pid = owner;
+    srq.pd_handle = 0;
+    srq.limit = 0;
+    srq.owner_handle = 0;
+    srq.owner_async = {};
+    srq.rq = {};
     return i;
   }
   return -1;
@@ -189,6 +219,18 @@ void DeviceMemory::reclaim_dead_owners() {
       ring = cq.ring_offset;
       bytes = cq.ring_bytes;
       cq.live = 0;
+    }
+    release(ring, bytes);
+  }
+  for (auto& srq : shared().srqs) {
+    if (!srq.live || process_alive(srq.owner_pid)) continue;
+    uint64_t ring = 0, bytes = 0;
+    {
+      SharedLock lock(srq.lock);
+      if (!srq.live || process_alive(srq.owner_pid)) continue;
+      ring = srq.rq.ring_offset;
+      bytes = uint64_t{srq.rq.capacity} * srq.rq.slot_size;
+      srq.live = 0;
     }
     release(ring, bytes);
   }

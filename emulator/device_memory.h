@@ -15,6 +15,7 @@
 
 #include "completion_ring.h"
 #include "device_limits.h"
+#include "event_socket.h"
 #include "memory_region_table.h"
 #include "qp_state_machine.h"
 #include "shared_mutex.h"
@@ -48,8 +49,19 @@ struct CqRecord {
   uint64_t ring_bytes = 0;
   CompletionRingHeader ring;
   CqArm armed = CqArm::None;
-  uint32_t channel_address_length = 0;  // 0: no completion channel
-  char channel_address[108] = {};       // sun_path of the owner's channel socket
+  SocketAddress channel;        // the owner's completion channel; length 0: none
+  SocketAddress owner_async;    // the owner's async event socket (CQ errors)
+};
+
+struct SrqRecord {
+  SharedMutex lock;
+  uint32_t live = 0;
+  int32_t owner_pid = 0;
+  uint32_t pd_handle = 0;
+  uint32_t limit = 0;  // armed limit; 0: not armed
+  uint64_t owner_handle = 0;  // the ibv_srq pointer in the owner, for events
+  SocketAddress owner_async;
+  RecvQueue rq;
 };
 
 // What Modify QP sets and Query QP reports, besides the state.
@@ -99,6 +111,8 @@ struct QpRecord {
   int32_t send_cq = -1;
   int32_t recv_cq = -1;
   int32_t srq = -1;
+  uint64_t owner_handle = 0;  // the ibv_qp pointer in the owner, for events
+  SocketAddress owner_async;
   QpCapacities caps;
   QpAttributes attributes;
   RecvQueue rq;
@@ -118,6 +132,7 @@ struct DeviceShared {
   uint64_t free_lists[40] = {};  // by power-of-two size class
   QpRecord qps[limits::kMaxQp];
   CqRecord cqs[limits::kMaxCq];
+  SrqRecord srqs[limits::kMaxSrq];
   MemoryRegionTable mrs;
 };
 
@@ -142,6 +157,7 @@ class DeviceMemory {
   // Record allocation; -1 when the device's limit is reached.
   int allocate_qp(pid_t owner);
   int allocate_cq(pid_t owner);
+  int allocate_srq(pid_t owner);
   uint32_t allocate_pd_handle();
 
   QpRecord* qp_by_number(uint32_t qpn);
@@ -156,6 +172,8 @@ class DeviceMemory {
 
  private:
   DeviceMemory(char* base, size_t size) : base_(base), size_(size) {}
+  static std::unique_ptr<DeviceMemory> open_or_recreate(const std::filesystem::path& path, std::string* error,
+                                                        bool may_recreate);
   char* base_;
   size_t size_;
 };

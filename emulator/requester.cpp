@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data_path.h"
+#include "event_socket.h"
 #include "memory_copy.h"
 
 namespace softverbs {
@@ -89,26 +90,40 @@ struct ReceivePlacement {
   bool protection_error = false;
 };
 
-// Takes the next receive WQE of `target` (its lock held by the caller).
-bool take_receive(DeviceMemory& memory, QpRecord& target, ReceivePlacement& out) {
-  RecvQueue& rq = target.rq;
+// Takes the next WQE of a receive queue (its lock held by the caller),
+// resolving its SGEs against the registrations of `owner` in `pd_handle`.
+bool take_from_queue(DeviceMemory& memory, RecvQueue& rq, uint32_t pd_handle, pid_t owner, ReceivePlacement& out) {
   if (rq.consumed == rq.posted) return false;
   std::atomic_thread_fence(std::memory_order_acquire);
   RecvWqe* wqe = memory.recv_slot(rq, rq.consumed++);
   out.wr_id = wqe->wr_id;
-  out.owner = target.owner_pid;
+  out.owner = owner;
   const Sge* sges = DeviceMemory::sges_of(wqe);
   for (uint32_t i = 0; i < wqe->num_sge && i < rq.max_sge; ++i) {
     ResolvedRange where;
-    if (memory.shared().mrs.check_local(sges[i].lkey, target.pd_handle, sges[i].address, sges[i].length,
-                                        access::kLocalWrite, &where) != KeyCheck::Ok ||
-        where.owner_pid != target.owner_pid) {
+    if (memory.shared().mrs.check_local(sges[i].lkey, pd_handle, sges[i].address, sges[i].length, access::kLocalWrite,
+                                        &where) != KeyCheck::Ok ||
+        where.owner_pid != owner) {
       out.protection_error = true;
       continue;
     }
     if (sges[i].length == 0) continue;
     out.vectors.push_back({reinterpret_cast<void*>(where.address), sges[i].length});
     out.capacity += sges[i].length;
+  }
+  return true;
+}
+
+// The next receive WQE for `target` (its lock held): from its SRQ if it has
+// one, raising the SRQ's limit event when the queue drops below the limit.
+bool take_receive(DeviceMemory& memory, QpRecord& target, ReceivePlacement& out) {
+  if (target.srq < 0) return take_from_queue(memory, target.rq, target.pd_handle, target.owner_pid, out);
+  SrqRecord& srq = memory.shared().srqs[target.srq];
+  SharedLock lock(srq.lock);
+  if (!srq.live || !take_from_queue(memory, srq.rq, srq.pd_handle, srq.owner_pid, out)) return false;
+  if (srq.limit != 0 && srq.rq.posted - srq.rq.consumed < srq.limit) {
+    srq.limit = 0;  // one event per arming, as ibv_modify_srq(IBV_SRQ_LIMIT) documents
+    send_async_event(srq.owner_async, srq.owner_handle, AsyncEventType::SrqLimitReached);
   }
   return true;
 }

@@ -1,23 +1,36 @@
 // The responder's half of the data path: receive queues, data placement at
 // the target, and completions (including completion-channel wake-ups).
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 
 #include "data_path.h"
+#include "event_socket.h"
 
 namespace softverbs {
+
+namespace {
+
+// Appends a WQE to `rq` (its owner's lock held): 0, EINVAL or ENOMEM.
+int append_wqe(DeviceMemory& memory, RecvQueue& rq, uint64_t wr_id, std::span<const Sge> sges) {
+  if (sges.size() > rq.max_sge) return EINVAL;
+  if (rq.posted - rq.consumed >= rq.capacity) return ENOMEM;
+  RecvWqe* wqe = memory.recv_slot(rq, rq.posted);
+  wqe->wr_id = wr_id;
+  wqe->num_sge = static_cast<uint32_t>(sges.size());
+  std::memcpy(DeviceMemory::sges_of(wqe), sges.data(), sges.size_bytes());
+  std::atomic_thread_fence(std::memory_order_release);
+  ++rq.posted;
+  return 0;
+}
+
+}  // namespace
 
 int post_receive(DeviceMemory& memory, QpRecord& qp, uint64_t wr_id, std::span<const Sge> sges) {
   Completion flushed;
   int recv_cq = -1;
   {
     SharedLock lock(qp.lock);
-    if (qp.state == QpState::Reset || qp.srq >= 0) return EINVAL;
-    if (sges.size() > qp.rq.max_sge) return EINVAL;
+    if (qp.state == QpState::Reset || qp.srq >= 0 || sges.size() > qp.rq.max_sge) return EINVAL;
     if (qp.state == QpState::Error) {
       flushed.wr_id = wr_id;
       flushed.status = WcStatus::WrFlushError;
@@ -25,40 +38,30 @@ int post_receive(DeviceMemory& memory, QpRecord& qp, uint64_t wr_id, std::span<c
       flushed.qp_num = qp.qpn;
       recv_cq = qp.recv_cq;
     } else {
-      if (qp.rq.posted - qp.rq.consumed >= qp.rq.capacity) return ENOMEM;
-      RecvWqe* wqe = memory.recv_slot(qp.rq, qp.rq.posted);
-      wqe->wr_id = wr_id;
-      wqe->num_sge = static_cast<uint32_t>(sges.size());
-      std::memcpy(DeviceMemory::sges_of(wqe), sges.data(), sges.size_bytes());
-      std::atomic_thread_fence(std::memory_order_release);
-      ++qp.rq.posted;
-      return 0;
+      return append_wqe(memory, qp.rq, wr_id, sges);
     }
   }
   deliver_completion(memory, recv_cq, flushed, false);
   return 0;
 }
 
+int post_srq_receive(DeviceMemory& memory, SrqRecord& srq, uint64_t wr_id, std::span<const Sge> sges) {
+  SharedLock lock(srq.lock);
+  if (!srq.live) return EINVAL;
+  return append_wqe(memory, srq.rq, wr_id, sges);
+}
+
 namespace {
 
 struct ChannelTarget {
   uint64_t owner_handle = 0;
-  uint32_t address_length = 0;
-  char address[sizeof(CqRecord::channel_address)] = {};
+  SocketAddress address;
 };
 
-void notify_channel(const ChannelTarget& cq) {
-  // The owner reads 8 bytes (its ibv_cq pointer) from the channel fd, as
-  // libibverbs' ibv_get_cq_event expects of a kernel completion channel.
-  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, cq.address, cq.address_length);
-  uint64_t handle = cq.owner_handle;
-  sendto(fd, &handle, sizeof handle, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&address),
-         static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + cq.address_length));
-  close(fd);
+// The owner reads 8 bytes (its ibv_cq pointer) from the channel fd, as
+// libibverbs' ibv_get_cq_event expects of a kernel completion channel.
+void notify_channel(const ChannelTarget& target) {
+  send_datagram(target.address, &target.owner_handle, sizeof target.owner_handle);
 }
 
 }  // namespace
@@ -76,12 +79,11 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
     stored = ring.push(completion);
     bool solicited_match = solicited || completion.status != WcStatus::Success;
     if (stored && (cq.armed == CqArm::NextCompletion || (cq.armed == CqArm::SolicitedOnly && solicited_match)) &&
-        cq.channel_address_length != 0) {
+        cq.channel.length != 0) {
       cq.armed = CqArm::None;
       wake = true;
       target.owner_handle = cq.owner_handle;
-      target.address_length = cq.channel_address_length;
-      std::memcpy(target.address, cq.channel_address, sizeof target.address);
+      target.address = cq.channel;
     }
   }
   if (wake) notify_channel(target);

@@ -1,7 +1,6 @@
 // Driver registration and device/context lifetime: what libibverbs calls to
 // find, open and close a softverbs device.
 #include <fcntl.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -111,8 +110,10 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
     close(inert_fd);
     return nullptr;
   }
-  int async_pair[2];
-  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, async_pair) != 0) {
+  // async_fd is a datagram socket with an abstract address, so that events
+  // raised by other processes (an SRQ limit reached by a peer's SEND) reach it.
+  int async_fd = open_event_socket(&state->async_address);
+  if (async_fd < 0) {
     close(inert_fd);
     return nullptr;
   }
@@ -121,15 +122,13 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
       device, inert_fd, sizeof(ProviderContext), reinterpret_cast<verbs_context*>(offsetof(ProviderContext, verbs)),
       0 /* RDMA_DRIVER_UNKNOWN */));
   if (context == nullptr) {
-    close(async_pair[0]);
-    close(async_pair[1]);
+    close(async_fd);
     return nullptr;
   }
   // libibverbs calloc'ed the object; construct our member in place.
   std::construct_at(&context->state, std::move(state));
-  context->verbs.context.async_fd = async_pair[0];
+  context->verbs.context.async_fd = async_fd;
   context->verbs.context.num_comp_vectors = 1;
-  context->state->async_event_writer = async_pair[1];
   verbs_set_ops(&context->verbs, &kContextOps);
   user_records().opened(context->state->config);
   return &context->verbs;
@@ -162,10 +161,6 @@ const abi::verbs_device_ops kDeviceOps = {
 };
 
 }  // namespace
-
-ContextState::~ContextState() {
-  if (async_event_writer >= 0) close(async_event_writer);
-}
 
 }  // namespace softverbs::provider
 

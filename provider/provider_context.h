@@ -10,6 +10,7 @@
 #include "device_attributes.h"
 #include "device_config.h"
 #include "device_memory.h"
+#include "event_socket.h"
 
 namespace softverbs::provider {
 
@@ -24,13 +25,11 @@ struct ContextState {
   DeviceConfig config;
   DeviceAttributes device;
   PortAttributes port;
-  int async_event_writer = -1;  // the other end of context.async_fd
+  SocketAddress async_address;  // of context.async_fd, where events are sent
   std::unique_ptr<DeviceMemory> memory;
   // QPs of this context, swept for deferred sends (RNR, peer not ready).
   std::mutex qps_mutex;
   std::vector<ProviderQp*> qps;
-
-  ~ContextState();
 };
 
 struct ProviderContext {

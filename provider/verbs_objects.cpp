@@ -3,8 +3,6 @@
 // requester/responder); what stays here is bookkeeping of the ibv_* objects
 // and the deferred sends of this process.
 #include <endian.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "data_path.h"
+#include "event_socket.h"
 #include "device_limits.h"
 #include "provider_context.h"
 #include "qp_state_machine.h"
@@ -131,14 +130,10 @@ ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel, int 
   }
   // A channel made by the preload is a datagram socket with an abstract
   // address that other processes can send events to.
-  sockaddr_un channel_address{};
-  socklen_t channel_length = sizeof channel_address;
-  if (channel != nullptr) {
-    if (getsockname(channel->fd, reinterpret_cast<sockaddr*>(&channel_address), &channel_length) != 0 ||
-        channel_address.sun_family != AF_UNIX || channel_length <= offsetof(sockaddr_un, sun_path)) {
-      errno = EINVAL;
-      return nullptr;
-    }
+  SocketAddress channel_address;
+  if (channel != nullptr && !socket_address_of(channel->fd, &channel_address)) {
+    errno = EINVAL;
+    return nullptr;
   }
   DeviceMemory& memory = *state.memory;
   int index = memory.allocate_cq(getpid());
@@ -167,10 +162,8 @@ ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel, int 
     record.ring_bytes = bytes;
     CompletionRing::initialize(record.ring, std::span(memory.at<Completion>(ring), capacity));
     record.owner_handle = reinterpret_cast<uint64_t>(&cq->verbs.cq);
-    if (channel != nullptr) {
-      record.channel_address_length = channel_length - offsetof(sockaddr_un, sun_path);
-      std::memcpy(record.channel_address, channel_address.sun_path, record.channel_address_length);
-    }
+    record.channel = channel_address;
+    record.owner_async = state.async_address;
   }
   return &cq.release()->verbs.cq;
 }
