@@ -49,8 +49,8 @@ struct CqRecord {
   uint64_t ring_bytes = 0;
   CompletionRingHeader ring;
   CqArm armed = CqArm::None;
-  SocketAddress channel;        // the owner's completion channel; length 0: none
-  SocketAddress owner_async;    // the owner's async event socket (CQ errors)
+  SocketAddress channel;      // the owner's completion channel; length 0: none
+  SocketAddress owner_async;  // the owner's async event socket (CQ errors)
 };
 
 struct SrqRecord {
@@ -58,7 +58,7 @@ struct SrqRecord {
   uint32_t live = 0;
   int32_t owner_pid = 0;
   uint32_t pd_handle = 0;
-  uint32_t limit = 0;  // armed limit; 0: not armed
+  uint32_t limit = 0;         // armed limit; 0: not armed
   uint64_t owner_handle = 0;  // the ibv_srq pointer in the owner, for events
   SocketAddress owner_async;
   RecvQueue rq;

@@ -10,8 +10,8 @@
 namespace softverbs {
 
 struct SocketAddress {
-  uint32_t length = 0;     // bytes of `path` in use; 0: none
-  char path[108] = {};     // sun_path, starting with NUL (abstract)
+  uint32_t length = 0;  // bytes of `path` in use; 0: none
+  char path[108] = {};  // sun_path, starting with NUL (abstract)
 };
 
 // A new datagram socket bound to a kernel-chosen abstract address; -1 on error.

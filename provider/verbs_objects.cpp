@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "data_path.h"
-#include "event_socket.h"
 #include "device_limits.h"
+#include "event_socket.h"
 #include "provider_context.h"
 #include "qp_state_machine.h"
 
@@ -263,6 +263,153 @@ int destroy_ah(ibv_ah* ah) {
   return 0;
 }
 
+// ---- shared receive queues ------------------------------------------------
+
+struct ProviderSrq {
+  abi::verbs_srq verbs{};
+  int index = -1;
+  int qp_references = 0;  // under the context's qps_mutex
+};
+
+ProviderSrq* to_srq(ibv_srq* srq) { return reinterpret_cast<ProviderSrq*>(srq); }
+SrqRecord& record_of(ProviderSrq* srq) { return memory_of(srq->verbs.srq.context).shared().srqs[srq->index]; }
+
+// A receive ring of `capacity` WQEs of `max_sge` SGEs; its offset or 0.
+RecvQueue allocate_receive_queue(DeviceMemory& memory, uint32_t capacity, uint32_t max_sge) {
+  RecvQueue rq;
+  rq.capacity = std::max<uint32_t>(capacity, 1);
+  rq.max_sge = std::max<uint32_t>(max_sge, 1);
+  rq.slot_size = static_cast<uint32_t>(sizeof(RecvWqe) + rq.max_sge * sizeof(Sge));
+  rq.ring_offset = memory.allocate(uint64_t{rq.capacity} * rq.slot_size);
+  return rq;
+}
+
+uint64_t ring_bytes(const RecvQueue& rq) { return uint64_t{rq.capacity} * rq.slot_size; }
+
+ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
+  ContextState& state = state_of(pd->context);
+  ibv_srq_attr& attr = init->attr;
+  if (attr.max_wr == 0 || attr.max_wr > static_cast<uint32_t>(state.device.max_srq_wr) ||
+      attr.max_sge > static_cast<uint32_t>(state.device.max_srq_sge) || attr.srq_limit > attr.max_wr) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  DeviceMemory& memory = *state.memory;
+  int index = memory.allocate_srq(getpid());
+  if (index < 0) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  SrqRecord& record = memory.shared().srqs[index];
+  RecvQueue rq = allocate_receive_queue(memory, attr.max_wr, attr.max_sge);
+  if (rq.ring_offset == 0) {
+    SharedLock lock(record.lock);
+    record.live = 0;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  auto srq = std::make_unique<ProviderSrq>();
+  srq->index = index;
+  ibv_srq& ibv = srq->verbs.srq;
+  ibv.context = pd->context;
+  ibv.srq_context = init->srq_context;
+  ibv.pd = pd;
+  ibv.handle = static_cast<uint32_t>(index);
+  pthread_mutex_init(&ibv.mutex, nullptr);
+  pthread_cond_init(&ibv.cond, nullptr);
+  srq->verbs.srq_type = IBV_SRQT_BASIC;
+  attr.max_wr = rq.capacity;
+  attr.max_sge = rq.max_sge;
+  {
+    SharedLock lock(record.lock);
+    record.pd_handle = pd->handle;
+    record.rq = rq;
+    record.limit = attr.srq_limit;
+    record.owner_handle = reinterpret_cast<uint64_t>(&ibv);
+    record.owner_async = state.async_address;
+  }
+  return &srq.release()->verbs.srq;
+}
+
+int modify_srq(ibv_srq* ibv, ibv_srq_attr* attr, int mask) {
+  ProviderSrq* srq = to_srq(ibv);
+  ContextState& state = state_of(ibv->context);
+  SrqRecord& record = record_of(srq);
+  if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
+  uint64_t old_ring = 0, old_bytes = 0;
+  {
+    SharedLock lock(record.lock);
+    uint32_t capacity = record.rq.capacity;
+    if (mask & IBV_SRQ_MAX_WR) {
+      uint64_t queued = record.rq.posted - record.rq.consumed;
+      if (attr->max_wr == 0 || attr->max_wr > static_cast<uint32_t>(state.device.max_srq_wr) || attr->max_wr < queued)
+        return EINVAL;
+      capacity = attr->max_wr;
+    }
+    if ((mask & IBV_SRQ_LIMIT) && attr->srq_limit > capacity) return EINVAL;
+    if ((mask & IBV_SRQ_MAX_WR) && capacity != record.rq.capacity) {
+      // Resize: a new ring holding the queued WQEs in order.
+      RecvQueue grown = allocate_receive_queue(*state.memory, capacity, record.rq.max_sge);
+      if (grown.ring_offset == 0) return ENOMEM;
+      for (uint64_t seq = record.rq.consumed; seq != record.rq.posted; ++seq)
+        std::memcpy(state.memory->recv_slot(grown, grown.posted++), state.memory->recv_slot(record.rq, seq),
+                    record.rq.slot_size);
+      old_ring = record.rq.ring_offset;
+      old_bytes = ring_bytes(record.rq);
+      record.rq = grown;
+    }
+    if (mask & IBV_SRQ_LIMIT) record.limit = attr->srq_limit;
+  }
+  state.memory->release(old_ring, old_bytes);
+  return 0;
+}
+
+int query_srq(ibv_srq* ibv, ibv_srq_attr* attr) {
+  SrqRecord& record = record_of(to_srq(ibv));
+  SharedLock lock(record.lock);
+  attr->max_wr = record.rq.capacity;
+  attr->max_sge = record.rq.max_sge;
+  attr->srq_limit = record.limit;
+  return 0;
+}
+
+int destroy_srq(ibv_srq* ibv) {
+  ProviderSrq* srq = to_srq(ibv);
+  ContextState& state = state_of(ibv->context);
+  {
+    std::lock_guard guard(state.qps_mutex);
+    if (srq->qp_references > 0) return EBUSY;
+  }
+  SrqRecord& record = record_of(srq);
+  uint64_t ring, bytes;
+  {
+    SharedLock lock(record.lock);
+    record.live = 0;
+    ring = record.rq.ring_offset;
+    bytes = ring_bytes(record.rq);
+  }
+  state.memory->release(ring, bytes);
+  std::unique_ptr<ProviderSrq> owner(srq);
+  return 0;
+}
+
+int post_srq_recv(ibv_srq* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  SrqRecord& record = record_of(to_srq(ibv));
+  DeviceMemory& memory = memory_of(ibv->context);
+  for (; wr != nullptr; wr = wr->next) {
+    int error =
+        wr->num_sge < 0
+            ? EINVAL
+            : post_srq_receive(memory, record, wr->wr_id,
+                               std::span(reinterpret_cast<const Sge*>(wr->sg_list), static_cast<size_t>(wr->num_sge)));
+    if (error) {
+      *bad_wr = wr;
+      return error;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 // ---- queue pairs ----------------------------------------------------------
@@ -284,6 +431,7 @@ struct ProviderQp {
   int index = -1;
   ProviderCq* send_cq = nullptr;
   ProviderCq* recv_cq = nullptr;
+  ProviderSrq* srq = nullptr;
   std::mutex mutex;  // serializes this QP's send queue
   std::deque<DeferredSend> deferred;
 };
@@ -324,8 +472,8 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
-  if (attr->srq != nullptr) {
-    errno = EOPNOTSUPP;  // SRQs are not emulated yet
+  if (attr->srq != nullptr && (attr->srq->context != pd->context || *type == QpType::Ud)) {
+    errno = EINVAL;
     return nullptr;
   }
   DeviceMemory& memory = *state.memory;
@@ -335,20 +483,21 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     return nullptr;
   }
   QpRecord& record = memory.shared().qps[index];
-  uint32_t recv_capacity = std::max<uint32_t>(cap.max_recv_wr, 1);
-  uint32_t recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
-  uint32_t slot_size = static_cast<uint32_t>(sizeof(RecvWqe) + recv_sge * sizeof(Sge));
-  uint64_t ring = memory.allocate(uint64_t{recv_capacity} * slot_size);
-  if (ring == 0) {
-    SharedLock lock(record.lock);
-    record.live = 0;
-    errno = ENOMEM;
-    return nullptr;
+  // With an SRQ the QP has no receive queue of its own.
+  RecvQueue rq;
+  if (attr->srq == nullptr) {
+    rq = allocate_receive_queue(memory, cap.max_recv_wr, cap.max_recv_sge);
+    if (rq.ring_offset == 0) {
+      SharedLock lock(record.lock);
+      record.live = 0;
+      errno = ENOMEM;
+      return nullptr;
+    }
   }
   cap.max_send_wr = std::max<uint32_t>(cap.max_send_wr, 1);
-  cap.max_recv_wr = recv_capacity;
+  cap.max_recv_wr = attr->srq ? 0 : rq.capacity;
   cap.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
-  cap.max_recv_sge = recv_sge;
+  cap.max_recv_sge = attr->srq ? 0 : rq.max_sge;
   {
     SharedLock lock(record.lock);
     record.type = *type;
@@ -356,21 +505,24 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     record.signal_all = attr->sq_sig_all ? 1 : 0;
     record.send_cq = to_cq(attr->send_cq)->index;
     record.recv_cq = to_cq(attr->recv_cq)->index;
+    record.srq = attr->srq ? to_srq(attr->srq)->index : -1;
     record.caps = {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data};
-    record.rq = RecvQueue{ring, recv_capacity, recv_sge, slot_size, 0, 0, 0};
+    record.rq = rq;
+    record.owner_async = state.async_address;
     record.attributes.path_mtu = static_cast<uint8_t>(state.port.active_mtu);
   }
   auto qp = std::make_unique<ProviderQp>();
   qp->index = index;
   qp->send_cq = to_cq(attr->send_cq);
   qp->recv_cq = to_cq(attr->recv_cq);
+  qp->srq = attr->srq ? to_srq(attr->srq) : nullptr;
   ibv_qp& ibv = qp->verbs.qp;
   ibv.context = pd->context;
   ibv.qp_context = attr->qp_context;
   ibv.pd = pd;
   ibv.send_cq = attr->send_cq;
   ibv.recv_cq = attr->recv_cq;
-  ibv.srq = nullptr;
+  ibv.srq = attr->srq;
   ibv.handle = static_cast<uint32_t>(index);
   ibv.qp_num = record.qpn;
   ibv.state = IBV_QPS_RESET;
@@ -382,7 +534,12 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     std::lock_guard guard(state.qps_mutex);
     ++qp->send_cq->qp_references;
     ++qp->recv_cq->qp_references;
+    if (qp->srq) ++qp->srq->qp_references;
     state.qps.push_back(qp.get());
+  }
+  {
+    SharedLock lock(record.lock);
+    record.owner_handle = reinterpret_cast<uint64_t>(&qp->verbs.qp);
   }
   return &qp.release()->verbs.qp;
 }
@@ -399,6 +556,9 @@ void enter_error_state(DeviceMemory& memory, ProviderQp* qp) {
     record.state = QpState::Error;
   }
   qp->verbs.qp.state = IBV_QPS_ERR;
+  // A QP on an SRQ reports that no more receives will complete on it.
+  if (qp->srq != nullptr)
+    send_async_event(record.owner_async, reinterpret_cast<uint64_t>(&qp->verbs.qp), AsyncEventType::QpLastWqeReached);
   while (!qp->deferred.empty()) {
     Completion flushed;
     flushed.wr_id = qp->deferred.front().request.wr_id;
@@ -420,13 +580,14 @@ int destroy_qp(ibv_qp* ibv) {
     SharedLock lock(record.lock);
     record.live = 0;
     ring = record.rq.ring_offset;
-    bytes = uint64_t{record.rq.capacity} * record.rq.slot_size;
+    bytes = ring_bytes(record.rq);
   }
   state.memory->release(ring, bytes);
   {
     std::lock_guard guard(state.qps_mutex);
     --qp->send_cq->qp_references;
     --qp->recv_cq->qp_references;
+    if (qp->srq) --qp->srq->qp_references;
     std::erase(state.qps, qp);
   }
   std::unique_ptr<ProviderQp> owner(qp);
@@ -786,6 +947,11 @@ void add_verbs_object_ops(abi::verbs_context_ops& ops) {
   ops.destroy_qp = destroy_qp;
   ops.post_send = post_send;
   ops.post_recv = post_recv;
+  ops.create_srq = create_srq;
+  ops.modify_srq = modify_srq;
+  ops.query_srq = query_srq;
+  ops.destroy_srq = destroy_srq;
+  ops.post_srq_recv = post_srq_recv;
 }
 
 }  // namespace softverbs::provider

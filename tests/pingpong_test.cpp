@@ -67,6 +67,9 @@ const PingpongCase kCases[] = {
     {"ud", "ibv_ud_pingpong", {"-n", "200"}},
     {"ud_events", "ibv_ud_pingpong", {"-e", "-n", "200"}},
     {"ud_gid_v2", "ibv_ud_pingpong", {"-g", "3", "-c", "-n", "200"}},
+    {"srq", "ibv_srq_pingpong", {"-n", "200"}},
+    {"srq_events", "ibv_srq_pingpong", {"-e", "-n", "200"}},
+    {"srq_gid_v2", "ibv_srq_pingpong", {"-g", "3", "-c", "-n", "200"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Tools, Pingpong, ::testing::ValuesIn(kCases),

@@ -321,7 +321,8 @@ TEST_F(RcDataPath, RdmaWriteAndReadMoveBytesWithoutTheTarget) {
   EXPECT_EQ(wrote[0].status, IBV_WC_SUCCESS);
   EXPECT_EQ(wrote[0].opcode, IBV_WC_RDMA_WRITE);
   EXPECT_EQ(std::memcmp(buffer_b_.data() + 1024, buffer_a_.data(), 512), 0);
-  EXPECT_TRUE(poll_n(cq_b_, 1, std::chrono::milliseconds(100)).empty()) << "a plain WRITE completes nothing at the target";
+  EXPECT_TRUE(poll_n(cq_b_, 1, std::chrono::milliseconds(100)).empty())
+      << "a plain WRITE completes nothing at the target";
 
   std::memset(buffer_b_.data() + 4096, 0x5c, 300);
   ASSERT_EQ(post_a(IBV_WR_RDMA_READ, 2, 2048, 300, addr_b(4096), mr_b_->rkey), 0);
@@ -547,6 +548,78 @@ TEST_F(RcDataPath, CompletionChannelWakesTheWaiter) {
   qp_b_ = nullptr;
   EXPECT_EQ(ibv_destroy_cq(evented), 0);
   EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+}
+
+TEST_F(RcDataPath, SharedReceiveQueueFeedsSeveralQpsAndRaisesItsLimitEvent) {
+  ibv_srq_init_attr srq_init{};
+  srq_init.attr = {8, 1, 0};
+  ibv_srq* srq = ibv_create_srq(pd_, &srq_init);
+  ASSERT_NE(srq, nullptr) << std::strerror(errno);
+  qp_a_ = make_qp(IBV_QPT_RC, cq_a_);
+  ibv_qp_init_attr init{};
+  init.send_cq = cq_b_;
+  init.recv_cq = cq_b_;
+  init.srq = srq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap = {4, 0, 1, 0, 0};
+  qp_b_ = ibv_create_qp(pd_, &init);
+  ASSERT_TRUE(qp_a_ && qp_b_);
+  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
+  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
+  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC), 0);
+  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC), 0);
+  EXPECT_EQ(post_recv_b(1, 0, 8), EINVAL) << "a QP on an SRQ takes no receives of its own";
+  for (uint64_t i = 0; i < 3; ++i) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_b_.data() + 64 * i), 64, mr_b_->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = 100 + i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_srq_recv(srq, &wr, &bad), 0);
+  }
+  ibv_srq_attr limit{};
+  limit.srq_limit = 2;
+  ASSERT_EQ(ibv_modify_srq(srq, &limit, IBV_SRQ_LIMIT), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 1, 0, 16), 0);  // 2 left: not below the limit
+  ASSERT_EQ(post_a(IBV_WR_SEND, 2, 0, 16), 0);  // 1 left: below
+  auto received = poll_n(cq_b_, 2);
+  ASSERT_EQ(received.size(), 2u);
+  EXPECT_EQ(received[0].wr_id, 100u);
+  EXPECT_EQ(received[1].wr_id, 101u);
+  ibv_async_event event;
+  ASSERT_EQ(ibv_get_async_event(context_, &event), 0);
+  EXPECT_EQ(event.event_type, IBV_EVENT_SRQ_LIMIT_REACHED);
+  EXPECT_EQ(event.element.srq, srq);
+  ibv_ack_async_event(&event);
+  ibv_srq_attr now{};
+  ASSERT_EQ(ibv_query_srq(srq, &now), 0);
+  EXPECT_EQ(now.srq_limit, 0u) << "the limit disarms when it fires";
+  EXPECT_EQ(now.max_wr, 8u);
+  EXPECT_EQ(ibv_destroy_srq(srq), EBUSY) << "a QP still uses it";
+  // Moving the QP to ERR reports its last WQE.
+  ibv_qp_attr error{};
+  error.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(qp_b_, &error, IBV_QP_STATE), 0);
+  ASSERT_EQ(ibv_get_async_event(context_, &event), 0);
+  EXPECT_EQ(event.event_type, IBV_EVENT_QP_LAST_WQE_REACHED);
+  EXPECT_EQ(event.element.qp, qp_b_);
+  ibv_ack_async_event(&event);
+  EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
+  qp_b_ = nullptr;
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+}
+
+TEST_F(RcDataPath, SrqLimitsAreValidated) {
+  ibv_srq_init_attr init{};
+  init.attr = {0, 1, 0};
+  EXPECT_EQ(ibv_create_srq(pd_, &init), nullptr);
+  init.attr = {1u << 20, 1, 0};
+  EXPECT_EQ(ibv_create_srq(pd_, &init), nullptr);
+  init.attr = {4, 1, 5};
+  EXPECT_EQ(ibv_create_srq(pd_, &init), nullptr) << "limit above max_wr";
 }
 
 // Two processes: the child registers memory and waits; the parent writes,
