@@ -118,11 +118,13 @@ struct ProviderCq {
   abi::verbs_cq verbs{};
   int index = -1;
   int qp_references = 0;  // under the context's qps_mutex
+  Completion current;     // the entry an extended poll is positioned on
 };
 
 ProviderCq* to_cq(ibv_cq* cq) { return reinterpret_cast<ProviderCq*>(cq); }
+ProviderCq* to_cq(ibv_cq_ex* cq) { return reinterpret_cast<ProviderCq*>(cq); }
 
-ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel, int comp_vector) {
+ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* channel, int comp_vector) {
   ContextState& state = state_of(context);
   if (cqe < 1 || cqe > state.device.max_cqe || comp_vector < 0 || comp_vector >= context->num_comp_vectors) {
     errno = EINVAL;
@@ -165,7 +167,87 @@ ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel, int 
     record.channel = channel_address;
     record.owner_async = state.async_address;
   }
-  return &cq.release()->verbs.cq;
+  return cq.release();
+}
+
+ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel, int comp_vector) {
+  ProviderCq* cq = create_cq_common(context, cqe, channel, comp_vector);
+  return cq ? &cq->verbs.cq : nullptr;
+}
+
+void progress_deferred_sends(ContextState& state);
+
+// Pops the oldest completion of `cq` into `out`; false if there is none.
+bool pop_completion(ProviderCq* cq, Completion& out) {
+  ContextState& state = state_of(cq->verbs.cq.context);
+  CqRecord& record = state.memory->shared().cqs[cq->index];
+  SharedLock lock(record.lock);
+  CompletionRing ring(record.ring, std::span(state.memory->at<Completion>(record.ring_offset), record.ring.capacity));
+  return ring.pop(std::span(&out, 1)) == 1;
+}
+
+// ibv_cq_ex: start/next/end_poll walk the ring one entry at a time; the
+// read_* getters read the current entry.
+int next_poll_ex(ibv_cq_ex* ibv) {
+  ProviderCq* cq = to_cq(ibv);
+  if (!pop_completion(cq, cq->current)) return ENOENT;
+  ibv->wr_id = cq->current.wr_id;
+  ibv->status = static_cast<ibv_wc_status>(cq->current.status);
+  return 0;
+}
+
+int start_poll_ex(ibv_cq_ex* ibv, ibv_poll_cq_attr* attr) {
+  if (attr != nullptr && attr->comp_mask != 0) return EINVAL;
+  progress_deferred_sends(state_of(ibv->context));
+  return next_poll_ex(ibv);
+}
+
+void end_poll_ex(ibv_cq_ex*) {}
+
+const Completion& current_of(ibv_cq_ex* ibv) { return to_cq(ibv)->current; }
+ibv_wc_opcode read_opcode_ex(ibv_cq_ex* cq) { return static_cast<ibv_wc_opcode>(current_of(cq).opcode); }
+uint32_t read_vendor_err_ex(ibv_cq_ex*) { return 0; }
+uint32_t read_byte_len_ex(ibv_cq_ex* cq) { return current_of(cq).byte_len; }
+__be32 read_imm_data_ex(ibv_cq_ex* cq) { return current_of(cq).imm_data; }
+uint32_t read_qp_num_ex(ibv_cq_ex* cq) { return current_of(cq).qp_num; }
+uint32_t read_src_qp_ex(ibv_cq_ex* cq) { return current_of(cq).src_qp; }
+unsigned int read_wc_flags_ex(ibv_cq_ex* cq) { return current_of(cq).flags; }
+uint32_t read_slid_ex(ibv_cq_ex*) { return 0; }
+uint8_t read_sl_ex(ibv_cq_ex* cq) { return current_of(cq).sl; }
+uint8_t read_dlid_path_bits_ex(ibv_cq_ex*) { return 0; }
+
+constexpr uint64_t kSupportedWcFlags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
+                                       IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
+                                       IBV_WC_EX_WITH_DLID_PATH_BITS;
+
+ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
+  if (attr->comp_mask & ~static_cast<uint32_t>(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  // Timestamps and the rest are not emulated: say so rather than return zeros.
+  if ((attr->wc_flags & ~kSupportedWcFlags) || ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && attr->flags != 0)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ProviderCq* cq =
+      create_cq_common(context, static_cast<int>(attr->cqe), attr->channel, static_cast<int>(attr->comp_vector));
+  if (cq == nullptr) return nullptr;
+  ibv_cq_ex& ex = cq->verbs.cq_ex;
+  ex.start_poll = start_poll_ex;
+  ex.next_poll = next_poll_ex;
+  ex.end_poll = end_poll_ex;
+  ex.read_opcode = read_opcode_ex;
+  ex.read_vendor_err = read_vendor_err_ex;
+  ex.read_byte_len = read_byte_len_ex;
+  ex.read_imm_data = read_imm_data_ex;
+  ex.read_qp_num = read_qp_num_ex;
+  ex.read_src_qp = read_src_qp_ex;
+  ex.read_wc_flags = read_wc_flags_ex;
+  ex.read_slid = read_slid_ex;
+  ex.read_sl = read_sl_ex;
+  ex.read_dlid_path_bits = read_dlid_path_bits_ex;
+  return &ex;
 }
 
 int destroy_cq(ibv_cq* ibv) {
@@ -194,8 +276,6 @@ int req_notify_cq(ibv_cq* ibv, int solicited_only) {
   record.armed = solicited_only ? CqArm::SolicitedOnly : CqArm::NextCompletion;
   return 0;
 }
-
-void progress_deferred_sends(ContextState& state);
 
 void to_ibv_wc(const Completion& c, ibv_wc& wc) {
   wc = {};
@@ -426,12 +506,21 @@ struct DeferredSend {
   Clock::time_point give_up{Clock::time_point::max()};
 };
 
+// A work request built with the ibv_wr_* calls, posted at ibv_wr_complete.
+struct BuiltRequest {
+  ibv_send_wr wr{};
+  std::vector<ibv_sge> sges;
+  std::vector<uint8_t> inline_bytes;
+};
+
 struct ProviderQp {
   abi::verbs_qp verbs{};
   int index = -1;
   ProviderCq* send_cq = nullptr;
   ProviderCq* recv_cq = nullptr;
   ProviderSrq* srq = nullptr;
+  std::vector<BuiltRequest> batch;  // between ibv_wr_start and ibv_wr_complete
+  int batch_error = 0;
   std::mutex mutex;  // serializes this QP's send queue
   std::deque<DeferredSend> deferred;
 };
@@ -928,6 +1017,152 @@ int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   return 0;
 }
 
+// ---- the extended send API (ibv_wr_*) --------------------------------------
+//
+// Each ibv_wr_<opcode> call starts a work request from qp_ex->wr_id and
+// wr_flags; the ibv_wr_set_* calls complete the last one; ibv_wr_complete
+// posts the batch through post_send, so both APIs share every check.
+
+ProviderQp* to_qp(ibv_qp_ex* qp) { return reinterpret_cast<ProviderQp*>(qp); }
+
+ibv_send_wr& begin_request(ibv_qp_ex* ex, ibv_wr_opcode opcode) {
+  ProviderQp* qp = to_qp(ex);
+  BuiltRequest& built = qp->batch.emplace_back();
+  built.wr.wr_id = ex->wr_id;
+  built.wr.send_flags = ex->wr_flags;
+  built.wr.opcode = opcode;
+  return built.wr;
+}
+
+BuiltRequest* last_request(ibv_qp_ex* ex) {
+  ProviderQp* qp = to_qp(ex);
+  if (qp->batch.empty()) {
+    qp->batch_error = EINVAL;  // a setter before any ibv_wr_<opcode>
+    return nullptr;
+  }
+  return &qp->batch.back();
+}
+
+void wr_send(ibv_qp_ex* ex) { begin_request(ex, IBV_WR_SEND); }
+void wr_send_imm(ibv_qp_ex* ex, __be32 imm) { begin_request(ex, IBV_WR_SEND_WITH_IMM).imm_data = imm; }
+void wr_rdma_write(ibv_qp_ex* ex, uint32_t rkey, uint64_t remote) {
+  begin_request(ex, IBV_WR_RDMA_WRITE).wr.rdma = {remote, rkey};
+}
+void wr_rdma_write_imm(ibv_qp_ex* ex, uint32_t rkey, uint64_t remote, __be32 imm) {
+  ibv_send_wr& wr = begin_request(ex, IBV_WR_RDMA_WRITE_WITH_IMM);
+  wr.wr.rdma = {remote, rkey};
+  wr.imm_data = imm;
+}
+void wr_rdma_read(ibv_qp_ex* ex, uint32_t rkey, uint64_t remote) {
+  begin_request(ex, IBV_WR_RDMA_READ).wr.rdma = {remote, rkey};
+}
+void wr_atomic_cmp_swp(ibv_qp_ex* ex, uint32_t rkey, uint64_t remote, uint64_t compare, uint64_t swap) {
+  begin_request(ex, IBV_WR_ATOMIC_CMP_AND_SWP).wr.atomic = {remote, compare, swap, rkey};
+}
+void wr_atomic_fetch_add(ibv_qp_ex* ex, uint32_t rkey, uint64_t remote, uint64_t add) {
+  begin_request(ex, IBV_WR_ATOMIC_FETCH_AND_ADD).wr.atomic = {remote, add, 0, rkey};
+}
+void wr_set_ud_addr(ibv_qp_ex* ex, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
+  if (BuiltRequest* built = last_request(ex)) built->wr.wr.ud = {ah, remote_qpn, remote_qkey};
+}
+void wr_set_sge(ibv_qp_ex* ex, uint32_t lkey, uint64_t addr, uint32_t length) {
+  if (BuiltRequest* built = last_request(ex)) built->sges.assign(1, ibv_sge{addr, length, lkey});
+}
+void wr_set_sge_list(ibv_qp_ex* ex, size_t count, const ibv_sge* list) {
+  if (BuiltRequest* built = last_request(ex)) built->sges.assign(list, list + count);
+}
+void wr_set_inline_data_list(ibv_qp_ex* ex, size_t count, const ibv_data_buf* buffers) {
+  BuiltRequest* built = last_request(ex);
+  if (built == nullptr) return;
+  built->inline_bytes.clear();
+  for (size_t i = 0; i < count; ++i) {
+    const auto* bytes = static_cast<const uint8_t*>(buffers[i].addr);
+    built->inline_bytes.insert(built->inline_bytes.end(), bytes, bytes + buffers[i].length);
+  }
+  built->wr.send_flags |= IBV_SEND_INLINE;
+}
+void wr_set_inline_data(ibv_qp_ex* ex, void* addr, size_t length) {
+  ibv_data_buf buffer{addr, length};
+  wr_set_inline_data_list(ex, 1, &buffer);
+}
+
+void wr_start(ibv_qp_ex* ex) {
+  to_qp(ex)->batch.clear();
+  to_qp(ex)->batch_error = 0;
+}
+
+void wr_abort(ibv_qp_ex* ex) { wr_start(ex); }
+
+int wr_complete(ibv_qp_ex* ex) {
+  ProviderQp* qp = to_qp(ex);
+  int error = qp->batch_error;
+  if (error == 0 && !qp->batch.empty()) {
+    for (size_t i = 0; i < qp->batch.size(); ++i) {
+      BuiltRequest& built = qp->batch[i];
+      if (built.wr.send_flags & IBV_SEND_INLINE)
+        built.sges.assign(1, ibv_sge{reinterpret_cast<uint64_t>(built.inline_bytes.data()),
+                                     static_cast<uint32_t>(built.inline_bytes.size()), 0});
+      built.wr.sg_list = built.sges.data();
+      built.wr.num_sge = static_cast<int>(built.sges.size());
+      built.wr.next = i + 1 < qp->batch.size() ? &qp->batch[i + 1].wr : nullptr;
+    }
+    ibv_send_wr* bad = nullptr;
+    error = post_send(&qp->verbs.qp, &qp->batch.front().wr, &bad);
+  }
+  wr_start(ex);
+  return error;
+}
+
+constexpr uint64_t kSupportedSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
+                                       IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+                                       IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+
+ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
+  constexpr uint32_t kKnownMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || attr->pd == nullptr || attr->pd->context != context) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if ((attr->comp_mask & ~kKnownMask) ||
+      ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & ~kSupportedSendOps))) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_qp_init_attr basic{};
+  basic.qp_context = attr->qp_context;
+  basic.send_cq = attr->send_cq;
+  basic.recv_cq = attr->recv_cq;
+  basic.srq = attr->srq;
+  basic.cap = attr->cap;
+  basic.qp_type = attr->qp_type;
+  basic.sq_sig_all = attr->sq_sig_all;
+  ibv_qp* ibv = create_qp(attr->pd, &basic);
+  if (ibv == nullptr) return nullptr;
+  attr->cap = basic.cap;
+  if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+    ProviderQp* qp = to_qp(ibv);
+    constexpr uint32_t kVerbsQpEx = 1u << 1;  // verbs_qp.comp_mask: ibv_qp_to_qp_ex() may hand out qp_ex
+    qp->verbs.comp_mask |= kVerbsQpEx;
+    ibv_qp_ex& ex = qp->verbs.qp_ex;
+    ex.wr_send = wr_send;
+    ex.wr_send_imm = wr_send_imm;
+    ex.wr_rdma_write = wr_rdma_write;
+    ex.wr_rdma_write_imm = wr_rdma_write_imm;
+    ex.wr_rdma_read = wr_rdma_read;
+    ex.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
+    ex.wr_atomic_fetch_add = wr_atomic_fetch_add;
+    ex.wr_set_ud_addr = wr_set_ud_addr;
+    ex.wr_set_sge = wr_set_sge;
+    ex.wr_set_sge_list = wr_set_sge_list;
+    ex.wr_set_inline_data = wr_set_inline_data;
+    ex.wr_set_inline_data_list = wr_set_inline_data_list;
+    ex.wr_start = wr_start;
+    ex.wr_complete = wr_complete;
+    ex.wr_abort = wr_abort;
+  }
+  return ibv;
+}
+
 }  // namespace
 
 void add_verbs_object_ops(abi::verbs_context_ops& ops) {
@@ -936,12 +1171,14 @@ void add_verbs_object_ops(abi::verbs_context_ops& ops) {
   ops.reg_mr = reg_mr;
   ops.dereg_mr = dereg_mr;
   ops.create_cq = create_cq;
+  ops.create_cq_ex = create_cq_ex;
   ops.destroy_cq = destroy_cq;
   ops.poll_cq = poll_cq;
   ops.req_notify_cq = req_notify_cq;
   ops.create_ah = create_ah;
   ops.destroy_ah = destroy_ah;
   ops.create_qp = create_qp;
+  ops.create_qp_ex = create_qp_ex;
   ops.modify_qp = modify_qp;
   ops.query_qp = query_qp;
   ops.destroy_qp = destroy_qp;

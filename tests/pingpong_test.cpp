@@ -61,6 +61,8 @@ const PingpongCase kCases[] = {
     {"rc_gid_v2", "ibv_rc_pingpong", {"-g", "3", "-n", "200"}},
     {"rc_1MiB_validated", "ibv_rc_pingpong", {"-g", "1", "-s", "1048576", "-c", "-n", "50"}},
     {"rc_events_validated", "ibv_rc_pingpong", {"-g", "3", "-e", "-c", "-s", "65536", "-n", "50"}},
+    {"rc_new_send_api", "ibv_rc_pingpong", {"-N", "-n", "200"}},
+    {"rc_new_send_api_events", "ibv_rc_pingpong", {"-N", "-e", "-g", "3", "-c", "-n", "200"}},
     {"uc", "ibv_uc_pingpong", {"-n", "200"}},
     {"uc_events", "ibv_uc_pingpong", {"-e", "-n", "200"}},
     {"uc_gid_v2", "ibv_uc_pingpong", {"-g", "3", "-c", "-n", "200"}},

@@ -622,6 +622,79 @@ TEST_F(RcDataPath, SrqLimitsAreValidated) {
   EXPECT_EQ(ibv_create_srq(pd_, &init), nullptr) << "limit above max_wr";
 }
 
+TEST_F(RcDataPath, ExtendedQpAndCqApis) {
+  ibv_cq_init_attr_ex cq_attr{};
+  cq_attr.cqe = 16;
+  cq_attr.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_IMM;
+  ibv_cq_ex* cq_ex = ibv_create_cq_ex(context_, &cq_attr);
+  ASSERT_NE(cq_ex, nullptr) << std::strerror(errno);
+  ibv_cq_init_attr_ex timestamped = cq_attr;
+  timestamped.wc_flags |= IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq_ex(context_, &timestamped), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP) << "timestamps are not emulated";
+
+  ibv_qp_init_attr_ex init{};
+  init.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  init.pd = pd_;
+  init.send_cq = ibv_cq_ex_to_cq(cq_ex);
+  init.recv_cq = ibv_cq_ex_to_cq(cq_ex);
+  init.qp_type = IBV_QPT_RC;
+  init.cap = {8, 8, 2, 2, 64};
+  init.send_ops_flags = IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+  qp_a_ = ibv_create_qp_ex(context_, &init);
+  ASSERT_NE(qp_a_, nullptr) << std::strerror(errno);
+  ibv_qp_ex* ex = ibv_qp_to_qp_ex(qp_a_);
+  ASSERT_NE(ex, nullptr);
+  qp_b_ = make_qp(IBV_QPT_RC, cq_b_);
+  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
+  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
+  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC), 0);
+  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC), 0);
+  ASSERT_EQ(post_recv_b(50, 0, 64), 0);
+
+  const char text[] = "inline hello";
+  ibv_wr_start(ex);
+  ex->wr_id = 1;
+  ex->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(ex, mr_b_->rkey, addr_b(1000));
+  ibv_wr_set_sge(ex, mr_a_->lkey, reinterpret_cast<uint64_t>(buffer_a_.data()), 32);
+  ex->wr_id = 2;
+  ibv_wr_send_imm(ex, htonl(7));
+  ibv_wr_set_inline_data(ex, const_cast<char*>(text), sizeof text);
+  ASSERT_EQ(ibv_wr_complete(ex), 0);
+
+  ibv_poll_cq_attr poll{};
+  std::vector<std::pair<uint64_t, ibv_wc_status>> seen;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (seen.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    if (ibv_start_poll(cq_ex, &poll) != 0) continue;
+    do {
+      seen.emplace_back(cq_ex->wr_id, cq_ex->status);
+      EXPECT_EQ(ibv_wc_read_qp_num(cq_ex), qp_a_->qp_num);
+    } while (ibv_next_poll(cq_ex) == 0);
+    ibv_end_poll(cq_ex);
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], std::make_pair(uint64_t{1}, IBV_WC_SUCCESS));
+  EXPECT_EQ(seen[1], std::make_pair(uint64_t{2}, IBV_WC_SUCCESS));
+  auto received = poll_n(cq_b_, 1);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(buffer_b_.data())), text);
+  EXPECT_EQ(ntohl(received[0].imm_data), 7u);
+
+  // A setter with no work request open fails the batch at completion.
+  ibv_wr_start(ex);
+  ibv_wr_set_sge(ex, mr_a_->lkey, reinterpret_cast<uint64_t>(buffer_a_.data()), 8);
+  EXPECT_EQ(ibv_wr_complete(ex), EINVAL);
+
+  EXPECT_EQ(ibv_destroy_qp(qp_a_), 0);
+  qp_a_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq_ex)), 0);
+}
+
 // Two processes: the child registers memory and waits; the parent writes,
 // reads and runs atomics on it, and the child checks what arrived.
 TEST(CrossProcess, OneSidedOperationsNeedNothingFromTheTarget) {
