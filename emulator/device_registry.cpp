@@ -114,11 +114,14 @@ int DeviceRegistry::allocate_uverbs_index(const std::string& for_device, const f
   return -1;
 }
 
-void DeviceRegistry::register_user(const std::string& device, pid_t pid) const {
+void DeviceRegistry::register_user(const std::string& device, pid_t pid,
+                                   const std::vector<std::string>& async_sockets) const {
   fs::path dir = users_dir(device);
   mkdir((runtime_dir_ / "users").c_str(), 0700);
   mkdir(dir.c_str(), 0700);
-  write_text_file(dir / std::to_string(pid), "");
+  std::string lines;
+  for (const auto& name : async_sockets) lines += name + "\n";
+  write_text_file(dir / std::to_string(pid), lines);
 }
 
 void DeviceRegistry::unregister_user(const std::string& device, pid_t pid) const {
@@ -141,6 +144,13 @@ std::vector<DeviceUser> DeviceRegistry::users(const std::string& device) const {
     DeviceUser user;
     user.pid = static_cast<pid_t>(pid);
     user.command = read_first_line(fs::path("/proc") / std::to_string(pid) / "comm").value_or("?");
+    std::string lines = read_text_file(entry.path()).value_or("");
+    for (size_t start = 0; start < lines.size();) {
+      size_t end = lines.find('\n', start);
+      if (end == std::string::npos) end = lines.size();
+      if (end > start) user.async_sockets.push_back(lines.substr(start, end - start));
+      start = end + 1;
+    }
     users.push_back(std::move(user));
   }
   std::sort(users.begin(), users.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });

@@ -20,7 +20,8 @@ std::filesystem::path default_runtime_dir();
 
 struct DeviceUser {
   pid_t pid = 0;
-  std::string command;  // /proc/<pid>/comm
+  std::string command;                     // /proc/<pid>/comm
+  std::vector<std::string> async_sockets;  // one per open context (abstract names)
 };
 
 class DeviceRegistry {
@@ -44,8 +45,9 @@ class DeviceRegistry {
   // softverbs device nor a real device (under `real_sysfs`) uses.
   int allocate_uverbs_index(const std::string& for_device, const std::filesystem::path& real_sysfs) const;
 
-  // Processes that opened the device: a file per pid, written by the provider.
-  void register_user(const std::string& device, pid_t pid) const;
+  // Processes that opened the device: a file per pid, written by the
+  // provider, listing the async event socket of each of its open contexts.
+  void register_user(const std::string& device, pid_t pid, const std::vector<std::string>& async_sockets = {}) const;
   void unregister_user(const std::string& device, pid_t pid) const;
   // Live users only; records of processes that have exited are removed.
   std::vector<DeviceUser> users(const std::string& device) const;

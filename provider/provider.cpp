@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "device_limits.h"
 #include "device_registry.h"
@@ -25,20 +26,30 @@ namespace fs = std::filesystem;
 
 // Per-process count of open contexts per device, so that the registry lists
 // this process as a user while any context is open.
+// The record lists each open context's async socket, so that `softverbs`
+// can deliver port events (GID change, port error) to every user.
 class UserRecords {
  public:
-  void opened(const DeviceConfig& config) {
+  void opened(const DeviceConfig& config, const std::string& async_socket) {
     std::lock_guard lock(mutex_);
-    if (open_counts_[config.name]++ == 0) DeviceRegistry(config.runtime_dir).register_user(config.name, getpid());
+    auto& sockets = open_contexts_[config.name];
+    sockets.push_back(async_socket);
+    DeviceRegistry(config.runtime_dir).register_user(config.name, getpid(), sockets);
   }
-  void closed(const DeviceConfig& config) {
+  void closed(const DeviceConfig& config, const std::string& async_socket) {
     std::lock_guard lock(mutex_);
-    if (--open_counts_[config.name] == 0) DeviceRegistry(config.runtime_dir).unregister_user(config.name, getpid());
+    auto& sockets = open_contexts_[config.name];
+    std::erase(sockets, async_socket);
+    DeviceRegistry registry(config.runtime_dir);
+    if (sockets.empty())
+      registry.unregister_user(config.name, getpid());
+    else
+      registry.register_user(config.name, getpid(), sockets);
   }
 
  private:
   std::mutex mutex_;
-  std::map<std::string, int> open_counts_;
+  std::map<std::string, std::vector<std::string>> open_contexts_;
 };
 
 UserRecords& user_records() {
@@ -130,13 +141,13 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
   context->verbs.context.async_fd = async_fd;
   context->verbs.context.num_comp_vectors = 1;
   verbs_set_ops(&context->verbs, &kContextOps);
-  user_records().opened(context->state->config);
+  user_records().opened(context->state->config, address_to_text(context->state->async_address));
   return &context->verbs;
 }
 
 void free_context(ibv_context* ibv_context) {
   ProviderContext* context = to_provider(ibv_context);
-  user_records().closed(context->state->config);
+  user_records().closed(context->state->config, address_to_text(context->state->async_address));
   std::destroy_at(&context->state);
   verbs_uninit_context(&context->verbs);  // closes cmd_fd and async_fd
   std::free(context);

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+#include <future>
 #include <regex>
+#include <thread>
 
 #include "device_config.h"
 #include "file_util.h"
@@ -99,6 +102,30 @@ TEST_F(RdmaTools, NonRootUserGetsTheDeviceThroughAUserNamespace) {
   auto config = DeviceConfig::parse(read_text_file(nobody_runtime / "devices/softverbs0.conf").value_or(""), nullptr);
   ASSERT_TRUE(config);
   expect_devinfo_output(r, *config);
+}
+
+TEST_F(RdmaTools, AsyncwatchSeesPortEventsThatTheCliRaises) {
+  std::vector<std::string> env = {"SOFTVERBS_RUNTIME_DIR=" + runtime_dir()};
+  ASSERT_EQ(run_process({SOFTVERBS_CLI, "up"}, env).exit_code, 0);
+  auto watcher = std::async(std::launch::async, [&] {
+    return run_process({SOFTVERBS_CLI, "run", "--", "timeout", "5", "ibv_asyncwatch", "-d", "softverbs0"}, env, 30);
+  });
+  // Wait until ibv_asyncwatch has the device open.
+  bool listening = false;
+  for (int i = 0; i < 100 && !listening; ++i) {
+    listening = run_process({SOFTVERBS_CLI, "status"}, env).out.find("(ibv_asyncwatch)") != std::string::npos;
+    if (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(listening);
+  EXPECT_EQ(run_process({SOFTVERBS_CLI, "up"}, env).exit_code, 0) << "refresh: the GID table may have changed";
+  EXPECT_EQ(run_process({SOFTVERBS_CLI, "down"}, env).exit_code, 0) << "the port goes away";
+  ProcessResult r = watcher.get();
+  EXPECT_NE(r.out.find("softverbs0: async event FD"), std::string::npos) << r.out << r.err;
+  size_t gid = r.out.find("event_type IBV_EVENT_GID_CHANGE (18), port 1");
+  size_t port = r.out.find("event_type IBV_EVENT_PORT_ERR (10), port 1");
+  EXPECT_NE(gid, std::string::npos) << r.out;
+  EXPECT_NE(port, std::string::npos) << r.out;
+  EXPECT_LT(gid, port);
 }
 
 TEST_F(RdmaTools, PreloadRefusesOnlyRdmaNetlink) {

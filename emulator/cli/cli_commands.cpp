@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "device_attributes.h"
+#include "event_socket.h"
 #include "file_util.h"
 #include "library_paths.h"
 #include "netdev.h"
@@ -87,6 +88,18 @@ constexpr const char* kEnvHelp =
     "Programs started this way need /dev/infiniband/uverbsN to exist: `sudo softverbs up`\n"
     "creates it. `softverbs run` needs neither.\n";
 
+// Tells every process with the device open, as the kernel tells the
+// contexts of a port whose state or GID table changed.
+void announce_port_event(const DeviceRegistry& registry, const std::string& device, AsyncEventType event) {
+  constexpr uint64_t kPort = 1;
+  for (const auto& user : registry.users(device)) {
+    for (const auto& name : user.async_sockets) {
+      SocketAddress address;
+      if (address_from_text(name, &address)) send_async_event(address, kPort, event);
+    }
+  }
+}
+
 std::string gid_type_label(GidType type) { return type == GidType::RoceV2 ? "RoCE v2" : "RoCE v1"; }
 
 fs::path dev_entry(const DeviceConfig& config) { return fs::path("/dev/infiniband") / config.uverbs_name(); }
@@ -108,7 +121,8 @@ std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::
   RegistryLock lock(registry);
 
   DeviceConfig config;
-  if (auto existing = registry.find(name)) config = *existing;
+  auto existing = registry.find(name);
+  if (existing) config = *existing;
   config.name = name;
   config.netdev = netdev_name;
   config.transport = transport;
@@ -123,6 +137,7 @@ std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::
   if (!write_device_tree(registry.sysfs_root(), config, build_gid_table(*netdev), error)) return std::nullopt;
   link_real_devices(registry.sysfs_root(), "/sys");
   if (!registry.save(config, error)) return std::nullopt;
+  if (existing) announce_port_event(registry, name, AsyncEventType::GidChange);
   if (geteuid() == 0) {
     std::string dev_error;
     if (!ensure_dev_entry(config, &dev_error)) std::cerr << "softverbs: warning: " << dev_error << '\n';
@@ -219,6 +234,7 @@ int command_down(std::span<char*> args) {
   RegistryLock lock(registry);
   for (const auto& config : targets) {
     std::string error;
+    announce_port_event(registry, config.name, AsyncEventType::PortError);
     remove_device_tree(registry.sysfs_root(), config);
     if (!registry.remove(config.name, &error)) {
       report_error("down: " + error);
