@@ -51,6 +51,14 @@ bool MemoryRegionTable::deregister(uint32_t key) {
   return true;
 }
 
+bool MemoryRegionTable::reregister(uint32_t key, const MemoryRegion& updated) {
+  if (slot_of(key) == nullptr) return false;
+  MemoryRegion& region = slots_[key >> 8].region;
+  region = updated;
+  region.key = key;
+  return true;
+}
+
 std::optional<MemoryRegion> MemoryRegionTable::find(uint32_t key) const {
   const Slot* slot = slot_of(key);
   if (slot == nullptr) return std::nullopt;

@@ -66,6 +66,9 @@ class MemoryRegionTable {
                                           uint64_t length, uint32_t access_flags);
   // False if `key` names no live region.
   bool deregister(uint32_t key);
+  // Re-registration in place (ibv_rereg_mr): the key stays, what it names
+  // changes. False if `key` names no live region.
+  bool reregister(uint32_t key, const MemoryRegion& updated);
   // The live region of `key`, if any.
   std::optional<MemoryRegion> find(uint32_t key) const;
 

@@ -76,7 +76,12 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
     SharedLock lock(cq.lock);
     if (!cq.live) return false;
     CompletionRing ring(cq.ring, std::span(memory.at<Completion>(cq.ring_offset), cq.ring.capacity));
+    bool overflowed_before = ring.overflowed();
     stored = ring.push(completion);
+    if (!stored && !overflowed_before) {
+      // An HCA reports a CQ overrun as an asynchronous CQ error, once.
+      send_async_event(cq.owner_async, cq.owner_handle, AsyncEventType::CqError);
+    }
     bool solicited_match = solicited || completion.status != WcStatus::Success;
     if (stored && (cq.armed == CqArm::NextCompletion || (cq.armed == CqArm::SolicitedOnly && solicited_match)) &&
         cq.channel.length != 0) {

@@ -1,6 +1,7 @@
 // Driver registration and device/context lifetime: what libibverbs calls to
 // find, open and close a softverbs device.
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -141,6 +142,10 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
   context->verbs.context.async_fd = async_fd;
   context->verbs.context.num_comp_vectors = 1;
   verbs_set_ops(&context->verbs, &kContextOps);
+  // Peers copy into this process with process_vm_writev; under Yama's
+  // ptrace_scope=1 (Ubuntu's default) that needs the target's consent. The
+  // kernel still requires the same user (see docs/shared-memory.md).
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   user_records().opened(context->state->config, address_to_text(context->state->async_address));
   return &context->verbs;
 }

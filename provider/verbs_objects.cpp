@@ -102,6 +102,38 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
   return &mr.release()->ibv_mr;
 }
 
+int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, int access_flags) {
+  ibv_mr& mr = vmr->ibv_mr;
+  DeviceMemory& memory = memory_of(mr.context);
+  int error = 0;
+  if ((flags & IBV_REREG_MR_CHANGE_ACCESS) &&
+      (error = validate_registration_access(static_cast<uint32_t>(access_flags))) != 0) {
+    errno = error;
+    return error;
+  }
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && (pd == nullptr || pd->context != mr.context)) {
+    errno = EINVAL;
+    return EINVAL;
+  }
+  SharedLock lock(memory.shared().memory_lock);
+  std::optional<MemoryRegion> region = memory.shared().mrs.find(mr.lkey);
+  if (!region) {
+    errno = EINVAL;
+    return EINVAL;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_PD) region->pd_handle = pd->handle;
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) region->access = static_cast<uint32_t>(access_flags);
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    region->address = reinterpret_cast<uint64_t>(addr);
+    region->length = length;
+  }
+  if (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS))
+    region->iova = (region->access & IBV_ACCESS_ZERO_BASED) ? 0 : region->address;
+  memory.shared().mrs.reregister(mr.lkey, *region);
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access_flags;
+  return 0;
+}
+
 int dereg_mr(abi::verbs_mr* vmr) {
   DeviceMemory& memory = memory_of(vmr->ibv_mr.context);
   {
@@ -267,6 +299,40 @@ int destroy_cq(ibv_cq* ibv) {
   }
   state.memory->release(ring, bytes);
   std::unique_ptr<ProviderCq> owner(cq);
+  return 0;
+}
+
+int resize_cq(ibv_cq* ibv, int cqe) {
+  ProviderCq* cq = to_cq(ibv);
+  ContextState& state = state_of(ibv->context);
+  if (cqe < 1 || cqe > state.device.max_cqe) return EINVAL;
+  uint32_t capacity = std::bit_ceil(static_cast<uint32_t>(cqe));
+  uint64_t bytes = uint64_t{capacity} * sizeof(Completion);
+  uint64_t ring = state.memory->allocate(bytes);
+  if (ring == 0) return ENOMEM;
+  CqRecord& record = state.memory->shared().cqs[cq->index];
+  uint64_t old_ring, old_bytes;
+  {
+    SharedLock lock(record.lock);
+    CompletionRing old(record.ring, std::span(state.memory->at<Completion>(record.ring_offset), record.ring.capacity));
+    if (old.size() > capacity) {
+      state.memory->release(ring, bytes);
+      return EINVAL;  // the completions waiting would not fit
+    }
+    CompletionRingHeader header;
+    std::span<Completion> entries(state.memory->at<Completion>(ring), capacity);
+    CompletionRing::initialize(header, entries);
+    CompletionRing grown(header, entries);
+    Completion moving;
+    while (old.pop(std::span(&moving, 1)) == 1) grown.push(moving);
+    old_ring = record.ring_offset;
+    old_bytes = record.ring_bytes;
+    record.ring = header;
+    record.ring_offset = ring;
+    record.ring_bytes = bytes;
+  }
+  state.memory->release(old_ring, old_bytes);
+  ibv->cqe = static_cast<int>(capacity);
   return 0;
 }
 
@@ -1170,11 +1236,13 @@ void add_verbs_object_ops(abi::verbs_context_ops& ops) {
   ops.dealloc_pd = dealloc_pd;
   ops.reg_mr = reg_mr;
   ops.dereg_mr = dereg_mr;
+  ops.rereg_mr = rereg_mr;
   ops.create_cq = create_cq;
   ops.create_cq_ex = create_cq_ex;
   ops.destroy_cq = destroy_cq;
   ops.poll_cq = poll_cq;
   ops.req_notify_cq = req_notify_cq;
+  ops.resize_cq = resize_cq;
   ops.create_ah = create_ah;
   ops.destroy_ah = destroy_ah;
   ops.create_qp = create_qp;

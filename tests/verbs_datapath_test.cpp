@@ -695,6 +695,65 @@ TEST_F(RcDataPath, ExtendedQpAndCqApis) {
   EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq_ex)), 0);
 }
 
+TEST_F(RcDataPath, ResizeCqKeepsWaitingCompletions) {
+  connect(IBV_QPT_RC);
+  for (uint64_t i = 0; i < 5; ++i) ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, i, 0, 8, addr_b(0), mr_b_->rkey), 0);
+  ASSERT_EQ(ibv_resize_cq(cq_a_, 4), EINVAL) << "5 completions wait: they would not fit";
+  ASSERT_EQ(ibv_resize_cq(cq_a_, 1000), 0);
+  EXPECT_GE(cq_a_->cqe, 1000);
+  auto done = poll_n(cq_a_, 5);
+  ASSERT_EQ(done.size(), 5u);
+  for (uint64_t i = 0; i < 5; ++i) EXPECT_EQ(done[i].wr_id, i);
+}
+
+TEST_F(RcDataPath, CqOverrunRaisesACqErrorEvent) {
+  ibv_cq* tiny = ibv_create_cq(context_, 1, nullptr, nullptr, 0);
+  ASSERT_NE(tiny, nullptr);
+  qp_a_ = make_qp(IBV_QPT_RC, tiny);
+  qp_b_ = make_qp(IBV_QPT_RC, cq_b_);
+  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
+  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
+  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC), 0);
+  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC), 0);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, i, 0, 8, addr_b(0), mr_b_->rkey), 0);
+  ibv_async_event event;
+  ASSERT_EQ(ibv_get_async_event(context_, &event), 0);
+  EXPECT_EQ(event.event_type, IBV_EVENT_CQ_ERR);
+  EXPECT_EQ(event.element.cq, tiny);
+  ibv_ack_async_event(&event);
+  EXPECT_EQ(ibv_destroy_qp(qp_a_), 0);
+  qp_a_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(tiny), 0);
+}
+
+TEST_F(RcDataPath, ReregisteringChangesWhatTheKeyAllows) {
+  connect(IBV_QPT_RC);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 1, 0, 8, addr_b(0), mr_b_->rkey), 0);
+  ASSERT_EQ(poll_n(cq_a_, 1).at(0).status, IBV_WC_SUCCESS);
+  ASSERT_EQ(ibv_rereg_mr(mr_b_, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ),
+            0);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 2, 0, 8, addr_b(0), mr_b_->rkey), 0);
+  EXPECT_EQ(poll_n(cq_a_, 1).at(0).status, IBV_WC_REM_ACCESS_ERR) << "remote write was taken away";
+  EXPECT_EQ(ibv_rereg_mr(mr_b_, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_REMOTE_WRITE),
+            IBV_REREG_MR_ERR_CMD)
+      << "remote write without local write";
+}
+
+TEST_F(DataPath, AddressHandleFromAWorkCompletion) {
+  connect(IBV_QPT_UD);
+  ASSERT_EQ(post_recv_b(1, 0, 128), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 2, 0, 16), 0);
+  auto received = poll_n(cq_b_, 1);
+  ASSERT_EQ(received.size(), 1u);
+  ASSERT_TRUE(received[0].wc_flags & IBV_WC_GRH);
+  ibv_ah* reply = ibv_create_ah_from_wc(pd_, &received[0], reinterpret_cast<ibv_grh*>(buffer_b_.data()), 1);
+  ASSERT_NE(reply, nullptr) << std::strerror(errno);
+  EXPECT_EQ(ibv_destroy_ah(reply), 0);
+}
+
 // Two processes: the child registers memory and waits; the parent writes,
 // reads and runs atomics on it, and the child checks what arrived.
 TEST(CrossProcess, OneSidedOperationsNeedNothingFromTheTarget) {
