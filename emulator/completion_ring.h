@@ -78,6 +78,20 @@ class CompletionRing {
   // Copies up to out.size() oldest entries; returns how many.
   size_t pop(std::span<Completion> out);
 
+  // Drops every entry for which `matches` is true, keeping the others in
+  // order; returns how many were dropped.
+  template <typename Predicate>
+  size_t remove_if(Predicate matches) {
+    uint64_t kept = header_.consumed;
+    for (uint64_t at = header_.consumed; at != header_.produced; ++at) {
+      const Completion& entry = entries_[at % entries_.size()];
+      if (!matches(entry)) entries_[kept++ % entries_.size()] = entry;
+    }
+    size_t dropped = static_cast<size_t>(header_.produced - kept);
+    header_.produced = kept;
+    return dropped;
+  }
+
   size_t size() const { return static_cast<size_t>(header_.produced - header_.consumed); }
   size_t capacity() const { return header_.capacity; }
   bool overflowed() const { return header_.overflowed; }

@@ -62,6 +62,10 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
 // Completes every receive WQE still queued on `qp` with IBV_WC_WR_FLUSH_ERR.
 void flush_receive_queue(DeviceMemory& memory, QpRecord& qp);
 
+// Removes the completions of QP `qpn` from CQ `cq_index`, as an HCA's driver
+// cleans a CQ when the QP is reset or destroyed.
+void purge_completions(DeviceMemory& memory, int cq_index, uint32_t qpn);
+
 // Discards queued receive WQEs without completing them (Modify QP to RESET).
 void discard_receive_queue(QpRecord& qp);
 

@@ -111,6 +111,15 @@ void flush_receive_queue(DeviceMemory& memory, QpRecord& qp) {
   }
 }
 
+void purge_completions(DeviceMemory& memory, int cq_index, uint32_t qpn) {
+  if (cq_index < 0 || cq_index >= limits::kMaxCq) return;
+  CqRecord& cq = memory.shared().cqs[cq_index];
+  SharedLock lock(cq.lock);
+  if (!cq.live) return;
+  CompletionRing ring(cq.ring, std::span(memory.at<Completion>(cq.ring_offset), cq.ring.capacity));
+  ring.remove_if([qpn](const Completion& entry) { return entry.qp_num == qpn; });
+}
+
 void discard_receive_queue(QpRecord& qp) { qp.rq.consumed = qp.rq.posted; }
 
 uint32_t rnr_timer_microseconds(uint8_t encoded) {

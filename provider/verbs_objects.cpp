@@ -738,6 +738,8 @@ int destroy_qp(ibv_qp* ibv) {
     bytes = ring_bytes(record.rq);
   }
   state.memory->release(ring, bytes);
+  purge_completions(*state.memory, qp->send_cq->index, ibv->qp_num);
+  purge_completions(*state.memory, qp->recv_cq->index, ibv->qp_num);
   {
     std::lock_guard guard(state.qps_mutex);
     --qp->send_cq->qp_references;
@@ -827,7 +829,11 @@ int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
   if (target == QpState::Error) {
     enter_error_state(*state.memory, qp);
   } else {
-    if (target == QpState::Reset) qp->deferred.clear();
+    if (target == QpState::Reset) {
+      qp->deferred.clear();
+      purge_completions(*state.memory, qp->send_cq->index, ibv->qp_num);
+      purge_completions(*state.memory, qp->recv_cq->index, ibv->qp_num);
+    }
     ibv->state = static_cast<ibv_qp_state>(target);
   }
   return 0;
@@ -1184,12 +1190,16 @@ constexpr uint64_t kSupportedSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND
                                        IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
-  constexpr uint32_t kKnownMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  constexpr uint32_t kKnownMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+                                  IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
   if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || attr->pd == nullptr || attr->pd->context != context) {
     errno = EINVAL;
     return nullptr;
   }
+  // Creation flags and TSO are not emulated; asking for none of them is fine.
   if ((attr->comp_mask & ~kKnownMask) ||
+      ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags != 0) ||
+      ((attr->comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) && attr->max_tso_header != 0) ||
       ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & ~kSupportedSendOps))) {
     errno = EOPNOTSUPP;
     return nullptr;

@@ -695,6 +695,23 @@ TEST_F(RcDataPath, ExtendedQpAndCqApis) {
   EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq_ex)), 0);
 }
 
+TEST_F(RcDataPath, ResetRemovesTheQpsCompletionsFromItsCqs) {
+  connect(IBV_QPT_RC);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 1, 0, 8, addr_b(0), mr_b_->rkey), 0);
+  ibv_qp_attr reset{};
+  reset.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(qp_a_, &reset, IBV_QP_STATE), 0);
+  EXPECT_TRUE(poll_n(cq_a_, 1, std::chrono::milliseconds(100)).empty());
+  // The QP is usable again after a new connect sequence.
+  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
+  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC), 0);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 2, 0, 8, addr_b(0), mr_b_->rkey), 0);
+  auto done = poll_n(cq_a_, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].wr_id, 2u);
+}
+
 TEST_F(RcDataPath, ResizeCqKeepsWaitingCompletions) {
   connect(IBV_QPT_RC);
   for (uint64_t i = 0; i < 5; ++i) ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, i, 0, 8, addr_b(0), mr_b_->rkey), 0);

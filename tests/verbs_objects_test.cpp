@@ -224,5 +224,27 @@ TEST(CompletionRing, OverflowIsReportedNeverOverwritten) {
   EXPECT_EQ(out[1].wr_id, 2u);
 }
 
+TEST(CompletionRing, RemoveIfKeepsTheOthersInOrder) {
+  CompletionRingHeader header;
+  std::vector<Completion> storage(4);
+  CompletionRing::initialize(header, storage);
+  CompletionRing ring(header, storage);
+  Completion c;
+  for (uint64_t i = 0; i < 6; ++i) {  // wraps: pop two first
+    c.wr_id = i;
+    c.qp_num = static_cast<uint32_t>(i % 2);
+    if (i == 4) {
+      std::vector<Completion> two(2);
+      ASSERT_EQ(ring.pop(two), 2u);
+    }
+    ASSERT_TRUE(ring.push(c));
+  }
+  EXPECT_EQ(ring.remove_if([](const Completion& e) { return e.qp_num == 1; }), 2u);
+  std::vector<Completion> out(4);
+  ASSERT_EQ(ring.pop(out), 2u);
+  EXPECT_EQ(out[0].wr_id, 2u);
+  EXPECT_EQ(out[1].wr_id, 4u);
+}
+
 }  // namespace
 }  // namespace softverbs
