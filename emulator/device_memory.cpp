@@ -10,6 +10,8 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <random>
 
 namespace softverbs {
@@ -17,7 +19,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
 constexpr unsigned kMinBlockShift = 12;
 
@@ -40,6 +42,7 @@ void initialize(DeviceShared* shared, uint64_t total_size) {
   for (auto& srq : shared->srqs) srq.lock.initialize();
   std::construct_at(&shared->mrs, static_cast<uint32_t>(std::random_device{}()));
   shared->next_pd_handle = 1;
+  shared->instance_id = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
   shared->heap_start = round_up(sizeof(DeviceShared), 4096);
   shared->heap_next = shared->heap_start;
   shared->heap_end = total_size;
@@ -50,11 +53,21 @@ void initialize(DeviceShared* shared, uint64_t total_size) {
 
 }  // namespace
 
-std::unique_ptr<DeviceMemory> DeviceMemory::open(const std::filesystem::path& path, std::string* error) {
+std::shared_ptr<DeviceMemory> DeviceMemory::open(const std::filesystem::path& path, std::string* error) {
   return open_or_recreate(path, error, true);
 }
 
-std::unique_ptr<DeviceMemory> DeviceMemory::open_or_recreate(const std::filesystem::path& path, std::string* error,
+std::shared_ptr<DeviceMemory> DeviceMemory::open_shared(const std::filesystem::path& path, std::string* error) {
+  static std::mutex mutex;
+  static std::map<std::filesystem::path, std::weak_ptr<DeviceMemory>> mappings;
+  std::lock_guard guard(mutex);
+  if (auto existing = mappings[path].lock()) return existing;
+  auto memory = open(path, error);
+  if (memory) mappings[path] = memory;
+  return memory;
+}
+
+std::shared_ptr<DeviceMemory> DeviceMemory::open_or_recreate(const std::filesystem::path& path, std::string* error,
                                                              bool may_recreate) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -96,7 +109,7 @@ std::unique_ptr<DeviceMemory> DeviceMemory::open_or_recreate(const std::filesyst
     *error = path.string() + " is not a softverbs device memory file of this version";
     return nullptr;
   }
-  return std::unique_ptr<DeviceMemory>(new DeviceMemory(static_cast<char*>(base), total));
+  return std::shared_ptr<DeviceMemory>(new DeviceMemory(static_cast<char*>(base), total));
 }
 
 DeviceMemory::~DeviceMemory() { munmap(base_, size_); }

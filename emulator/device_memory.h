@@ -122,6 +122,7 @@ struct DeviceShared {
   uint64_t magic = 0;
   uint32_t version = 0;
   uint32_t reserved = 0;
+  uint64_t instance_id = 0;  // random, names this device memory's copy agents
   SharedMutex objects_lock;  // records, handles and the heap
   SharedMutex memory_lock;   // the MR table, held across every data copy
   SharedMutex atomics_lock;  // makes atomics atomic with respect to each other
@@ -136,10 +137,12 @@ struct DeviceShared {
   MemoryRegionTable mrs;
 };
 
-class DeviceMemory {
+class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
  public:
   // Maps (creating and initializing on first use) the device memory file.
-  static std::unique_ptr<DeviceMemory> open(const std::filesystem::path& path, std::string* error);
+  static std::shared_ptr<DeviceMemory> open(const std::filesystem::path& path, std::string* error);
+  // One mapping per file per process, shared by all its contexts.
+  static std::shared_ptr<DeviceMemory> open_shared(const std::filesystem::path& path, std::string* error);
   ~DeviceMemory();
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
@@ -172,7 +175,7 @@ class DeviceMemory {
 
  private:
   DeviceMemory(char* base, size_t size) : base_(base), size_(size) {}
-  static std::unique_ptr<DeviceMemory> open_or_recreate(const std::filesystem::path& path, std::string* error,
+  static std::shared_ptr<DeviceMemory> open_or_recreate(const std::filesystem::path& path, std::string* error,
                                                         bool may_recreate);
   char* base_;
   size_t size_;

@@ -1,17 +1,32 @@
 #include "memory_copy.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
 #include <vector>
+
+#include "device_memory.h"
+#include "event_socket.h"
 
 namespace softverbs {
 
 namespace {
 
-// memcpy between two iovec lists of the same total length, in this process.
+// ---- in-process and kernel copies -----------------------------------------
+
+// memmove between two iovec lists, in this process.
 void copy_vectors(std::span<const iovec> to, std::span<const iovec> from) {
   size_t to_index = 0, to_offset = 0;
   for (const iovec& source : from) {
@@ -37,14 +52,33 @@ size_t total(std::span<const iovec> vectors) {
   return sum;
 }
 
+std::vector<iovec> to_iovecs(std::span<const RemoteRange> ranges) {
+  std::vector<iovec> vectors;
+  vectors.reserve(ranges.size());
+  for (const RemoteRange& r : ranges) vectors.push_back({reinterpret_cast<void*>(r.address), r.length});
+  return vectors;
+}
+
+// Advances an iovec list by `bytes`.
+void advance(std::vector<iovec>& list, size_t& index, size_t bytes) {
+  while (bytes > 0 && index < list.size()) {
+    iovec& v = list[index];
+    size_t step = std::min(bytes, v.iov_len);
+    v.iov_base = static_cast<char*>(v.iov_base) + step;
+    v.iov_len -= step;
+    bytes -= step;
+    if (v.iov_len == 0) ++index;
+  }
+  while (index < list.size() && list[index].iov_len == 0) ++index;
+}
+
 // process_vm_* takes at most IOV_MAX vectors a side and may copy partially:
 // loop until everything moved.
 template <typename Call>
-int cross_process(pid_t pid, std::span<const iovec> local, std::span<const iovec> remote, Call call) {
+int kernel_copy(pid_t pid, std::span<const iovec> local, std::span<const iovec> remote, Call call) {
   size_t wanted = std::min(total(local), total(remote));
   std::vector<iovec> l(local.begin(), local.end()), r(remote.begin(), remote.end());
-  size_t moved = 0;
-  size_t li = 0, ri = 0;
+  size_t moved = 0, li = 0, ri = 0;
   while (moved < wanted) {
     size_t lcount = std::min<size_t>(l.size() - li, 1024), rcount = std::min<size_t>(r.size() - ri, 1024);
     ssize_t n = call(pid, l.data() + li, lcount, r.data() + ri, rcount, 0);
@@ -54,40 +88,254 @@ int cross_process(pid_t pid, std::span<const iovec> local, std::span<const iovec
     }
     if (n == 0) return EFAULT;
     moved += static_cast<size_t>(n);
-    // Advance both lists by n bytes.
-    for (auto* list : {&l, &r}) {
-      size_t& index = list == &l ? li : ri;
-      size_t skip = static_cast<size_t>(n);
-      while (skip > 0 && index < list->size()) {
-        iovec& v = (*list)[index];
-        size_t step = std::min(skip, v.iov_len);
-        v.iov_base = static_cast<char*>(v.iov_base) + step;
-        v.iov_len -= step;
-        skip -= step;
-        if (v.iov_len == 0) ++index;
-      }
-      while (index < list->size() && (*list)[index].iov_len == 0) ++index;
-    }
+    advance(l, li, static_cast<size_t>(n));
+    advance(r, ri, static_cast<size_t>(n));
   }
   return 0;
 }
 
-}  // namespace
+// ---- the copy agent ---------------------------------------------------------
 
-int copy_to_process(pid_t pid, std::span<const iovec> local, std::span<const iovec> remote) {
-  if (pid == getpid()) {
-    copy_vectors(remote, local);
-    return 0;
-  }
-  return cross_process(pid, local, remote, process_vm_writev);
+constexpr uint32_t kAgentMagic = 0x53564147;  // "SVAG"
+constexpr size_t kMaxSegments = 32;
+constexpr uint64_t kChunkBytes = uint64_t{4} << 20;
+constexpr int kAgentTimeoutMs = 5000;
+
+struct AgentSegment {
+  uint64_t address;
+  uint64_t length;
+  uint32_t key;
+  uint32_t reserved;
+};
+
+struct AgentRequest {
+  uint32_t magic;
+  uint32_t write;  // 1: bounce -> agent's memory; 0: agent's memory -> bounce
+  uint64_t bounce_offset;
+  uint32_t count;
+  uint32_t reserved;
+  SocketAddress reply;
+  AgentSegment segments[kMaxSegments];
+};
+
+struct AgentReply {
+  uint32_t magic;
+  int32_t status;
+};
+
+SocketAddress agent_address(DeviceMemory& memory, pid_t pid) {
+  char name[96];
+  std::snprintf(name, sizeof name, "softverbs-agent-%016llx-%d",
+                static_cast<unsigned long long>(memory.shared().instance_id), static_cast<int>(pid));
+  SocketAddress address;
+  address_from_text(name, &address);
+  return address;
 }
 
-int copy_from_process(pid_t pid, std::span<const iovec> local, std::span<const iovec> remote) {
+// The agent's side: checks every segment against the region its key names in
+// this process, then copies between the bounce buffer and that memory.
+int serve(DeviceMemory& memory, const AgentRequest& request) {
+  if (request.count > kMaxSegments) return EINVAL;
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < request.count; ++i) {
+    const AgentSegment& s = request.segments[i];
+    std::optional<MemoryRegion> region = memory.shared().mrs.find(s.key);
+    if (!region || region->owner_pid != getpid() || s.address < region->address ||
+        s.address - region->address > region->length || s.length > region->length - (s.address - region->address))
+      return EFAULT;
+    bytes += s.length;
+  }
+  const DeviceShared& shared = memory.shared();
+  if (request.bounce_offset < shared.heap_start || request.bounce_offset > shared.heap_end ||
+      bytes > shared.heap_end - request.bounce_offset)
+    return EINVAL;
+  char* bounce = memory.at<char>(request.bounce_offset);
+  for (uint32_t i = 0; i < request.count; ++i) {
+    const AgentSegment& s = request.segments[i];
+    auto* mine = reinterpret_cast<char*>(s.address);
+    if (request.write)
+      std::memcpy(mine, bounce, s.length);
+    else
+      std::memcpy(bounce, mine, s.length);
+    bounce += s.length;
+  }
+  return 0;
+}
+
+void agent_loop(std::shared_ptr<DeviceMemory> memory, int fd) {
+  for (;;) {
+    AgentRequest request;
+    ssize_t n = recv(fd, &request, sizeof request, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return;
+    if (n != static_cast<ssize_t>(sizeof request) || request.magic != kAgentMagic) continue;  // not ours: ignore
+    AgentReply reply{kAgentMagic, serve(*memory, request)};
+    send_datagram(request.reply, &reply, sizeof reply);
+  }
+}
+
+// One request: the caller's bounce buffer holds (or receives) the bytes of
+// `segments`, in order.
+int agent_request(DeviceMemory& memory, pid_t pid, bool write, uint64_t bounce,
+                  std::span<const AgentSegment> segments) {
+  AgentRequest request{};
+  request.magic = kAgentMagic;
+  request.write = write ? 1 : 0;
+  request.bounce_offset = bounce;
+  request.count = static_cast<uint32_t>(segments.size());
+  std::copy(segments.begin(), segments.end(), request.segments);
+  int reply_fd = open_event_socket(&request.reply);
+  if (reply_fd < 0) return errno;
+  int status = EHOSTUNREACH;
+  if (send_datagram(agent_address(memory, pid), &request, sizeof request)) {
+    pollfd waiting{reply_fd, POLLIN, 0};
+    AgentReply reply{};
+    if (poll(&waiting, 1, kAgentTimeoutMs) == 1 && recv(reply_fd, &reply, sizeof reply, 0) == sizeof reply &&
+        reply.magic == kAgentMagic)
+      status = reply.status;
+    else
+      status = ETIMEDOUT;
+  }
+  close(reply_fd);
+  return status;
+}
+
+int agent_copy(DeviceMemory& memory, pid_t pid, bool write, std::span<const iovec> local,
+               std::span<const RemoteRange> remote) {
+  uint64_t wanted = std::min<uint64_t>(total(local), [&] {
+    uint64_t sum = 0;
+    for (const RemoteRange& r : remote) sum += r.length;
+    return sum;
+  }());
+  uint64_t bounce_bytes = std::min(wanted, kChunkBytes);
+  if (wanted == 0) return 0;
+  uint64_t bounce = memory.allocate(bounce_bytes);
+  if (bounce == 0) return ENOMEM;
+  std::vector<iovec> mine(local.begin(), local.end());
+  size_t mine_index = 0;
+  int status = 0;
+  size_t range = 0;
+  uint64_t range_offset = 0, moved = 0;
+  while (status == 0 && moved < wanted) {
+    // The next chunk: up to kChunkBytes over up to kMaxSegments segments.
+    std::vector<AgentSegment> segments;
+    uint64_t chunk = 0;
+    while (range < remote.size() && segments.size() < kMaxSegments && chunk < bounce_bytes && moved + chunk < wanted) {
+      const RemoteRange& r = remote[range];
+      uint64_t take = std::min({r.length - range_offset, bounce_bytes - chunk, wanted - moved - chunk});
+      if (take > 0) segments.push_back({r.address + range_offset, take, r.key, 0});
+      chunk += take;
+      range_offset += take;
+      if (range_offset == r.length) {
+        ++range;
+        range_offset = 0;
+      }
+    }
+    iovec bounce_vector{memory.at<char>(bounce), chunk};
+    std::vector<iovec> mine_part;
+    {
+      // The slice of the local list this chunk covers.
+      std::vector<iovec> rest(mine.begin() + static_cast<std::ptrdiff_t>(mine_index), mine.end());
+      uint64_t left = chunk;
+      for (const iovec& v : rest) {
+        if (left == 0) break;
+        size_t take = std::min<uint64_t>(v.iov_len, left);
+        mine_part.push_back({v.iov_base, take});
+        left -= take;
+      }
+    }
+    if (write) {
+      copy_vectors(std::span(&bounce_vector, 1), mine_part);
+      status = agent_request(memory, pid, true, bounce, segments);
+    } else {
+      status = agent_request(memory, pid, false, bounce, segments);
+      if (status == 0) copy_vectors(mine_part, std::span(&bounce_vector, 1));
+    }
+    advance(mine, mine_index, chunk);
+    moved += chunk;
+  }
+  memory.release(bounce, bounce_bytes);
+  return status;
+}
+
+bool kernel_refused(int error) { return error == EPERM || error == EACCES || error == ENOSYS; }
+
+template <typename Call>
+int copy(DeviceMemory& memory, pid_t pid, bool write, std::span<const iovec> local, std::span<const RemoteRange> remote,
+         Call kernel_call) {
+  std::vector<iovec> remote_vectors = to_iovecs(remote);
   if (pid == getpid()) {
-    copy_vectors(local, remote);
+    if (write)
+      copy_vectors(remote_vectors, local);
+    else
+      copy_vectors(local, remote_vectors);
     return 0;
   }
-  return cross_process(pid, local, remote, process_vm_readv);
+  CopyMethod method = configured_copy_method();
+  if (method != CopyMethod::AgentOnly) {
+    int error = kernel_copy(pid, local, remote_vectors, kernel_call);
+    if (error == 0 || method == CopyMethod::KernelOnly || !kernel_refused(error)) return error;
+  }
+  return agent_copy(memory, pid, write, local, remote);
+}
+
+}  // namespace
+
+void copy_within_process(std::span<const iovec> to, std::span<const iovec> from) { copy_vectors(to, from); }
+
+int agent_copy_to_process(DeviceMemory& memory, pid_t pid, std::span<const iovec> local,
+                          std::span<const RemoteRange> remote) {
+  return agent_copy(memory, pid, true, local, remote);
+}
+
+int agent_copy_from_process(DeviceMemory& memory, pid_t pid, std::span<const iovec> local,
+                            std::span<const RemoteRange> remote) {
+  return agent_copy(memory, pid, false, local, remote);
+}
+
+CopyMethod configured_copy_method() {
+  static const CopyMethod method = [] {
+    const char* text = std::getenv("SOFTVERBS_COPY");
+    if (text == nullptr) return CopyMethod::Auto;
+    if (std::strcmp(text, "agent") == 0) return CopyMethod::AgentOnly;
+    if (std::strcmp(text, "kernel") == 0) return CopyMethod::KernelOnly;
+    return CopyMethod::Auto;
+  }();
+  return method;
+}
+
+int copy_to_process(DeviceMemory& memory, pid_t pid, std::span<const iovec> local,
+                    std::span<const RemoteRange> remote) {
+  return copy(memory, pid, true, local, remote, process_vm_writev);
+}
+
+int copy_from_process(DeviceMemory& memory, pid_t pid, std::span<const iovec> local,
+                      std::span<const RemoteRange> remote) {
+  return copy(memory, pid, false, local, remote, process_vm_readv);
+}
+
+void start_copy_agent(DeviceMemory& memory) {
+  static std::mutex mutex;
+  static std::set<std::pair<pid_t, uint64_t>> started;  // threads do not survive fork: keyed by pid too
+  std::lock_guard guard(mutex);
+  auto instance = std::make_pair(getpid(), memory.shared().instance_id);
+  if (started.count(instance)) return;
+  std::shared_ptr<DeviceMemory> keep = memory.shared_from_this();
+  SocketAddress address = agent_address(memory, getpid());
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  sockaddr_un bound{};
+  bound.sun_family = AF_UNIX;
+  std::memcpy(bound.sun_path, address.path, address.length);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&bound),
+           static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.length)) != 0) {
+    close(fd);
+    return;
+  }
+  started.insert(instance);
+  // Blocks in recv: costs nothing while idle, and only serves copies the
+  // kernel would not let peers make themselves.
+  std::thread(agent_loop, std::move(keep), fd).detach();
 }
 
 }  // namespace softverbs

@@ -1,21 +1,55 @@
 // Moving bytes between the address spaces of the processes that share a
 // device: the one copy of the shared-memory transport. Within one process it
-// is memcpy; across processes, process_vm_readv/writev (the kernel checks
-// that the caller may access the target, as it would for ptrace).
+// is memmove; across processes, process_vm_readv/writev (the kernel checks
+// that the caller may access the target, as it would for ptrace). Where the
+// kernel refuses those (Yama ptrace_scope, container seccomp profiles), the
+// target process's copy agent does the copy through a bounce buffer in device
+// memory: two copies and a wake-up, but it works wherever the device does.
 #pragma once
 
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <cstdint>
 #include <span>
 
 namespace softverbs {
 
+class DeviceMemory;
+
+// A range in another process, with the key that registered it (the copy
+// agent checks the range against the key's region before touching it).
+struct RemoteRange {
+  uint64_t address = 0;
+  uint64_t length = 0;
+  uint32_t key = 0;
+};
+
+enum class CopyMethod : uint8_t { Auto, KernelOnly, AgentOnly };
+
+// SOFTVERBS_COPY=auto|kernel|agent; auto unless set.
+CopyMethod configured_copy_method();
+
 // Copies the bytes of `local` (this process) into `remote` (process `pid`).
-// Returns 0 or an errno (EFAULT: a range was not mapped; EPERM: the kernel
-// refused cross-process access).
-int copy_to_process(pid_t pid, std::span<const iovec> local, std::span<const iovec> remote);
+// Returns 0 or an errno.
+int copy_to_process(DeviceMemory& memory, pid_t pid, std::span<const iovec> local, std::span<const RemoteRange> remote);
 // Copies from `remote` (process `pid`) into `local` (this process).
-int copy_from_process(pid_t pid, std::span<const iovec> local, std::span<const iovec> remote);
+int copy_from_process(DeviceMemory& memory, pid_t pid, std::span<const iovec> local,
+                      std::span<const RemoteRange> remote);
+
+// The copy agent path alone, whatever SOFTVERBS_COPY says (for tests and
+// for callers that know the kernel path is refused).
+int agent_copy_to_process(DeviceMemory& memory, pid_t pid, std::span<const iovec> local,
+                          std::span<const RemoteRange> remote);
+int agent_copy_from_process(DeviceMemory& memory, pid_t pid, std::span<const iovec> local,
+                            std::span<const RemoteRange> remote);
+
+// memmove between two lists of this process's buffers (as many bytes as the
+// shorter list holds).
+void copy_within_process(std::span<const iovec> to, std::span<const iovec> from);
+
+// Starts this process's copy agent for `memory` (once; later calls do
+// nothing): a thread blocked on a socket, serving other processes' copies.
+void start_copy_agent(DeviceMemory& memory);
 
 }  // namespace softverbs

@@ -85,7 +85,7 @@ WcStatus resolve_local(DeviceMemory& memory, const QpRecord& qp, const SendReque
 struct ReceivePlacement {
   uint64_t wr_id = 0;
   pid_t owner = 0;
-  std::vector<iovec> vectors;
+  std::vector<RemoteRange> vectors;
   uint64_t capacity = 0;
   bool protection_error = false;
 };
@@ -108,7 +108,7 @@ bool take_from_queue(DeviceMemory& memory, RecvQueue& rq, uint32_t pd_handle, pi
       continue;
     }
     if (sges[i].length == 0) continue;
-    out.vectors.push_back({reinterpret_cast<void*>(where.address), sges[i].length});
+    out.vectors.push_back({where.address, sges[i].length, sges[i].lkey});
     out.capacity += sges[i].length;
   }
   return true;
@@ -128,26 +128,27 @@ bool take_receive(DeviceMemory& memory, QpRecord& target, ReceivePlacement& out)
   return true;
 }
 
-// Fits `length` bytes from the front of `vectors`; the rest is dropped.
-std::vector<iovec> first_bytes(const std::vector<iovec>& vectors, uint64_t length) {
-  std::vector<iovec> out;
-  for (const iovec& v : vectors) {
+// The first `length` bytes of `ranges`; the rest is dropped.
+std::vector<RemoteRange> first_bytes(const std::vector<RemoteRange>& ranges, uint64_t length) {
+  std::vector<RemoteRange> out;
+  for (const RemoteRange& r : ranges) {
     if (length == 0) break;
-    size_t take = std::min<uint64_t>(v.iov_len, length);
-    out.push_back({v.iov_base, take});
+    uint64_t take = std::min(r.length, length);
+    out.push_back({r.address, take, r.key});
     length -= take;
   }
   return out;
 }
 
-std::vector<iovec> skip_bytes(const std::vector<iovec>& vectors, uint64_t skip) {
-  std::vector<iovec> out;
-  for (const iovec& v : vectors) {
-    if (skip >= v.iov_len) {
-      skip -= v.iov_len;
+// `ranges` without their first `skip` bytes.
+std::vector<RemoteRange> skip_bytes(const std::vector<RemoteRange>& ranges, uint64_t skip) {
+  std::vector<RemoteRange> out;
+  for (const RemoteRange& r : ranges) {
+    if (skip >= r.length) {
+      skip -= r.length;
       continue;
     }
-    out.push_back({static_cast<char*>(v.iov_base) + skip, v.iov_len - skip});
+    out.push_back({r.address + skip, r.length - skip, r.key});
     skip = 0;
   }
   return out;
@@ -230,8 +231,8 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
         if (reliable) return SendOutcome::ReceiverNotReady;
         return SendOutcome::Completed;
       }
-      iovec remote{reinterpret_cast<void*>(where.address), local.length};
-      if (local.length > 0 && copy_to_process(where.owner_pid, local.vectors, std::span(&remote, 1)) != 0) {
+      RemoteRange remote{where.address, local.length, request.rkey};
+      if (local.length > 0 && copy_to_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)) != 0) {
         completion.status = WcStatus::RemoteAccessError;
         return SendOutcome::Completed;
       }
@@ -254,8 +255,8 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
         completion.status = WcStatus::RemoteAccessError;
         return SendOutcome::Completed;
       }
-      iovec remote{reinterpret_cast<void*>(where.address), local.length};
-      if (local.length > 0 && copy_from_process(where.owner_pid, local.vectors, std::span(&remote, 1)) != 0)
+      RemoteRange remote{where.address, local.length, request.rkey};
+      if (local.length > 0 && copy_from_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)) != 0)
         completion.status = WcStatus::RemoteAccessError;
       return SendOutcome::Completed;
     }
@@ -277,8 +278,8 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
       SharedLock atomics(device.atomics_lock);
       uint64_t original = 0;
       iovec value{&original, 8};
-      iovec remote{reinterpret_cast<void*>(where.address), 8};
-      if (copy_from_process(where.owner_pid, std::span(&value, 1), std::span(&remote, 1)) != 0) {
+      RemoteRange remote{where.address, 8, request.rkey};
+      if (copy_from_process(memory, where.owner_pid, std::span(&value, 1), std::span(&remote, 1)) != 0) {
         completion.status = WcStatus::RemoteAccessError;
         return SendOutcome::Completed;
       }
@@ -289,12 +290,12 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
         updated = request.swap;
       if (updated != original) {
         iovec next{&updated, 8};
-        if (copy_to_process(where.owner_pid, std::span(&next, 1), std::span(&remote, 1)) != 0) {
+        if (copy_to_process(memory, where.owner_pid, std::span(&next, 1), std::span(&remote, 1)) != 0) {
           completion.status = WcStatus::RemoteAccessError;
           return SendOutcome::Completed;
         }
       }
-      copy_to_process(getpid(), std::span(&value, 1), local.vectors);
+      copy_within_process(local.vectors, std::span(&value, 1));
       return SendOutcome::Completed;
     }
     case SendOpcode::Send:
@@ -331,10 +332,10 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
       received.flags |= request.has_grh ? wc_flag::kGrh : 0;
       auto grh = build_grh(request, local.length);
       iovec grh_vector{grh.data(), grh.size()};
-      error = copy_to_process(receive.owner, std::span(&grh_vector, 1), first_bytes(receive.vectors, header));
+      error = copy_to_process(memory, receive.owner, std::span(&grh_vector, 1), first_bytes(receive.vectors, header));
     }
     auto payload_vectors = skip_bytes(receive.vectors, header);
-    if (error == 0 && local.length > 0) error = copy_to_process(receive.owner, local.vectors, payload_vectors);
+    if (error == 0 && local.length > 0) error = copy_to_process(memory, receive.owner, local.vectors, payload_vectors);
     if (error != 0) {
       received.status = WcStatus::LocalProtectionError;
       if (reliable) completion.status = WcStatus::RemoteOperationError;

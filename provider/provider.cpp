@@ -17,6 +17,7 @@
 #include "device_limits.h"
 #include "device_registry.h"
 #include "file_util.h"
+#include "memory_copy.h"
 #include "provider_context.h"
 #include "sysfs_tree.h"
 
@@ -95,13 +96,14 @@ std::unique_ptr<ContextState> load_context_state(const ibv_device* device) {
   }
   auto state = std::make_unique<ContextState>();
   std::string memory_error;
-  state->memory = DeviceMemory::open(config->runtime_dir / (config->name + ".mem"), &memory_error);
+  state->memory = DeviceMemory::open_shared(config->runtime_dir / (config->name + ".mem"), &memory_error);
   if (!state->memory) {
     std::fprintf(stderr, "softverbs: %s\n", memory_error.c_str());
     errno = EIO;
     return nullptr;
   }
   state->memory->reclaim_dead_owners();
+  start_copy_agent(*state->memory);
   state->device = device_attributes(*config);
   state->port = port_attributes(*config);
   state->config = std::move(*config);

@@ -25,8 +25,8 @@ struct ContextState {
   DeviceConfig config;
   DeviceAttributes device;
   PortAttributes port;
-  SocketAddress async_address;  // of context.async_fd, where events are sent
-  std::unique_ptr<DeviceMemory> memory;
+  SocketAddress async_address;           // of context.async_fd, where events are sent
+  std::shared_ptr<DeviceMemory> memory;  // one mapping per process
   // QPs of this context, swept for deferred sends (RNR, peer not ready).
   std::mutex qps_mutex;
   std::vector<ProviderQp*> qps;

@@ -21,6 +21,7 @@ struct PingpongCase {
   const char* name;
   const char* tool;
   std::vector<std::string> args;
+  const char* copy_method = "auto";  // SOFTVERBS_COPY
 };
 
 class Pingpong : public ::testing::TestWithParam<PingpongCase> {};
@@ -28,7 +29,8 @@ class Pingpong : public ::testing::TestWithParam<PingpongCase> {};
 TEST_P(Pingpong, ServerAndClientExitZero) {
   const PingpongCase& c = GetParam();
   TemporaryDirectory dir;
-  std::vector<std::string> env = {"SOFTVERBS_RUNTIME_DIR=" + dir.path() + "/rt"};
+  std::vector<std::string> env = {"SOFTVERBS_RUNTIME_DIR=" + dir.path() + "/rt",
+                                  std::string("SOFTVERBS_COPY=") + c.copy_method};
   // A port per case, so that ctest -j runs them side by side.
   std::string port = std::to_string(20000 + static_cast<int>(std::hash<std::string>{}(c.name) % 20000));
   auto command = [&](bool client) {
@@ -72,6 +74,9 @@ const PingpongCase kCases[] = {
     {"srq", "ibv_srq_pingpong", {"-n", "200"}},
     {"srq_events", "ibv_srq_pingpong", {"-e", "-n", "200"}},
     {"srq_gid_v2", "ibv_srq_pingpong", {"-g", "3", "-c", "-n", "200"}},
+    // The fallback for kernels that refuse process_vm_*, forced.
+    {"rc_agent_copies", "ibv_rc_pingpong", {"-e", "-c", "-s", "65536", "-n", "50"}, "agent"},
+    {"ud_agent_copies", "ibv_ud_pingpong", {"-e", "-c", "-n", "50"}, "agent"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Tools, Pingpong, ::testing::ValuesIn(kCases),

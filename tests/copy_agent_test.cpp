@@ -1,0 +1,117 @@
+// The copy agent: the fallback that moves bytes into and out of a process
+// when the kernel refuses process_vm_*. It must copy exactly the registered
+// bytes asked for, and nothing outside the region the key names.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "device_memory.h"
+#include "memory_copy.h"
+#include "process_runner.h"
+
+namespace softverbs {
+namespace {
+
+struct ChildRegion {
+  pid_t pid;
+  uint32_t key;
+  uint64_t address;
+};
+
+// The child maps the device memory, registers 4 KiB of its own (a guard page
+// of 0x11 on each side stays unregistered), starts its agent and waits for
+// the parent's verdict; it exits 0 if its memory looks as the parent says.
+class CopyAgent : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = dir_.path() + "/dev.mem";
+    std::string error;
+    memory_ = DeviceMemory::open(path_, &error);
+    ASSERT_TRUE(memory_) << error;
+    ASSERT_EQ(pipe(to_parent_), 0);
+    ASSERT_EQ(pipe(to_child_), 0);
+    child_ = fork();
+    if (child_ == 0) run_child();
+    ASSERT_EQ(read(to_parent_[0], &region_, sizeof region_), static_cast<ssize_t>(sizeof region_));
+  }
+
+  [[noreturn]] void run_child() {
+    std::string error;
+    auto memory = DeviceMemory::open(path_, &error);
+    std::vector<uint8_t> buffer(3 * 4096, 0x11);
+    uint8_t* registered = buffer.data() + 4096;
+    std::memset(registered, 0, 4096);
+    std::optional<uint32_t> key;
+    {
+      SharedLock lock(memory->shared().memory_lock);
+      key = memory->shared().mrs.register_region(1, getpid(), reinterpret_cast<uint64_t>(registered),
+                                                 reinterpret_cast<uint64_t>(registered), 4096, 0);
+    }
+    start_copy_agent(*memory);
+    ChildRegion mine{getpid(), key.value_or(0), reinterpret_cast<uint64_t>(registered)};
+    if (write(to_parent_[1], &mine, sizeof mine) != sizeof mine) _exit(2);
+    uint8_t expected_first = 0;
+    if (read(to_child_[0], &expected_first, 1) != 1) _exit(3);
+    bool guards_intact = true;
+    for (size_t i = 0; i < 4096; ++i)
+      guards_intact = guards_intact && buffer[i] == 0x11 && buffer[2 * 4096 + i] == 0x11;
+    _exit(guards_intact && registered[0] == expected_first ? 0 : 1);
+  }
+
+  int finish(uint8_t expected_first) {
+    EXPECT_EQ(write(to_child_[1], &expected_first, 1), 1);
+    int status = 0;
+    waitpid(child_, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  test::TemporaryDirectory dir_;
+  std::string path_;
+  std::shared_ptr<DeviceMemory> memory_;
+  int to_parent_[2], to_child_[2];
+  pid_t child_ = -1;
+  ChildRegion region_{};
+};
+
+TEST_F(CopyAgent, WritesAndReadsRegisteredBytes) {
+  std::vector<uint8_t> data(4096);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 3 + 1);
+  iovec local{data.data(), data.size()};
+  RemoteRange remote{region_.address, 4096, region_.key};
+  ASSERT_EQ(agent_copy_to_process(*memory_, region_.pid, std::span(&local, 1), std::span(&remote, 1)), 0);
+  std::vector<uint8_t> back(4096, 0);
+  iovec sink{back.data(), back.size()};
+  ASSERT_EQ(agent_copy_from_process(*memory_, region_.pid, std::span(&sink, 1), std::span(&remote, 1)), 0);
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(finish(data[0]), 0);
+}
+
+TEST_F(CopyAgent, RefusesBytesOutsideTheKeysRegion) {
+  uint8_t bytes[2] = {0x77, 0x77};
+  iovec local{bytes, 2};
+  const RemoteRange cases[] = {
+      {region_.address - 1, 2, region_.key},      // starts before the region
+      {region_.address + 4096, 2, region_.key},   // after it
+      {region_.address + 4095, 2, region_.key},   // runs one byte past its end
+      {region_.address, 2, region_.key ^ 0x100},  // a key that names nothing
+  };
+  for (size_t i = 0; i < std::size(cases); ++i)
+    EXPECT_EQ(agent_copy_to_process(*memory_, region_.pid, std::span(&local, 1), std::span(&cases[i], 1)), EFAULT)
+        << "case " << i;
+  EXPECT_EQ(finish(0), 0) << "the child's guard bytes and region were not touched";
+}
+
+TEST_F(CopyAgent, NoAgentAnswersForAProcessWithoutOne) {
+  uint8_t byte = 1;
+  iovec local{&byte, 1};
+  RemoteRange remote{region_.address, 1, region_.key};
+  // Our own pid runs no agent on this device memory.
+  EXPECT_NE(agent_copy_to_process(*memory_, getpid() + 100000, std::span(&local, 1), std::span(&remote, 1)), 0);
+  EXPECT_EQ(finish(0), 0);
+}
+
+}  // namespace
+}  // namespace softverbs
