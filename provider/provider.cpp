@@ -18,6 +18,7 @@
 #include "device_registry.h"
 #include "file_util.h"
 #include "memory_copy.h"
+#include "progress_thread.h"
 #include "provider_context.h"
 #include "sysfs_tree.h"
 
@@ -149,11 +150,13 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
   // kernel still requires the same user (see docs/shared-memory.md).
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   user_records().opened(context->state->config, address_to_text(context->state->async_address));
+  register_for_progress(context->state.get());
   return &context->verbs;
 }
 
 void free_context(ibv_context* ibv_context) {
   ProviderContext* context = to_provider(ibv_context);
+  unregister_from_progress(context->state.get());
   user_records().closed(context->state->config, address_to_text(context->state->async_address));
   std::destroy_at(&context->state);
   verbs_uninit_context(&context->verbs);  // closes cmd_fd and async_fd

@@ -2,6 +2,7 @@
 // libibverbs' verbs_context and the emulator's device model.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -30,6 +31,7 @@ struct ContextState {
   // QPs of this context, swept for deferred sends (RNR, peer not ready).
   std::mutex qps_mutex;
   std::vector<ProviderQp*> qps;
+  std::atomic<int> deferred_sends{0};
 };
 
 struct ProviderContext {

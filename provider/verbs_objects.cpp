@@ -18,6 +18,7 @@
 #include "data_path.h"
 #include "device_limits.h"
 #include "event_socket.h"
+#include "progress_thread.h"
 #include "provider_context.h"
 #include "qp_state_machine.h"
 
@@ -206,8 +207,6 @@ ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel, int 
   ProviderCq* cq = create_cq_common(context, cqe, channel, comp_vector);
   return cq ? &cq->verbs.cq : nullptr;
 }
-
-void progress_deferred_sends(ContextState& state);
 
 // Pops the oldest completion of `cq` into `out`; false if there is none.
 bool pop_completion(ProviderCq* cq, Completion& out) {
@@ -595,6 +594,17 @@ namespace {
 
 ProviderQp* to_qp(ibv_qp* qp) { return reinterpret_cast<ProviderQp*>(qp); }
 
+// The context counts deferred sends so that polling skips the sweep when
+// there are none. Callers hold qp->mutex.
+void count_deferred(ProviderQp* qp, int change) {
+  state_of(qp->verbs.qp.context).deferred_sends.fetch_add(change, std::memory_order_release);
+}
+
+void drop_deferred(ProviderQp* qp) {
+  count_deferred(qp, -static_cast<int>(qp->deferred.size()));
+  qp->deferred.clear();
+}
+
 QpRecord& record_of(ProviderQp* qp) { return memory_of(qp->verbs.qp.context).shared().qps[qp->index]; }
 
 std::optional<QpType> emulator_qp_type(ibv_qp_type type) {
@@ -722,6 +732,7 @@ void enter_error_state(DeviceMemory& memory, ProviderQp* qp) {
     flushed.qp_num = record.qpn;
     complete_send(memory, qp, flushed);
     qp->deferred.pop_front();
+    count_deferred(qp, -1);
   }
   flush_receive_queue(memory, record);
 }
@@ -746,6 +757,10 @@ int destroy_qp(ibv_qp* ibv) {
     --qp->recv_cq->qp_references;
     if (qp->srq) --qp->srq->qp_references;
     std::erase(state.qps, qp);
+  }
+  {
+    std::lock_guard guard(qp->mutex);
+    drop_deferred(qp);
   }
   std::unique_ptr<ProviderQp> owner(qp);
   return 0;
@@ -830,7 +845,7 @@ int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
     enter_error_state(*state.memory, qp);
   } else {
     if (target == QpState::Reset) {
-      qp->deferred.clear();
+      drop_deferred(qp);
       purge_completions(*state.memory, qp->send_cq->index, ibv->qp_num);
       purge_completions(*state.memory, qp->recv_cq->index, ibv->qp_num);
     }
@@ -1025,38 +1040,50 @@ bool attempt_send(DeviceMemory& memory, ProviderQp* qp, DeferredSend& send, bool
   return true;
 }
 
-// Retries this QP's deferred sends whose time has come, in order.
-void progress_qp(DeviceMemory& memory, ProviderQp* qp) {
+// Retries this QP's deferred sends whose time has come, in order; returns
+// when the next one is due.
+Clock::time_point progress_qp(DeviceMemory& memory, ProviderQp* qp) {
   std::lock_guard guard(qp->mutex);
+  {
+    QpRecord& record = record_of(qp);
+    SharedLock lock(record.lock);
+    if (record.state == QpState::Sqd) return Clock::time_point::max();  // drained: waits for RTS
+  }
   while (!qp->deferred.empty()) {
-    if (Clock::now() < qp->deferred.front().next_attempt) return;
+    if (Clock::now() < qp->deferred.front().next_attempt) return qp->deferred.front().next_attempt;
     // Out of the queue while it runs: an error flushes what stays queued.
     DeferredSend head = std::move(qp->deferred.front());
     qp->deferred.pop_front();
+    count_deferred(qp, -1);
     bind_spans(head);
     if (!attempt_send(memory, qp, head, false)) {
       qp->deferred.push_front(std::move(head));
+      count_deferred(qp, 1);
       bind_spans(qp->deferred.front());
-      return;
+      return qp->deferred.front().next_attempt;
     }
   }
+  return Clock::time_point::max();
 }
 
-void progress_deferred_sends(ContextState& state) {
-  std::vector<ProviderQp*> qps;
-  {
-    std::lock_guard guard(state.qps_mutex);
-    for (ProviderQp* qp : state.qps)
-      if (!qp->deferred.empty()) qps.push_back(qp);
-  }
-  for (ProviderQp* qp : qps) progress_qp(*state.memory, qp);
+}  // namespace
+
+Clock::time_point progress_deferred_sends(ContextState& state) {
+  // Holding qps_mutex keeps every QP alive (destroy_qp takes it too).
+  std::lock_guard guard(state.qps_mutex);
+  if (state.deferred_sends.load(std::memory_order_acquire) == 0) return Clock::time_point::max();
+  Clock::time_point earliest = Clock::time_point::max();
+  for (ProviderQp* qp : state.qps) earliest = std::min(earliest, progress_qp(*state.memory, qp));
+  return earliest;
 }
 
-int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
-  ProviderQp* qp = to_qp(ibv);
-  DeviceMemory& memory = memory_of(ibv->context);
+namespace {
+
+// Posts under the QP's lock; a deferral is reported in `due` so that the
+// progress thread is asked after the lock is released (it takes QP locks).
+int post_send_locked(ProviderQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Clock::time_point& due) {
+  DeviceMemory& memory = memory_of(qp->verbs.qp.context);
   QpRecord& record = record_of(qp);
-  std::lock_guard guard(qp->mutex);
   for (; wr != nullptr; wr = wr->next) {
     QpState qp_state;
     {
@@ -1083,10 +1110,24 @@ int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
     }
     if (qp_state == QpState::Sqd || !qp->deferred.empty() || !attempt_send(memory, qp, send, true)) {
       qp->deferred.push_back(std::move(send));
+      count_deferred(qp, 1);
       bind_spans(qp->deferred.back());
+      due = std::min(due, qp->deferred.front().next_attempt);
     }
   }
   return 0;
+}
+
+int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  ProviderQp* qp = to_qp(ibv);
+  Clock::time_point due = Clock::time_point::max();
+  int error;
+  {
+    std::lock_guard guard(qp->mutex);
+    error = post_send_locked(qp, wr, bad_wr, due);
+  }
+  if (due != Clock::time_point::max()) schedule_progress(due);
+  return error;
 }
 
 // ---- the extended send API (ibv_wr_*) --------------------------------------

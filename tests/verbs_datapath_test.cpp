@@ -476,6 +476,41 @@ TEST_F(RcDataPath, InfiniteRnrRetryWaitsForTheReceive) {
   EXPECT_EQ(buffer_b_[0], 0x42);
 }
 
+TEST_F(RcDataPath, RnrDelayedSendCompletesWhileTheSenderSleepsOnItsChannel) {
+  ibv_comp_channel* channel = ibv_create_comp_channel(context_);
+  ASSERT_NE(channel, nullptr);
+  ibv_cq* evented = ibv_create_cq(context_, 8, nullptr, channel, 0);
+  ASSERT_NE(evented, nullptr);
+  qp_a_ = make_qp(IBV_QPT_RC, evented);
+  qp_b_ = make_qp(IBV_QPT_RC, cq_b_);
+  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
+  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
+  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC, 7), 0);
+  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC, 7), 0);
+  ASSERT_EQ(ibv_req_notify_cq(evented, 0), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 9, 0, 8), 0);  // no receive yet: RNR
+  // The receive arrives later, from another thread; this one only sleeps.
+  std::thread late_receiver([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(post_recv_b(1, 0, 8), 0);
+  });
+  ibv_cq* event_cq = nullptr;
+  void* event_context = nullptr;
+  EXPECT_EQ(ibv_get_cq_event(channel, &event_cq, &event_context), 0);
+  late_receiver.join();
+  ibv_ack_cq_events(evented, 1);
+  auto sent = poll_n(evented, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].wr_id, 9u);
+  EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(ibv_destroy_qp(qp_a_), 0);
+  qp_a_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(evented), 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+}
+
 TEST_F(RcDataPath, ModifyQpEnforcesTheSpecRules) {
   qp_a_ = make_qp(IBV_QPT_RC, cq_a_);
   ASSERT_NE(qp_a_, nullptr);
