@@ -94,8 +94,8 @@ bool DeviceRegistry::remove(const std::string& name, std::string* error) const {
     if (error) *error = "cannot remove " + record_path(name).string() + ": " + std::strerror(errno);
     return false;
   }
-  std::error_code ec;
-  fs::remove_all(users_dir(name), ec);
+  // The users stay listed: processes keep their contexts across a down/up,
+  // and `up` tells them the port is active again.
   return true;
 }
 

@@ -82,6 +82,13 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
       // An HCA reports a CQ overrun as an asynchronous CQ error, once.
       send_async_event(cq.owner_async, cq.owner_handle, AsyncEventType::CqError);
     }
+    if (!stored) {
+      // The QP whose completion was lost cannot go on: QP fatal, to its owner.
+      // (Its owner and handle never change while it lives: read unlocked,
+      // since the caller may hold that QP's lock.)
+      if (const QpRecord* qp = memory.qp_by_number(completion.qp_num))
+        send_async_event(qp->owner_async, qp->owner_handle, AsyncEventType::QpFatal);
+    }
     bool solicited_match = solicited || completion.status != WcStatus::Success;
     if (stored && (cq.armed == CqArm::NextCompletion || (cq.armed == CqArm::SolicitedOnly && solicited_match)) &&
         cq.channel.length != 0) {

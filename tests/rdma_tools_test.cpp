@@ -119,13 +119,17 @@ TEST_F(RdmaTools, AsyncwatchSeesPortEventsThatTheCliRaises) {
   ASSERT_TRUE(listening);
   EXPECT_EQ(run_process({SOFTVERBS_CLI, "up"}, env).exit_code, 0) << "refresh: the GID table may have changed";
   EXPECT_EQ(run_process({SOFTVERBS_CLI, "down"}, env).exit_code, 0) << "the port goes away";
+  EXPECT_EQ(run_process({SOFTVERBS_CLI, "up"}, env).exit_code, 0) << "and comes back";
   ProcessResult r = watcher.get();
   EXPECT_NE(r.out.find("softverbs0: async event FD"), std::string::npos) << r.out << r.err;
   size_t gid = r.out.find("event_type IBV_EVENT_GID_CHANGE (18), port 1");
   size_t port = r.out.find("event_type IBV_EVENT_PORT_ERR (10), port 1");
   EXPECT_NE(gid, std::string::npos) << r.out;
+  size_t active = r.out.find("event_type IBV_EVENT_PORT_ACTIVE (9), port 1");
   EXPECT_NE(port, std::string::npos) << r.out;
+  EXPECT_NE(active, std::string::npos) << r.out;
   EXPECT_LT(gid, port);
+  EXPECT_LT(port, active);
 }
 
 TEST_F(RdmaTools, PreloadRefusesOnlyRdmaNetlink) {

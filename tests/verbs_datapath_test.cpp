@@ -1,6 +1,7 @@
 // The data path through the installed libibverbs: every opcode and error
 // status on real QPs. Started through `softverbs run` by ctest.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 #include <sys/wait.h>
@@ -548,6 +549,53 @@ TEST_F(RcDataPath, CqInUseCannotBeDestroyed) {
   EXPECT_EQ(ibv_destroy_cq(cq_a_), EBUSY);
 }
 
+TEST_F(RcDataPath, SolicitedOnlyArmingWaitsForASolicitedMessage) {
+  ibv_comp_channel* channel = ibv_create_comp_channel(context_);
+  ASSERT_NE(channel, nullptr);
+  ibv_cq* evented = ibv_create_cq(context_, 8, nullptr, channel, 0);
+  qp_a_ = make_qp(IBV_QPT_RC, cq_a_);
+  ibv_qp_init_attr init{};
+  init.send_cq = cq_b_;
+  init.recv_cq = evented;
+  init.qp_type = IBV_QPT_RC;
+  init.cap = {4, 4, 1, 1, 0};
+  qp_b_ = ibv_create_qp(pd_, &init);
+  ASSERT_TRUE(evented && qp_a_ && qp_b_);
+  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
+  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
+  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
+  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC), 0);
+  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC), 0);
+  ASSERT_EQ(ibv_req_notify_cq(evented, /*solicited_only=*/1), 0);
+  ASSERT_EQ(post_recv_b(1, 0, 64), 0);
+  ASSERT_EQ(post_recv_b(2, 64, 64), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 10, 0, 8), 0);  // not solicited: no event
+  int flags = fcntl(channel->fd, F_GETFL);
+  ASSERT_EQ(fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK), 0);
+  ibv_cq* event_cq = nullptr;
+  void* event_context = nullptr;
+  EXPECT_EQ(ibv_get_cq_event(channel, &event_cq, &event_context), -1) << "no event for an unsolicited message";
+  ibv_send_wr wr{};
+  ibv_sge sge{reinterpret_cast<uint64_t>(buffer_a_.data()), 8, mr_a_->lkey};
+  wr.wr_id = 11;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
+  ASSERT_EQ(fcntl(channel->fd, F_SETFL, flags), 0);
+  ASSERT_EQ(ibv_get_cq_event(channel, &event_cq, &event_context), 0);
+  EXPECT_EQ(event_cq, evented);
+  ibv_ack_cq_events(evented, 1);
+  EXPECT_EQ(poll_n(evented, 2).size(), 2u);
+  EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
+  qp_b_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(evented), 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+}
+
 TEST_F(RcDataPath, CompletionChannelWakesTheWaiter) {
   ibv_comp_channel* channel = ibv_create_comp_channel(context_);
   ASSERT_NE(channel, nullptr) << std::strerror(errno);
@@ -774,6 +822,10 @@ TEST_F(RcDataPath, CqOverrunRaisesACqErrorEvent) {
   ASSERT_EQ(ibv_get_async_event(context_, &event), 0);
   EXPECT_EQ(event.event_type, IBV_EVENT_CQ_ERR);
   EXPECT_EQ(event.element.cq, tiny);
+  ibv_ack_async_event(&event);
+  ASSERT_EQ(ibv_get_async_event(context_, &event), 0);
+  EXPECT_EQ(event.event_type, IBV_EVENT_QP_FATAL) << "the QP whose completion was lost";
+  EXPECT_EQ(event.element.qp, qp_a_);
   ibv_ack_async_event(&event);
   EXPECT_EQ(ibv_destroy_qp(qp_a_), 0);
   qp_a_ = nullptr;

@@ -137,7 +137,7 @@ std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::
   if (!write_device_tree(registry.sysfs_root(), config, build_gid_table(*netdev), error)) return std::nullopt;
   link_real_devices(registry.sysfs_root(), "/sys");
   if (!registry.save(config, error)) return std::nullopt;
-  if (existing) announce_port_event(registry, name, AsyncEventType::GidChange);
+  announce_port_event(registry, name, existing ? AsyncEventType::GidChange : AsyncEventType::PortActive);
   if (geteuid() == 0) {
     std::string dev_error;
     if (!ensure_dev_entry(config, &dev_error)) std::cerr << "softverbs: warning: " << dev_error << '\n';

@@ -200,8 +200,8 @@ NamespaceOutcome enter_device_namespace(const DeviceRegistry& registry, const st
     umount2(path.c_str(), MNT_DETACH);
     rmdir(path.c_str());
   }
+  // Only our own directory: "ns" is shared with concurrent `softverbs run`s.
   rmdir(staging.c_str());
-  rmdir((registry.runtime_dir() / "ns").c_str());
   return ok ? NamespaceOutcome::Entered : NamespaceOutcome::Failed;
 }
 
