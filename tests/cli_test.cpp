@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <future>
+#include <vector>
 
 #include "device_config.h"
 #include "file_util.h"
@@ -168,6 +170,18 @@ TEST_F(Cli, RunReportsAMissingCommandLikeAShell) {
 TEST_F(Cli, RunPassesTheExitCodeThrough) {
   auto r = softverbs({"run", "--", "sh", "-c", "exit 7"});
   EXPECT_EQ(r.exit_code, 7) << r.err;
+}
+
+TEST_F(Cli, ConcurrentRunsInOneRuntimeDirectory) {
+  ASSERT_EQ(softverbs({"up"}).exit_code, 0);
+  std::vector<std::future<ProcessResult>> runs;
+  for (int i = 0; i < 8; ++i)
+    runs.push_back(std::async(std::launch::async, [&] { return softverbs({"run", "--", "ibv_devices"}); }));
+  for (auto& run : runs) {
+    ProcessResult r = run.get();
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("softverbs0"), std::string::npos);
+  }
 }
 
 TEST_F(Cli, RunPresentsTheTreeAtTheRealSysfsPaths) {
