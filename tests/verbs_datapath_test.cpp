@@ -140,10 +140,9 @@ class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
     return ibv_create_qp(pd_, &init);
   }
 
-  // Two QPs of `type` connected to each other, both in RTS.
-  void connect(ibv_qp_type type, int access_b = kAllAccess, uint8_t rnr_retry = 7) {
-    qp_a_ = make_qp(type, cq_a_);
-    qp_b_ = make_qp(type, cq_b_);
+  // Takes qp_a_ and qp_b_ (already created) through INIT, RTR and RTS,
+  // connected to each other.
+  void bring_up(ibv_qp_type type, int access_b = kAllAccess, uint8_t rnr_retry = 7) {
     ASSERT_TRUE(qp_a_ && qp_b_);
     ASSERT_EQ(to_init(qp_a_, type, kAllAccess), 0);
     ASSERT_EQ(to_init(qp_b_, type, access_b), 0);
@@ -151,6 +150,21 @@ class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
     ASSERT_EQ(to_rtr(qp_b_, type, qp_a_->qp_num), 0);
     ASSERT_EQ(to_rts(qp_a_, type, rnr_retry), 0);
     ASSERT_EQ(to_rts(qp_b_, type, rnr_retry), 0);
+  }
+
+  // An RC pair whose B side is created from `b_init` (its own CQs or SRQ).
+  void connect_rc_with(ibv_qp_init_attr b_init, ibv_cq* a_cq = nullptr) {
+    qp_a_ = make_qp(IBV_QPT_RC, a_cq ? a_cq : cq_a_);
+    b_init.qp_type = IBV_QPT_RC;
+    qp_b_ = ibv_create_qp(pd_, &b_init);
+    bring_up(IBV_QPT_RC);
+  }
+
+  // Two QPs of `type` connected to each other, both in RTS.
+  void connect(ibv_qp_type type, int access_b = kAllAccess, uint8_t rnr_retry = 7) {
+    qp_a_ = make_qp(type, cq_a_);
+    qp_b_ = make_qp(type, cq_b_);
+    bring_up(type, access_b, rnr_retry);
     if (type == IBV_QPT_UD) {
       ibv_ah_attr ah{};
       ah.port_num = 1;
@@ -484,12 +498,7 @@ TEST_F(RcDataPath, RnrDelayedSendCompletesWhileTheSenderSleepsOnItsChannel) {
   ASSERT_NE(evented, nullptr);
   qp_a_ = make_qp(IBV_QPT_RC, evented);
   qp_b_ = make_qp(IBV_QPT_RC, cq_b_);
-  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
-  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
-  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC, 7), 0);
-  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC, 7), 0);
+  bring_up(IBV_QPT_RC);
   ASSERT_EQ(ibv_req_notify_cq(evented, 0), 0);
   ASSERT_EQ(post_a(IBV_WR_SEND, 9, 0, 8), 0);  // no receive yet: RNR
   // The receive arrives later, from another thread; this one only sleeps.
@@ -553,20 +562,11 @@ TEST_F(RcDataPath, SolicitedOnlyArmingWaitsForASolicitedMessage) {
   ibv_comp_channel* channel = ibv_create_comp_channel(context_);
   ASSERT_NE(channel, nullptr);
   ibv_cq* evented = ibv_create_cq(context_, 8, nullptr, channel, 0);
-  qp_a_ = make_qp(IBV_QPT_RC, cq_a_);
   ibv_qp_init_attr init{};
   init.send_cq = cq_b_;
   init.recv_cq = evented;
-  init.qp_type = IBV_QPT_RC;
   init.cap = {4, 4, 1, 1, 0};
-  qp_b_ = ibv_create_qp(pd_, &init);
-  ASSERT_TRUE(evented && qp_a_ && qp_b_);
-  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
-  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
-  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC), 0);
-  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC), 0);
+  connect_rc_with(init);
   ASSERT_EQ(ibv_req_notify_cq(evented, /*solicited_only=*/1), 0);
   ASSERT_EQ(post_recv_b(1, 0, 64), 0);
   ASSERT_EQ(post_recv_b(2, 64, 64), 0);
@@ -602,20 +602,11 @@ TEST_F(RcDataPath, CompletionChannelWakesTheWaiter) {
   ibv_cq* evented = ibv_create_cq(context_, 8, nullptr, channel, 0);
   ASSERT_NE(evented, nullptr);
   // B's receive completions go to the evented CQ.
-  qp_a_ = make_qp(IBV_QPT_RC, cq_a_);
   ibv_qp_init_attr init{};
   init.send_cq = cq_b_;
   init.recv_cq = evented;
-  init.qp_type = IBV_QPT_RC;
   init.cap = {4, 4, 1, 1, 0};
-  qp_b_ = ibv_create_qp(pd_, &init);
-  ASSERT_TRUE(qp_a_ && qp_b_);
-  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
-  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
-  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC), 0);
-  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC), 0);
+  connect_rc_with(init);
   ASSERT_EQ(ibv_req_notify_cq(evented, 0), 0);
   ASSERT_EQ(post_recv_b(3, 0, 64), 0);
   ASSERT_EQ(post_a(IBV_WR_SEND, 4, 0, 16), 0);
@@ -638,21 +629,12 @@ TEST_F(RcDataPath, SharedReceiveQueueFeedsSeveralQpsAndRaisesItsLimitEvent) {
   srq_init.attr = {8, 1, 0};
   ibv_srq* srq = ibv_create_srq(pd_, &srq_init);
   ASSERT_NE(srq, nullptr) << std::strerror(errno);
-  qp_a_ = make_qp(IBV_QPT_RC, cq_a_);
   ibv_qp_init_attr init{};
   init.send_cq = cq_b_;
   init.recv_cq = cq_b_;
   init.srq = srq;
-  init.qp_type = IBV_QPT_RC;
   init.cap = {4, 0, 1, 0, 0};
-  qp_b_ = ibv_create_qp(pd_, &init);
-  ASSERT_TRUE(qp_a_ && qp_b_);
-  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
-  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
-  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC), 0);
-  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC), 0);
+  connect_rc_with(init);
   EXPECT_EQ(post_recv_b(1, 0, 8), EINVAL) << "a QP on an SRQ takes no receives of its own";
   for (uint64_t i = 0; i < 3; ++i) {
     ibv_sge sge{reinterpret_cast<uint64_t>(buffer_b_.data() + 64 * i), 64, mr_b_->lkey};
@@ -730,12 +712,7 @@ TEST_F(RcDataPath, ExtendedQpAndCqApis) {
   ibv_qp_ex* ex = ibv_qp_to_qp_ex(qp_a_);
   ASSERT_NE(ex, nullptr);
   qp_b_ = make_qp(IBV_QPT_RC, cq_b_);
-  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
-  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
-  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC), 0);
-  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC), 0);
+  bring_up(IBV_QPT_RC);
   ASSERT_EQ(post_recv_b(50, 0, 64), 0);
 
   const char text[] = "inline hello";
@@ -811,12 +788,7 @@ TEST_F(RcDataPath, CqOverrunRaisesACqErrorEvent) {
   ASSERT_NE(tiny, nullptr);
   qp_a_ = make_qp(IBV_QPT_RC, tiny);
   qp_b_ = make_qp(IBV_QPT_RC, cq_b_);
-  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_rtr(qp_a_, IBV_QPT_RC, qp_b_->qp_num), 0);
-  ASSERT_EQ(to_rtr(qp_b_, IBV_QPT_RC, qp_a_->qp_num), 0);
-  ASSERT_EQ(to_rts(qp_a_, IBV_QPT_RC), 0);
-  ASSERT_EQ(to_rts(qp_b_, IBV_QPT_RC), 0);
+  bring_up(IBV_QPT_RC);
   for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, i, 0, 8, addr_b(0), mr_b_->rkey), 0);
   ibv_async_event event;
   ASSERT_EQ(ibv_get_async_event(context_, &event), 0);
