@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data_path.h"
+#include "debug_log.h"
 #include "event_socket.h"
 #include "memory_copy.h"
 
@@ -69,10 +70,13 @@ WcStatus resolve_local(DeviceMemory& memory, const QpRecord& qp, const SendReque
   uint32_t needed = reads_into_local(request.opcode) ? access::kLocalWrite : 0;
   for (const Sge& sge : request.sges) {
     ResolvedRange where;
-    if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, sge.length, needed, &where) !=
-            KeyCheck::Ok ||
-        where.owner_pid != getpid())
+    KeyCheck verdict = memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, sge.length, needed, &where);
+    if (verdict != KeyCheck::Ok || where.owner_pid != getpid()) {
+      debug_log("QP %#x wr_id %#llx: local SGE lkey %#x addr %#llx len %u refused (check %d, owner %d)", qp.qpn,
+                static_cast<unsigned long long>(request.wr_id), sge.lkey, static_cast<unsigned long long>(sge.address),
+                sge.length, static_cast<int>(verdict), where.owner_pid);
       return WcStatus::LocalProtectionError;
+    }
     if (sge.length == 0) continue;
     out.vectors.push_back({reinterpret_cast<void*>(where.address), sge.length});
     out.length += sge.length;
@@ -101,9 +105,13 @@ bool take_from_queue(DeviceMemory& memory, RecvQueue& rq, uint32_t pd_handle, pi
   const Sge* sges = DeviceMemory::sges_of(wqe);
   for (uint32_t i = 0; i < wqe->num_sge && i < rq.max_sge; ++i) {
     ResolvedRange where;
-    if (memory.shared().mrs.check_local(sges[i].lkey, pd_handle, sges[i].address, sges[i].length, access::kLocalWrite,
-                                        &where) != KeyCheck::Ok ||
-        where.owner_pid != owner) {
+    KeyCheck verdict =
+        memory.shared().mrs.check_local(sges[i].lkey, pd_handle, sges[i].address, sges[i].length, access::kLocalWrite, &where);
+    if (verdict != KeyCheck::Ok || where.owner_pid != owner) {
+      debug_log("receive WQE wr_id %#llx: SGE lkey %#x addr %#llx len %u refused (check %d, owner %d, QP owner %d)",
+                static_cast<unsigned long long>(out.wr_id), sges[i].lkey,
+                static_cast<unsigned long long>(sges[i].address), sges[i].length, static_cast<int>(verdict),
+                where.owner_pid, owner);
       out.protection_error = true;
       continue;
     }
@@ -337,6 +345,8 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
     auto payload_vectors = skip_bytes(receive.vectors, header);
     if (error == 0 && local.length > 0) error = copy_to_process(memory, receive.owner, local.vectors, payload_vectors);
     if (error != 0) {
+      debug_log("SEND from QP %#x to QP %#x: copy into process %d failed: %s", qp.qpn, target->qpn, receive.owner,
+                strerror(error));
       received.status = WcStatus::LocalProtectionError;
       if (reliable) completion.status = WcStatus::RemoteOperationError;
     }

@@ -20,6 +20,7 @@ LibraryPaths locate_libraries() {
         fs::exists(build_lib / "libsoftverbs-preload.so", ec)) {
       paths.provider_stem = (build_lib / "libsoftverbs").string();
       paths.preload = build_lib / "libsoftverbs-preload.so";
+      paths.rdmacm_dir = build_lib / "rdmacm";
       paths.found = true;
       return paths;
     }
@@ -27,6 +28,7 @@ LibraryPaths locate_libraries() {
   fs::path provider_dir = SOFTVERBS_INSTALLED_PROVIDER_DIR;
   paths.provider_stem = (provider_dir / "libsoftverbs").string();
   paths.preload = SOFTVERBS_INSTALLED_PRELOAD;
+  paths.rdmacm_dir = SOFTVERBS_INSTALLED_RDMACM_DIR;
   paths.found = fs::exists(provider_dir / "libsoftverbs-rdmav34.so", ec) && fs::exists(paths.preload, ec);
   return paths;
 }

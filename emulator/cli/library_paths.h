@@ -11,6 +11,7 @@ struct LibraryPaths {
   // RDMAV_DRIVERS value: the provider's path without "-rdmav34.so".
   std::string provider_stem;
   std::filesystem::path preload;
+  std::filesystem::path rdmacm_dir;  // holds our librdmacm.so.1
   bool found = false;
 };
 

@@ -134,6 +134,9 @@ Environment sandbox_environment(const DeviceRegistry& registry, const LibraryPat
   if (!namespaced) environment.emplace_back("SYSFS_PATH", registry.sysfs_root().string());
   environment.emplace_back("RDMAV_DRIVERS", libraries.provider_stem);
   environment.emplace_back("LD_PRELOAD", prepend_path_list("LD_PRELOAD", libraries.preload.string(), ':'));
+  // Our librdmacm.so.1 first: rdma_cm programs get the emulated CM (which
+  // hands over to the real library where a kernel rdma_cm exists).
+  environment.emplace_back("LD_LIBRARY_PATH", prepend_path_list("LD_LIBRARY_PATH", libraries.rdmacm_dir.string(), ':'));
   environment.emplace_back("SOFTVERBS_RUNTIME_DIR", registry.runtime_dir().string());
   return environment;
 }

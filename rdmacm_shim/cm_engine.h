@@ -1,0 +1,113 @@
+// The rdma_cm emulation: event channels, ids and their connection state
+// machine, and the thread that takes connection requests and replies off
+// the wire. The exported C API (rdma_cma_api.cpp) is a thin layer over this.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "cm_protocol.h"
+
+namespace softverbs::cm {
+
+struct QueuedEvent {
+  rdma_cm_event event{};  // first: the application holds a pointer to it
+  std::vector<uint8_t> private_data;
+};
+
+struct EventChannel {
+  rdma_event_channel channel{};  // first: the application holds a pointer to it
+  int signal_write = -1;         // one byte per queued event; channel.fd reads them
+  std::deque<std::unique_ptr<QueuedEvent>> queue;
+};
+
+enum class IdState : uint8_t {
+  Idle,
+  Bound,
+  AddressResolved,
+  RouteResolved,
+  Listening,
+  RequestSent,       // active: REQ or SIDR_REQ out
+  ResponseReceived,  // active: REP in, the application owns the QP (rdma_establish next)
+  RequestReceived,   // passive: CONNECT_REQUEST delivered
+  ReplySent,         // passive: REP out, waiting for RTU
+  Connected,
+  Disconnected,
+};
+
+struct CmId {
+  rdma_cm_id id{};  // first: the application holds a pointer to it
+  EventChannel* channel = nullptr;
+  std::unique_ptr<EventChannel> own_channel;  // synchronous ids
+  IdState state = IdState::Idle;
+  int connection_fd = -1;
+  std::vector<uint8_t> inbox;
+  int listen_fd = -1;
+  bool listed = false;  // in the listener directory
+  CmId* listener = nullptr;
+  // What the peer sent, for rdma_init_qp_attr and the QP transitions.
+  std::optional<ConnectRequest> request;
+  std::optional<ConnectReply> reply;
+  uint32_t local_psn = 0;
+  uint8_t responder_resources = 0;
+  uint8_t initiator_depth = 0;
+  uint8_t retry_count = 7;
+  uint8_t rnr_retry_count = 7;
+  uint8_t ack_timeout = 14;
+  uint8_t tos = 0;
+  uint32_t remote_qpn_for_ud = 0;
+  ibv_ece local_ece{};
+  ibv_ece remote_ece{};
+  bool owns_cqs = false;
+  std::optional<ibv_qp_init_attr> endpoint_qp_attr;  // rdma_create_ep on a passive id
+  ibv_pd* endpoint_pd = nullptr;
+  std::unique_ptr<QueuedEvent> held_event;  // synchronous ids: id->event
+  ibv_sa_path_rec path{};                    // what id->route.path_rec points at
+  // rdma_destroy_id waits until every event reported for the id is acked.
+  uint64_t events_reported = 0;
+  uint64_t events_acked = 0;
+};
+
+// Each returns 0 or sets errno and returns -1, as librdmacm does.
+rdma_event_channel* create_event_channel();
+void destroy_event_channel(rdma_event_channel* channel);
+int create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps, ibv_qp_type qp_type);
+int destroy_id(rdma_cm_id* id);
+int bind_addr(rdma_cm_id* id, const sockaddr* address);
+int resolve_addr(rdma_cm_id* id, const sockaddr* source, const sockaddr* destination, int timeout_ms);
+int resolve_route(rdma_cm_id* id, int timeout_ms);
+int create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr);
+int create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr);
+void destroy_qp(rdma_cm_id* id);
+int create_srq(rdma_cm_id* id, ibv_pd* pd, ibv_srq_init_attr* attr);
+int create_srq_ex(rdma_cm_id* id, ibv_srq_init_attr_ex* attr);
+void destroy_srq(rdma_cm_id* id);
+int connect(rdma_cm_id* id, const rdma_conn_param* param);
+int establish(rdma_cm_id* id);
+int listen(rdma_cm_id* id, int backlog);
+int get_request(rdma_cm_id* listen_id, rdma_cm_id** id);
+int accept(rdma_cm_id* id, const rdma_conn_param* param);
+int reject(rdma_cm_id* id, const void* private_data, uint8_t length, uint16_t reason);
+int disconnect(rdma_cm_id* id);
+int get_cm_event(rdma_event_channel* channel, rdma_cm_event** event);
+int ack_cm_event(rdma_cm_event* event);
+int migrate_id(rdma_cm_id* id, rdma_event_channel* channel);
+int set_option(rdma_cm_id* id, int level, int name, const void* value, size_t length);
+int init_qp_attr(rdma_cm_id* id, ibv_qp_attr* attr, int* mask);
+int set_local_ece(rdma_cm_id* id, const ibv_ece* ece);
+int get_remote_ece(rdma_cm_id* id, ibv_ece* ece);
+ibv_context** get_devices(int* count);
+void free_devices(ibv_context** list);
+int create_ep(rdma_cm_id** id, rdma_addrinfo* info, ibv_pd* pd, ibv_qp_init_attr* attr);
+void destroy_ep(rdma_cm_id* id);
+int getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints, rdma_addrinfo** result);
+void freeaddrinfo(rdma_addrinfo* info);
+const char* event_str(rdma_cm_event_type event);
+
+}  // namespace softverbs::cm
