@@ -105,8 +105,8 @@ bool take_from_queue(DeviceMemory& memory, RecvQueue& rq, uint32_t pd_handle, pi
   const Sge* sges = DeviceMemory::sges_of(wqe);
   for (uint32_t i = 0; i < wqe->num_sge && i < rq.max_sge; ++i) {
     ResolvedRange where;
-    KeyCheck verdict =
-        memory.shared().mrs.check_local(sges[i].lkey, pd_handle, sges[i].address, sges[i].length, access::kLocalWrite, &where);
+    KeyCheck verdict = memory.shared().mrs.check_local(sges[i].lkey, pd_handle, sges[i].address, sges[i].length,
+                                                       access::kLocalWrite, &where);
     if (verdict != KeyCheck::Ok || where.owner_pid != owner) {
       debug_log("receive WQE wr_id %#llx: SGE lkey %#x addr %#llx len %u refused (check %d, owner %d, QP owner %d)",
                 static_cast<unsigned long long>(out.wr_id), sges[i].lkey,

@@ -9,9 +9,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <random>
@@ -37,6 +37,26 @@ int fail(int error) {
 }
 
 CmId* priv(rdma_cm_id* id) { return reinterpret_cast<CmId*>(id); }
+
+// A socket pair: the application's end honours O_NONBLOCK and poll, and we
+// can take a byte back without blocking (MSG_DONTWAIT).
+bool open_channel(EventChannel& channel) {
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return false;
+  channel.channel.fd = fds[0];
+  channel.signal_write = fds[1];
+  return true;
+}
+
+void take_signal_byte(EventChannel& channel) {
+  char byte;
+  [[maybe_unused]] ssize_t n = recv(channel.channel.fd, &byte, 1, MSG_DONTWAIT);
+}
+
+void give_signal_byte(EventChannel& channel) {
+  char byte = 1;
+  [[maybe_unused]] ssize_t n = send(channel.signal_write, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
 EventChannel* priv(rdma_event_channel* channel) { return reinterpret_cast<EventChannel*>(channel); }
 QueuedEvent* priv(rdma_cm_event* event) { return reinterpret_cast<QueuedEvent*>(event); }
 
@@ -235,10 +255,9 @@ void deliver(CmId* id, rdma_cm_event_type type, int status, std::unique_ptr<Queu
   event->event.event = type;
   event->event.status = status;
   if (channel == nullptr) channel = id->channel;
-  if (!id->own_channel) ++id->events_reported;
   channel->queue.push_back(std::move(event));
-  char byte = 1;
-  [[maybe_unused]] ssize_t n = write(channel->signal_write, &byte, 1);
+  give_signal_byte(*channel);
+  channel->ready.notify_all();
 }
 
 std::unique_ptr<QueuedEvent> event_with_private_data(const uint8_t* data, size_t area, bool ud) {
@@ -397,10 +416,7 @@ CmId* new_id(EventChannel* channel, void* context, rdma_port_space ps, ibv_qp_ty
     // A synchronous id: its events go to a private channel that the
     // blocking calls read.
     id->own_channel = std::make_unique<EventChannel>();
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return nullptr;
-    id->own_channel->channel.fd = fds[0];
-    id->own_channel->signal_write = fds[1];
+    if (!open_channel(*id->own_channel)) return nullptr;
     channel = id->own_channel.get();
   }
   id->channel = channel;
@@ -648,15 +664,14 @@ void Engine::run() {
 
 // Waits on a synchronous id's private channel for one of `wanted`.
 std::unique_ptr<QueuedEvent> wait_for(CmId* id, std::initializer_list<rdma_cm_event_type> wanted) {
+  Engine& engine = Engine::instance();
+  std::unique_lock guard(engine.mutex);
+  EventChannel& channel = *id->own_channel;
   for (;;) {
-    char byte;
-    ssize_t n = read(id->own_channel->channel.fd, &byte, 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n != 1) return nullptr;
-    std::lock_guard guard(Engine::instance().mutex);
-    if (id->own_channel->queue.empty()) continue;
-    std::unique_ptr<QueuedEvent> event = std::move(id->own_channel->queue.front());
-    id->own_channel->queue.pop_front();
+    channel.ready.wait(guard, [&] { return !channel.queue.empty(); });
+    std::unique_ptr<QueuedEvent> event = std::move(channel.queue.front());
+    channel.queue.pop_front();
+    take_signal_byte(channel);
     for (rdma_cm_event_type type : wanted)
       if (event->event.event == type) return event;
   }
@@ -684,7 +699,8 @@ int connect_to_listener(const sockaddr_storage& destination, uint16_t tcp_port, 
     reinterpret_cast<sockaddr_in6&>(target).sin6_port = htons(tcp_port);
   int fd = socket(target.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
-  int result = ::connect(fd, reinterpret_cast<sockaddr*>(&target), sockaddr_length(reinterpret_cast<sockaddr*>(&target)));
+  int result =
+      ::connect(fd, reinterpret_cast<sockaddr*>(&target), sockaddr_length(reinterpret_cast<sockaddr*>(&target)));
   if (result != 0 && errno == EINPROGRESS) {
     pollfd waiting{fd, POLLOUT, 0};
     if (poll(&waiting, 1, kConnectTimeoutMs) != 1) {
@@ -716,21 +732,22 @@ int connect_to_listener(const sockaddr_storage& destination, uint16_t tcp_port, 
 
 rdma_event_channel* create_event_channel() {
   auto channel = std::make_unique<EventChannel>();
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return nullptr;
-  channel->channel.fd = fds[0];
-  channel->signal_write = fds[1];
+  if (!open_channel(*channel)) return nullptr;
   return &channel.release()->channel;
 }
 
-void destroy_event_channel(rdma_event_channel* channel) {
-  if (channel == nullptr) return;
-  std::unique_ptr<EventChannel> owner(priv(channel));
-  close(owner->channel.fd);
-  // The write end stays open on purpose: a thread still blocked in
-  // rdma_get_cm_event must keep blocking, as it does on the kernel's channel
-  // (rping's CM thread does so until the process exits); closing it would
-  // wake that thread with an error. One descriptor per destroyed channel.
+void destroy_event_channel(rdma_event_channel* public_channel) {
+  if (public_channel == nullptr) return;
+  std::lock_guard guard(Engine::instance().mutex);
+  EventChannel* channel = priv(public_channel);
+  close(channel->channel.fd);
+  close(channel->signal_write);
+  channel->queue.clear();
+  channel->destroyed = true;
+  // A thread still blocked in rdma_get_cm_event on it keeps blocking, as on
+  // the kernel's channel (rping's CM thread does until the process exits):
+  // then the channel's memory must stay, and does.
+  if (channel->waiters == 0) delete channel;
 }
 
 int create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context, rdma_port_space ps, ibv_qp_type qp_type) {
@@ -752,10 +769,20 @@ int destroy_id(rdma_cm_id* public_id) {
     std::unique_lock guard(engine.mutex);
     CmId* raw = priv(public_id);
     if (!engine.ids.count(raw)) return fail(EINVAL);
-    // As librdmacm: every event reported for the id must be acked first, so
-    // that no event the application still holds or will read refers to a
-    // freed id.
-    engine.events_acked.wait(guard, [raw] { return raw->events_acked >= raw->events_reported; });
+    // As librdmacm: events the application has taken must be acked first;
+    // events it has not taken are dropped.
+    for (EventChannel* channel : {raw->channel, raw->listener ? raw->listener->channel : nullptr}) {
+      if (channel == nullptr || raw->own_channel) continue;
+      for (auto it = channel->queue.begin(); it != channel->queue.end();) {
+        if ((*it)->event.id == public_id) {
+          it = channel->queue.erase(it);
+          take_signal_byte(*channel);
+        } else {
+          ++it;
+        }
+      }
+    }
+    engine.events_acked.wait(guard, [raw] { return raw->events_acked >= raw->events_taken; });
     engine.ids.erase(raw);
     id.reset(raw);
     if (id->connection_fd >= 0 && (id->state == IdState::Connected || id->state == IdState::ReplySent)) {
@@ -885,16 +912,14 @@ namespace {
 int create_missing_cqs(CmId* id, ibv_cq*& send_cq, ibv_cq*& recv_cq, uint32_t send_depth, uint32_t recv_depth) {
   if (recv_cq == nullptr) {
     id->id.recv_cq_channel = ibv_create_comp_channel(id->id.verbs);
-    id->id.recv_cq = ibv_create_cq(id->id.verbs, std::max<uint32_t>(recv_depth, 1), &id->id,
-                                   id->id.recv_cq_channel, 0);
+    id->id.recv_cq = ibv_create_cq(id->id.verbs, std::max<uint32_t>(recv_depth, 1), &id->id, id->id.recv_cq_channel, 0);
     if (id->id.recv_cq == nullptr) return errno ? errno : ENOMEM;
     recv_cq = id->id.recv_cq;
     id->owns_cqs = true;
   }
   if (send_cq == nullptr) {
     id->id.send_cq_channel = ibv_create_comp_channel(id->id.verbs);
-    id->id.send_cq = ibv_create_cq(id->id.verbs, std::max<uint32_t>(send_depth, 1), &id->id,
-                                   id->id.send_cq_channel, 0);
+    id->id.send_cq = ibv_create_cq(id->id.verbs, std::max<uint32_t>(send_depth, 1), &id->id, id->id.send_cq_channel, 0);
     if (id->id.send_cq == nullptr) return errno ? errno : ENOMEM;
     send_cq = id->id.send_cq;
     id->owns_cqs = true;
@@ -1105,9 +1130,9 @@ int connect(rdma_cm_id* public_id, const rdma_conn_param* param) {
   if (!id->own_channel) return 0;
   auto event = wait_for(id, {RDMA_CM_EVENT_ESTABLISHED, RDMA_CM_EVENT_CONNECT_RESPONSE, RDMA_CM_EVENT_REJECTED,
                              RDMA_CM_EVENT_UNREACHABLE, RDMA_CM_EVENT_CONNECT_ERROR});
-  rdma_cm_event_type success =
-      event && event->event.event == RDMA_CM_EVENT_CONNECT_RESPONSE ? RDMA_CM_EVENT_CONNECT_RESPONSE
-                                                                    : RDMA_CM_EVENT_ESTABLISHED;
+  rdma_cm_event_type success = event && event->event.event == RDMA_CM_EVENT_CONNECT_RESPONSE
+                                   ? RDMA_CM_EVENT_CONNECT_RESPONSE
+                                   : RDMA_CM_EVENT_ESTABLISHED;
   return finish_sync(id, std::move(event), success);
 }
 
@@ -1290,19 +1315,23 @@ int disconnect(rdma_cm_id* public_id) {
 
 int get_cm_event(rdma_event_channel* public_channel, rdma_cm_event** out) {
   if (public_channel == nullptr || out == nullptr) return fail(EINVAL);
+  Engine& engine = Engine::instance();
+  std::unique_lock guard(engine.mutex);
   EventChannel* channel = priv(public_channel);
-  for (;;) {
-    char byte;
-    // The channel's own fd: blocking or not as the application set it.
-    ssize_t n = read(channel->channel.fd, &byte, 1);
-    if (n < 0) return -1;  // errno from read: EAGAIN for O_NONBLOCK
-    if (n == 0) return fail(ENODATA);
-    std::lock_guard guard(Engine::instance().mutex);
-    if (channel->queue.empty()) continue;
-    *out = &channel->queue.front().release()->event;
-    channel->queue.pop_front();
-    return 0;
+  while (channel->queue.empty()) {
+    // The application's descriptor decides: O_NONBLOCK set, no waiting.
+    if (channel->destroyed || (fcntl(channel->channel.fd, F_GETFL) & O_NONBLOCK)) return fail(EAGAIN);
+    ++channel->waiters;
+    channel->ready.wait(guard);
+    --channel->waiters;
   }
+  std::unique_ptr<QueuedEvent> event = std::move(channel->queue.front());
+  channel->queue.pop_front();
+  take_signal_byte(*channel);
+  CmId* id = priv(event->event.id);
+  if (engine.ids.count(id)) ++id->events_taken;
+  *out = &event.release()->event;
+  return 0;
 }
 
 int ack_cm_event(rdma_cm_event* event) {
@@ -1327,9 +1356,9 @@ int migrate_id(rdma_cm_id* public_id, rdma_event_channel* channel) {
   auto& from = id->channel->queue;
   for (auto it = from.begin(); it != from.end();) {
     if ((*it)->event.id == public_id) {
-      char byte = 1;  // the old channel keeps a spare wake-up: harmless
       to->queue.push_back(std::move(*it));
-      [[maybe_unused]] ssize_t m = write(to->signal_write, &byte, 1);
+      take_signal_byte(*id->channel);
+      give_signal_byte(*to);
       it = from.erase(it);
     } else {
       ++it;
@@ -1337,6 +1366,7 @@ int migrate_id(rdma_cm_id* public_id, rdma_event_channel* channel) {
   }
   id->channel = to;
   id->id.channel = channel;
+  to->ready.notify_all();
   return 0;
 }
 
@@ -1412,6 +1442,7 @@ int create_ep(rdma_cm_id** out, rdma_addrinfo* info, ibv_pd* pd, ibv_qp_init_att
   if (create_id(nullptr, &public_id, nullptr, static_cast<rdma_port_space>(info->ai_port_space), type) != 0) return -1;
   CmId* id = priv(public_id);
   int result = 0;
+  if (attr) attr->qp_type = type;  // as librdmacm: the address info decides the QP type
   if (info->ai_flags & RAI_PASSIVE) {
     result = bind_addr(public_id, info->ai_src_addr);
     if (result == 0 && attr) {
@@ -1509,11 +1540,11 @@ void freeaddrinfo(rdma_addrinfo* info) {
 
 const char* event_str(rdma_cm_event_type event) {
   static const char* const kNames[] = {
-      "RDMA_CM_EVENT_ADDR_RESOLVED",    "RDMA_CM_EVENT_ADDR_ERROR",       "RDMA_CM_EVENT_ROUTE_RESOLVED",
-      "RDMA_CM_EVENT_ROUTE_ERROR",      "RDMA_CM_EVENT_CONNECT_REQUEST",  "RDMA_CM_EVENT_CONNECT_RESPONSE",
-      "RDMA_CM_EVENT_CONNECT_ERROR",    "RDMA_CM_EVENT_UNREACHABLE",      "RDMA_CM_EVENT_REJECTED",
-      "RDMA_CM_EVENT_ESTABLISHED",      "RDMA_CM_EVENT_DISCONNECTED",     "RDMA_CM_EVENT_DEVICE_REMOVAL",
-      "RDMA_CM_EVENT_MULTICAST_JOIN",   "RDMA_CM_EVENT_MULTICAST_ERROR",  "RDMA_CM_EVENT_ADDR_CHANGE",
+      "RDMA_CM_EVENT_ADDR_RESOLVED",  "RDMA_CM_EVENT_ADDR_ERROR",      "RDMA_CM_EVENT_ROUTE_RESOLVED",
+      "RDMA_CM_EVENT_ROUTE_ERROR",    "RDMA_CM_EVENT_CONNECT_REQUEST", "RDMA_CM_EVENT_CONNECT_RESPONSE",
+      "RDMA_CM_EVENT_CONNECT_ERROR",  "RDMA_CM_EVENT_UNREACHABLE",     "RDMA_CM_EVENT_REJECTED",
+      "RDMA_CM_EVENT_ESTABLISHED",    "RDMA_CM_EVENT_DISCONNECTED",    "RDMA_CM_EVENT_DEVICE_REMOVAL",
+      "RDMA_CM_EVENT_MULTICAST_JOIN", "RDMA_CM_EVENT_MULTICAST_ERROR", "RDMA_CM_EVENT_ADDR_CHANGE",
       "RDMA_CM_EVENT_TIMEWAIT_EXIT"};
   auto index = static_cast<size_t>(event);
   return index < std::size(kNames) ? kNames[index] : "UNKNOWN EVENT";

@@ -6,6 +6,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -21,10 +22,16 @@ struct QueuedEvent {
   std::vector<uint8_t> private_data;
 };
 
+// Events wait in `queue`; the descriptor the application polls (channel.fd,
+// one end of a socket pair) holds one byte per queued event, so it is
+// readable exactly while events wait. Blocking readers wait on `ready`.
 struct EventChannel {
   rdma_event_channel channel{};  // first: the application holds a pointer to it
-  int signal_write = -1;         // one byte per queued event; channel.fd reads them
+  int signal_write = -1;
   std::deque<std::unique_ptr<QueuedEvent>> queue;
+  std::condition_variable_any ready;  // with the engine's mutex
+  int waiters = 0;
+  bool destroyed = false;
 };
 
 enum class IdState : uint8_t {
@@ -68,9 +75,10 @@ struct CmId {
   std::optional<ibv_qp_init_attr> endpoint_qp_attr;  // rdma_create_ep on a passive id
   ibv_pd* endpoint_pd = nullptr;
   std::unique_ptr<QueuedEvent> held_event;  // synchronous ids: id->event
-  ibv_sa_path_rec path{};                    // what id->route.path_rec points at
-  // rdma_destroy_id waits until every event reported for the id is acked.
-  uint64_t events_reported = 0;
+  ibv_sa_path_rec path{};                   // what id->route.path_rec points at
+  // rdma_destroy_id waits until every event the application has taken for
+  // the id is acked; events not yet taken are dropped, as the kernel does.
+  uint64_t events_taken = 0;
   uint64_t events_acked = 0;
 };
 

@@ -56,8 +56,7 @@ bool read_body(std::span<const uint8_t> body, Body& out, uint8_t Body::*length, 
 
 std::vector<uint8_t> encode(const Message& message) {
   std::vector<uint8_t> out;
-  Header header{kMagic, static_cast<uint8_t>(message.type), kVersion,
-                static_cast<uint16_t>(body_size(message.type))};
+  Header header{kMagic, static_cast<uint8_t>(message.type), kVersion, static_cast<uint16_t>(body_size(message.type))};
   append(out, header);
   switch (message.type) {
     case MessageType::Req:

@@ -223,8 +223,7 @@ SV_EXPORT int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
   return cm::migrate_id(id, channel);
 }
 
-SV_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
-                               rdma_addrinfo** res) {
+SV_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints, rdma_addrinfo** res) {
   SOFTVERBS_FORWARD(rdma_getaddrinfo, "RDMACM_1.0", node, service, hints, res);
   return cm::getaddrinfo(node, service, hints, res);
 }

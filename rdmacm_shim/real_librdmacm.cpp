@@ -15,9 +15,9 @@ namespace {
 
 // Where distributions put librdmacm; ours sits elsewhere (found first
 // through LD_LIBRARY_PATH), so these are the real one.
-constexpr const char* kCandidates[] = {
-    "/usr/lib/x86_64-linux-gnu/librdmacm.so.1", "/usr/lib/aarch64-linux-gnu/librdmacm.so.1",
-    "/usr/lib64/librdmacm.so.1", "/usr/lib/librdmacm.so.1"};
+constexpr const char* kCandidates[] = {"/usr/lib/x86_64-linux-gnu/librdmacm.so.1",
+                                       "/usr/lib/aarch64-linux-gnu/librdmacm.so.1", "/usr/lib64/librdmacm.so.1",
+                                       "/usr/lib/librdmacm.so.1"};
 
 bool kernel_rdma_cm_available() {
   int fd = open("/dev/infiniband/rdma_cm", O_RDWR | O_CLOEXEC);

@@ -20,11 +20,10 @@ void* real_symbol(const char* name, const char* version);
 
 // In an exported function: hands the call to the real librdmacm when
 // delegating. `version` is the symbol's node in librdmacm.map.
-#define SOFTVERBS_FORWARD(name, version, ...)                                                   \
-  do {                                                                                          \
-    if (::softverbs::cm::real_librdmacm() != nullptr) {                                         \
-      static auto forwarded = reinterpret_cast<decltype(&name)>(                                \
-          ::softverbs::cm::real_symbol(#name, version));                                        \
-      return forwarded(__VA_ARGS__);                                                            \
-    }                                                                                           \
+#define SOFTVERBS_FORWARD(name, version, ...)                                                                  \
+  do {                                                                                                         \
+    if (::softverbs::cm::real_librdmacm() != nullptr) {                                                        \
+      static auto forwarded = reinterpret_cast<decltype(&name)>(::softverbs::cm::real_symbol(#name, version)); \
+      return forwarded(__VA_ARGS__);                                                                           \
+    }                                                                                                          \
   } while (0)

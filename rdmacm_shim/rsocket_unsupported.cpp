@@ -9,11 +9,11 @@
 #include "real_librdmacm.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
-#define SV_UNSUPPORTED(type, name, params, ...)             \
-  SV_EXPORT type name params {                              \
-    SOFTVERBS_FORWARD(name, "RDMACM_1.0", __VA_ARGS__);     \
-    errno = ENOSYS;                                         \
-    return static_cast<type>(-1);                           \
+#define SV_UNSUPPORTED(type, name, params, ...)         \
+  SV_EXPORT type name params {                          \
+    SOFTVERBS_FORWARD(name, "RDMACM_1.0", __VA_ARGS__); \
+    errno = ENOSYS;                                     \
+    return static_cast<type>(-1);                       \
   }
 
 SV_UNSUPPORTED(int, rsocket, (int domain, int type, int protocol), domain, type, protocol)
@@ -28,27 +28,25 @@ SV_UNSUPPORTED(ssize_t, rrecvfrom, (int s, void* buf, size_t len, int flags, soc
                buf, len, flags, from, fromlen)
 SV_UNSUPPORTED(ssize_t, rrecvmsg, (int s, msghdr* msg, int flags), s, msg, flags)
 SV_UNSUPPORTED(ssize_t, rsend, (int s, const void* buf, size_t len, int flags), s, buf, len, flags)
-SV_UNSUPPORTED(ssize_t, rsendto,
-               (int s, const void* buf, size_t len, int flags, const sockaddr* to, socklen_t tolen), s, buf, len,
-               flags, to, tolen)
+SV_UNSUPPORTED(ssize_t, rsendto, (int s, const void* buf, size_t len, int flags, const sockaddr* to, socklen_t tolen),
+               s, buf, len, flags, to, tolen)
 SV_UNSUPPORTED(ssize_t, rsendmsg, (int s, const msghdr* msg, int flags), s, msg, flags)
 SV_UNSUPPORTED(ssize_t, rread, (int s, void* buf, size_t count), s, buf, count)
 SV_UNSUPPORTED(ssize_t, rreadv, (int s, const iovec* iov, int iovcnt), s, iov, iovcnt)
 SV_UNSUPPORTED(ssize_t, rwrite, (int s, const void* buf, size_t count), s, buf, count)
 SV_UNSUPPORTED(ssize_t, rwritev, (int s, const iovec* iov, int iovcnt), s, iov, iovcnt)
-SV_UNSUPPORTED(int, rpoll, (pollfd* fds, nfds_t nfds, int timeout), fds, nfds, timeout)
+SV_UNSUPPORTED(int, rpoll, (pollfd * fds, nfds_t nfds, int timeout), fds, nfds, timeout)
 SV_UNSUPPORTED(int, rselect, (int nfds, fd_set* r, fd_set* w, fd_set* e, timeval* timeout), nfds, r, w, e, timeout)
 SV_UNSUPPORTED(int, rgetpeername, (int s, sockaddr* addr, socklen_t* len), s, addr, len)
 SV_UNSUPPORTED(int, rgetsockname, (int s, sockaddr* addr, socklen_t* len), s, addr, len)
-SV_UNSUPPORTED(int, rsetsockopt, (int s, int level, int name, const void* value, socklen_t len), s, level, name,
-               value, len)
-SV_UNSUPPORTED(int, rgetsockopt, (int s, int level, int name, void* value, socklen_t* len), s, level, name, value,
+SV_UNSUPPORTED(int, rsetsockopt, (int s, int level, int name, const void* value, socklen_t len), s, level, name, value,
                len)
+SV_UNSUPPORTED(int, rgetsockopt, (int s, int level, int name, void* value, socklen_t* len), s, level, name, value, len)
 SV_UNSUPPORTED(off_t, riomap, (int s, void* buf, size_t len, int prot, int flags, off_t offset), s, buf, len, prot,
                flags, offset)
 SV_UNSUPPORTED(int, riounmap, (int s, void* buf, size_t len), s, buf, len)
-SV_UNSUPPORTED(size_t, riowrite, (int s, const void* buf, size_t count, off_t offset, int flags), s, buf, count,
-               offset, flags)
+SV_UNSUPPORTED(size_t, riowrite, (int s, const void* buf, size_t count, off_t offset, int flags), s, buf, count, offset,
+               flags)
 
 // rfcntl is variadic: the real one takes one optional int or pointer argument.
 SV_EXPORT int rfcntl(int s, int cmd, ...) {
