@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -1055,10 +1056,30 @@ void destroy_srq(rdma_cm_id* public_id) {
 
 // ---- connections -----------------------------------------------------------------
 
+// The TCP port of the listener for `destination`. A listener may be a moment
+// away (a server re-listening between two connections, as perftest does):
+// look for up to 50 ms, about what a REQ would spend on a wire, before the
+// caller rejects. Called without the engine's lock.
+static std::optional<uint16_t> find_listener(Engine& engine, const sockaddr_storage& destination) {
+  std::optional<uint16_t> tcp_port = engine.directory->find(destination);
+  for (int attempt = 0; !tcp_port && attempt < 10; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    tcp_port = engine.directory->find(destination);
+  }
+  return tcp_port;
+}
+
 int connect(rdma_cm_id* public_id, const rdma_conn_param* param) {
   if (public_id == nullptr) return fail(EINVAL);
   Engine& engine = Engine::instance();
   CmId* id = priv(public_id);
+  sockaddr_storage peer;
+  {
+    std::lock_guard guard(engine.mutex);
+    if (id->state != IdState::RouteResolved) return fail(EINVAL);
+    peer = id->id.route.addr.dst_storage;
+  }
+  std::optional<uint16_t> tcp_port = find_listener(engine, peer);
   {
     std::lock_guard guard(engine.mutex);
     if (id->state != IdState::RouteResolved) return fail(EINVAL);
@@ -1075,9 +1096,11 @@ int connect(rdma_cm_id* public_id, const rdma_conn_param* param) {
     }
     clamp_depths(id);
     const sockaddr_storage& destination = id->id.route.addr.dst_storage;
-    std::optional<uint16_t> tcp_port = engine.directory->find(destination);
     int fd = -1;
     int error = tcp_port ? connect_to_listener(destination, *tcp_port, fd) : ECONNREFUSED;
+    if (error != 0)
+      debug_log("rdma_connect to %s: %s", address_key(destination).c_str(),
+                tcp_port ? strerror(error) : "no listener there");
     if (error != 0) {
       // No listener answers: the IB CM rejects with "invalid service ID";
       // no shim at all behind the address: unreachable.

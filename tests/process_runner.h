@@ -18,6 +18,17 @@ struct ProcessResult {
 ProcessResult run_process(const std::vector<std::string>& argv, const std::vector<std::string>& environment = {},
                           int timeout_seconds = 60);
 
+struct PairResult {
+  ProcessResult server;
+  ProcessResult client;
+};
+
+// Runs `server` in the background and `client` once `ready()` says so (polled
+// for up to 20 s), then waits for both.
+template <typename Ready>
+PairResult run_server_client(const std::vector<std::string>& server, const std::vector<std::string>& client,
+                             const std::vector<std::string>& environment, Ready ready, int timeout_seconds = 60);
+
 // A fresh empty directory under $TMPDIR (or /tmp), removed by the destructor.
 class TemporaryDirectory {
  public:
@@ -32,3 +43,20 @@ class TemporaryDirectory {
 };
 
 }  // namespace softverbs::test
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+template <typename Ready>
+softverbs::test::PairResult softverbs::test::run_server_client(const std::vector<std::string>& server,
+                                                               const std::vector<std::string>& client,
+                                                               const std::vector<std::string>& environment, Ready ready,
+                                                               int timeout_seconds) {
+  auto background = std::async(std::launch::async, [&] { return run_process(server, environment, timeout_seconds); });
+  for (int i = 0; i < 400 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  PairResult result;
+  result.client = run_process(client, environment, timeout_seconds);
+  result.server = background.get();
+  return result;
+}

@@ -1,0 +1,97 @@
+// rdma-core's rdma_cm tools and perftest in rdma_cm mode, unmodified,
+// between two processes started with `softverbs run`: they load our
+// librdmacm.so.1 and connect through its connection manager.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "process_runner.h"
+
+namespace softverbs {
+namespace {
+
+namespace fs = std::filesystem;
+using test::PairResult;
+using test::run_process;
+using test::TemporaryDirectory;
+
+struct ToolPair {
+  const char* name;
+  std::vector<std::string> server;
+  std::vector<std::string> client;
+  bool server_runs_until_killed = false;  // cmtime's server never exits by itself
+};
+
+class RdmacmTools : public ::testing::TestWithParam<ToolPair> {};
+
+std::vector<std::string> under_softverbs(std::vector<std::string> command) {
+  command.insert(command.begin(), {SOFTVERBS_CLI, "run", "--"});
+  return command;
+}
+
+TEST_P(RdmacmTools, ServerAndClientSucceed) {
+  const ToolPair& pair = GetParam();
+  TemporaryDirectory dir;
+  std::string runtime = dir.path() + "/rt";
+  std::vector<std::string> env = {"SOFTVERBS_RUNTIME_DIR=" + runtime};
+  ASSERT_EQ(run_process({SOFTVERBS_CLI, "up"}, env).exit_code, 0);
+  std::vector<std::string> server = pair.server;
+  if (pair.server_runs_until_killed) server.insert(server.begin(), {"timeout", "5"});
+  // The client starts once the server's listener is in the CM directory.
+  auto listening = [&] {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(runtime + "/cm", ec))
+      if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
+    return false;
+  };
+  PairResult r = test::run_server_client(under_softverbs(server), under_softverbs(pair.client), env, listening);
+  EXPECT_EQ(r.client.exit_code, 0) << "client:\n"
+                                   << r.client.out << r.client.err << "\nserver:\n"
+                                   << r.server.out << r.server.err;
+  EXPECT_EQ(r.server.exit_code, pair.server_runs_until_killed ? 124 : 0) << r.server.out << r.server.err;
+}
+
+const ToolPair kPairs[] = {
+    {"rping_verbose",
+     {"rping", "-s", "-v", "-C", "10", "-a", "127.0.0.1"},
+     {"rping", "-c", "-v", "-C", "10", "-a", "127.0.0.1"}},
+    {"rping_1000", {"rping", "-s", "-C", "1000", "-a", "127.0.0.1"}, {"rping", "-c", "-C", "1000", "-a", "127.0.0.1"}},
+    {"rping_64KiB",
+     {"rping", "-s", "-S", "65535", "-C", "100", "-a", "127.0.0.1"},
+     {"rping", "-c", "-S", "65535", "-C", "100", "-a", "127.0.0.1"}},
+    {"rping_no_cm_qp",
+     {"rping", "-s", "-q", "-C", "100", "-a", "127.0.0.1"},
+     {"rping", "-c", "-q", "-C", "100", "-a", "127.0.0.1"}},
+    {"rdma_server_client", {"rdma_server"}, {"rdma_client", "-s", "127.0.0.1"}},
+    {"udaddy", {"udaddy"}, {"udaddy", "-s", "127.0.0.1"}},
+    {"cmtime", {"cmtime", "-c", "50"}, {"cmtime", "-s", "127.0.0.1", "-c", "50"}, true},
+    {"ib_send_bw",
+     {"ib_send_bw", "-R", "-d", "softverbs0", "-n", "500"},
+     {"ib_send_bw", "-R", "-d", "softverbs0", "-n", "500", "127.0.0.1"}},
+    {"ib_write_lat",
+     {"ib_write_lat", "-R", "-d", "softverbs0", "-n", "500"},
+     {"ib_write_lat", "-R", "-d", "softverbs0", "-n", "500", "127.0.0.1"}},
+    {"ib_read_bw",
+     {"ib_read_bw", "-R", "-d", "softverbs0", "-n", "500"},
+     {"ib_read_bw", "-R", "-d", "softverbs0", "-n", "500", "127.0.0.1"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Tools, RdmacmTools, ::testing::ValuesIn(kPairs),
+                         [](const ::testing::TestParamInfo<ToolPair>& info) { return info.param.name; });
+
+TEST(RdmacmShim, ExportsEverySymbolOfTheRealLibraryInItsVersionNode) {
+  auto symbols = [](const std::string& library) {
+    auto r = run_process({"sh", "-c", "objdump -T " + library + " | grep RDMACM | awk '{print $(NF-1), $NF}' | sort"});
+    return r.out;
+  };
+  std::string ours = symbols(SHIM_LIBRARY);
+  ASSERT_FALSE(ours.empty());
+  EXPECT_EQ(ours, symbols("/usr/lib/x86_64-linux-gnu/librdmacm.so.1"));
+  auto soname = run_process({"sh", "-c", std::string("readelf -d ") + SHIM_LIBRARY + " | grep SONAME"});
+  EXPECT_NE(soname.out.find("[librdmacm.so.1]"), std::string::npos) << soname.out;
+}
+
+}  // namespace
+}  // namespace softverbs
