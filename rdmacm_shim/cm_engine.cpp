@@ -1321,6 +1321,8 @@ int disconnect(rdma_cm_id* public_id) {
   if (public_id == nullptr) return fail(EINVAL);
   std::lock_guard guard(Engine::instance().mutex);
   CmId* id = priv(public_id);
+  // After the peer disconnected first, the kernel's rdma_cm answers 0 too.
+  if (id->state == IdState::Disconnected) return 0;
   if (id->state != IdState::Connected && id->state != IdState::ReplySent) return fail(EINVAL);
   move_qp_to_error(id);
   if (id->connection_fd >= 0) {
@@ -1494,8 +1496,36 @@ void destroy_ep(rdma_cm_id* id) {
   destroy_id(id);
 }
 
+// With neither node nor service, the answer comes from the hints' addresses
+// alone, as librdmacm allows.
+int addrinfo_from_hints(const rdma_addrinfo* hints, rdma_addrinfo** result) {
+  if (hints->ai_src_addr == nullptr && hints->ai_dst_addr == nullptr) return fail(EINVAL);
+  auto* info = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
+  if (info == nullptr) return fail(ENOMEM);
+  *info = *hints;
+  info->ai_next = nullptr;
+  info->ai_src_canonname = info->ai_dst_canonname = nullptr;
+  info->ai_route = info->ai_connect = nullptr;
+  info->ai_route_len = info->ai_connect_len = 0;
+  info->ai_qp_type = hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
+  info->ai_port_space = hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+  auto copy = [](const sockaddr* from, socklen_t length) -> sockaddr* {
+    if (from == nullptr) return nullptr;
+    auto* to = static_cast<sockaddr*>(std::calloc(1, sizeof(sockaddr_storage)));
+    if (to) std::memcpy(to, from, std::min<size_t>(length ? length : sockaddr_length(from), sizeof(sockaddr_storage)));
+    return to;
+  };
+  info->ai_src_addr = copy(hints->ai_src_addr, hints->ai_src_len);
+  info->ai_dst_addr = copy(hints->ai_dst_addr, hints->ai_dst_len);
+  const sockaddr* any = info->ai_src_addr ? info->ai_src_addr : info->ai_dst_addr;
+  info->ai_family = any ? any->sa_family : AF_INET;
+  *result = info;
+  return 0;
+}
+
 int getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints, rdma_addrinfo** result) {
-  if (result == nullptr || (node == nullptr && service == nullptr)) return fail(EINVAL);
+  if (result == nullptr || (node == nullptr && service == nullptr && hints == nullptr)) return fail(EINVAL);
+  if (node == nullptr && service == nullptr) return addrinfo_from_hints(hints, result);
   int flags = hints ? hints->ai_flags : 0;
   addrinfo ask{};
   ask.ai_family = hints && hints->ai_family ? hints->ai_family : AF_UNSPEC;
