@@ -1,5 +1,7 @@
 #include "progress_thread.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
@@ -14,6 +16,18 @@ constexpr auto kMinimumInterval = std::chrono::milliseconds(1);
 
 class ProgressThread {
  public:
+  ProgressThread() {
+    // The thread does not survive fork(): a child starts its own.
+    pthread_atfork([] { progress_thread_instance().mutex_.lock(); }, [] { progress_thread_instance().mutex_.unlock(); },
+                   [] {
+                     ProgressThread& self = progress_thread_instance();
+                     self.started_ = false;
+                     self.next_ = ProgressClock::time_point::max();
+                     self.mutex_.unlock();
+                   });
+  }
+  static ProgressThread& progress_thread_instance();
+
   void add(ContextState* context) {
     std::lock_guard guard(mutex_);
     contexts_.insert(context);
@@ -59,11 +73,13 @@ class ProgressThread {
   bool started_ = false;
 };
 
-ProgressThread& progress_thread() {
+ProgressThread& ProgressThread::progress_thread_instance() {
   // Never destroyed: the detached thread may outlive static destruction.
   static ProgressThread* thread = new ProgressThread;  // NOLINT: intentionally leaked singleton
   return *thread;
 }
+
+ProgressThread& progress_thread() { return ProgressThread::progress_thread_instance(); }
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 #include <random>
 #include <set>
 #include <string>
@@ -234,6 +236,24 @@ class Engine {
 
  private:
   Engine() {
+    open_wake_pipe();
+    // A forked child has no CM thread and shares the wake pipe: it starts
+    // its own of each when it needs them. The lock is held across fork()
+    // so that the child never inherits it mid-update.
+    pthread_atfork([] { instance().mutex.lock(); }, [] { instance().mutex.unlock(); },
+                   [] {
+                     Engine& engine = instance();
+                     close(engine.wake_read_);
+                     close(engine.wake_write_);
+                     engine.open_wake_pipe();
+                     engine.thread_started_ = false;
+                     // A recursive mutex knows its owner by thread id, which
+                     // the child's only thread does not have: start afresh.
+                     new (&engine.mutex) std::recursive_mutex;
+                     new (&engine.events_acked) std::condition_variable_any;
+                   });
+  }
+  void open_wake_pipe() {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0) {
       wake_read_ = fds[0];
@@ -1142,6 +1162,7 @@ int connect(rdma_cm_id* public_id, const rdma_conn_param* param) {
       }
       id->connection_fd = fd;
       id->state = IdState::RequestSent;
+      engine.start_thread();
       if (!send_message(fd, message)) {
         close_connection(id);
         id->state = IdState::Disconnected;
@@ -1205,6 +1226,7 @@ int listen(rdma_cm_id* public_id, int) {
     id->listen_fd = fd;
     id->listed = true;
     id->state = IdState::Listening;
+    engine.start_thread();
   }
   engine.wake();
   return 0;

@@ -1,0 +1,373 @@
+// The rdma_cm API and the rdma_verbs.h helpers through real rdma_cm_ids
+// between two processes. ctest starts this binary through `softverbs run`,
+// so it links against the stock librdmacm and gets ours at run time.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+// What the passive side tells the active one in the accept's private data.
+struct Advert {
+  uint64_t address;
+  uint32_t rkey;
+  uint32_t length;
+};
+
+constexpr size_t kBuffer = 4096;
+
+rdma_addrinfo* address_info(const char* port, bool passive) {
+  rdma_addrinfo hints{};
+  hints.ai_port_space = RDMA_PS_TCP;
+  hints.ai_flags = passive ? RAI_PASSIVE : 0;
+  rdma_addrinfo* info = nullptr;
+  if (rdma_getaddrinfo("127.0.0.1", port, &hints, &info) != 0) return nullptr;
+  return info;
+}
+
+ibv_qp_init_attr qp_attributes() {
+  ibv_qp_init_attr attr{};
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 8;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 2;
+  attr.sq_sig_all = 1;
+  return attr;
+}
+
+// The passive side, in a child process: accepts one connection, advertises
+// a buffer for RDMA WRITE/READ, receives into two scattered buffers and a
+// too-small one, then echoes what it got and waits for the disconnect.
+// Exit code 0: everything it saw was as expected.
+[[noreturn]] void run_passive(const char* port, int ready_fd) {
+  auto fail = [](int code) { _exit(code); };
+  rdma_addrinfo* info = address_info(port, true);
+  if (!info) fail(2);
+  ibv_qp_init_attr attr = qp_attributes();
+  rdma_cm_id* listen_id = nullptr;
+  if (rdma_create_ep(&listen_id, info, nullptr, &attr) != 0) fail(3);
+  if (rdma_listen(listen_id, 1) != 0) fail(4);
+  char ready = 'r';
+  if (write(ready_fd, &ready, 1) != 1) fail(5);
+  rdma_cm_id* id = nullptr;
+  if (rdma_get_request(listen_id, &id) != 0) fail(6);
+  // The REQ's private data arrives in the full 56-byte area.
+  if (id->event == nullptr || id->event->param.conn.private_data_len != 56 ||
+      std::memcmp(id->event->param.conn.private_data, "hello", 6) != 0)
+    fail(7);
+  std::vector<char> remote(kBuffer, 0), first(16, 0), second(16, 0), small(4, 0);
+  ibv_mr* remote_mr = rdma_reg_write(id, remote.data(), remote.size());
+  ibv_mr* read_mr = remote_mr ? ibv_reg_mr(id->pd, remote.data(), remote.size(),
+                                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE)
+                              : nullptr;
+  ibv_mr* first_mr = rdma_reg_msgs(id, first.data(), first.size());
+  ibv_mr* second_mr = rdma_reg_msgs(id, second.data(), second.size());
+  ibv_mr* small_mr = rdma_reg_msgs(id, small.data(), small.size());
+  if (!remote_mr || !read_mr || !first_mr || !second_mr || !small_mr) fail(8);
+  ibv_sge scattered[2] = {{reinterpret_cast<uint64_t>(first.data()), 10, first_mr->lkey},
+                          {reinterpret_cast<uint64_t>(second.data()), 16, second_mr->lkey}};
+  if (rdma_post_recvv(id, reinterpret_cast<void*>(0xaa), scattered, 2) != 0) fail(9);
+  if (rdma_post_recv(id, reinterpret_cast<void*>(0xbb), small.data(), small.size(), small_mr) != 0) fail(10);
+  std::memcpy(remote.data(), "server bytes", 13);
+  Advert advert{reinterpret_cast<uint64_t>(remote.data()), read_mr->rkey, static_cast<uint32_t>(kBuffer)};
+  rdma_conn_param param{};
+  param.private_data = &advert;
+  param.private_data_len = sizeof advert;
+  param.responder_resources = param.initiator_depth = 1;
+  if (rdma_accept(id, &param) != 0) fail(11);
+  ibv_wc wc{};
+  // 1: a 20-byte SEND scattered over 10 + 16 bytes.
+  if (rdma_get_recv_comp(id, &wc) != 1 || wc.status != IBV_WC_SUCCESS || wc.wr_id != 0xaa || wc.byte_len != 20 ||
+      std::memcmp(first.data(), "0123456789", 10) != 0 || std::memcmp(second.data(), "abcdefghij", 10) != 0)
+    fail(12);
+  // 2: too long for its 4-byte buffer: a local length error here.
+  if (rdma_get_recv_comp(id, &wc) != 1 || wc.status != IBV_WC_LOC_LEN_ERR || wc.wr_id != 0xbb) fail(13);
+  // The QP is in error now; wait for the peer to disconnect.
+  rdma_cm_event* event = nullptr;
+  while (rdma_get_cm_event(listen_id->channel ? listen_id->channel : id->channel, &event) == 0) {
+    (void)event;
+    break;
+  }
+  bool written = std::memcmp(remote.data() + 100, "written!", 9) == 0;
+  rdma_disconnect(id);
+  rdma_dereg_mr(remote_mr);
+  rdma_dereg_mr(read_mr);
+  rdma_dereg_mr(first_mr);
+  rdma_dereg_mr(second_mr);
+  rdma_dereg_mr(small_mr);
+  rdma_destroy_ep(id);
+  rdma_destroy_ep(listen_id);
+  rdma_freeaddrinfo(info);
+  _exit(written ? 0 : 14);
+}
+
+class RdmaCm : public ::testing::Test {
+ protected:
+  void start_passive(const char* port) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    passive_ = fork();
+    if (passive_ == 0) run_passive(port, fds[1]);
+    char ready;
+    ASSERT_EQ(read(fds[0], &ready, 1), 1);
+    close(fds[0]);
+    close(fds[1]);
+  }
+  int passive_exit_code() {
+    int status = 0;
+    waitpid(passive_, &status, 0);
+    passive_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  void TearDown() override {
+    if (passive_ > 0) {
+      kill(passive_, SIGKILL);
+      waitpid(passive_, nullptr, 0);
+    }
+  }
+  pid_t passive_ = -1;
+};
+
+TEST_F(RdmaCm, SeedCallsBetweenTwoProcesses) {
+  start_passive("7401");
+  rdma_addrinfo* info = address_info("7401", false);
+  ASSERT_NE(info, nullptr);
+  ibv_qp_init_attr attr = qp_attributes();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_ep(&id, info, nullptr, &attr), 0) << std::strerror(errno);
+  ASSERT_NE(id->qp, nullptr);
+  ASSERT_NE(id->send_cq, nullptr) << "rdma_create_ep made CQs with channels";
+  ASSERT_NE(id->recv_cq_channel, nullptr);
+
+  char message[32] = "0123456789abcdefghij";
+  ibv_mr* message_mr = rdma_reg_msgs(id, message, sizeof message);
+  ASSERT_NE(message_mr, nullptr);
+  // Before the connection the QP is not ready to send.
+  EXPECT_NE(rdma_post_send(id, nullptr, message, 4, message_mr, 0), 0);
+
+  rdma_conn_param param{};
+  const char hello[] = "hello";
+  param.private_data = hello;
+  param.private_data_len = sizeof hello;
+  param.responder_resources = param.initiator_depth = 1;
+  param.retry_count = param.rnr_retry_count = 7;
+  ASSERT_EQ(rdma_connect(id, &param), 0) << std::strerror(errno);
+  ASSERT_NE(id->event, nullptr);
+  ASSERT_EQ(id->event->param.conn.private_data_len, 196) << "a REP's whole private data area";
+  Advert advert;
+  std::memcpy(&advert, id->event->param.conn.private_data, sizeof advert);
+
+  ibv_wc wc{};
+  // rdma_post_sendv: two SGEs, 10 + 10 bytes; the context comes back as wr_id.
+  ibv_sge gather[2] = {{reinterpret_cast<uint64_t>(message), 10, message_mr->lkey},
+                       {reinterpret_cast<uint64_t>(message + 10), 10, message_mr->lkey}};
+  ASSERT_EQ(rdma_post_sendv(id, reinterpret_cast<void*>(0x1234), gather, 2, 0), 0);
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 0x1234u);
+
+  // rdma_post_write / rdma_post_read on the advertised buffer.
+  char local[64] = "written!";
+  ibv_mr* local_mr = rdma_reg_read(id, local, sizeof local);
+  ibv_mr* sink_mr = rdma_reg_msgs(id, local + 32, 32);
+  ASSERT_TRUE(local_mr && sink_mr);
+  ASSERT_EQ(rdma_post_write(id, reinterpret_cast<void*>(0x2), local, 9, local_mr, 0, advert.address + 100, advert.rkey),
+            0);
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 0x2u);
+  ASSERT_EQ(rdma_post_read(id, reinterpret_cast<void*>(0x3), local + 32, 13, sink_mr, 0, advert.address, advert.rkey),
+            0);
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
+  EXPECT_STREQ(local + 32, "server bytes");
+  // rdma_post_readv into two pieces.
+  std::memset(local + 32, 0, 32);
+  ibv_sge pieces[2] = {{reinterpret_cast<uint64_t>(local + 32), 6, sink_mr->lkey},
+                       {reinterpret_cast<uint64_t>(local + 48), 7, sink_mr->lkey}};
+  ASSERT_EQ(rdma_post_readv(id, reinterpret_cast<void*>(0x4), pieces, 2, 0, advert.address, advert.rkey), 0);
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::string(local + 32, 6), "server");
+  EXPECT_EQ(std::string(local + 48, 7), std::string(" bytes\0", 7));
+  // rdma_post_writev from two pieces.
+  ibv_sge sources[2] = {{reinterpret_cast<uint64_t>(local), 4, local_mr->lkey},
+                        {reinterpret_cast<uint64_t>(local + 4), 5, local_mr->lkey}};
+  ASSERT_EQ(rdma_post_writev(id, reinterpret_cast<void*>(0x5), sources, 2, 0, advert.address + 100, advert.rkey), 0);
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+
+  // A SEND too long for the peer's posted receive.
+  ASSERT_EQ(rdma_post_send(id, reinterpret_cast<void*>(0x6), message, 20, message_mr, 0), 0);
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_REM_INV_REQ_ERR);
+  EXPECT_EQ(wc.wr_id, 0x6u);
+
+  rdma_disconnect(id);
+  EXPECT_EQ(passive_exit_code(), 0) << "the passive side's checks (see run_passive)";
+  rdma_dereg_mr(message_mr);
+  rdma_dereg_mr(local_mr);
+  rdma_dereg_mr(sink_mr);
+  rdma_destroy_ep(id);
+  rdma_freeaddrinfo(info);
+}
+
+// A wrong rkey and an unregistered buffer, through the helpers.
+TEST_F(RdmaCm, ErrorsComeBackAsCompletionStatuses) {
+  start_passive("7402");
+  rdma_addrinfo* info = address_info("7402", false);
+  ibv_qp_init_attr attr = qp_attributes();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_ep(&id, info, nullptr, &attr), 0);
+  rdma_conn_param param{};
+  param.private_data = "hello";
+  param.private_data_len = 6;
+  param.responder_resources = param.initiator_depth = 1;
+  param.retry_count = param.rnr_retry_count = 7;
+  ASSERT_EQ(rdma_connect(id, &param), 0);
+  Advert advert;
+  std::memcpy(&advert, id->event->param.conn.private_data, sizeof advert);
+  char local[16] = "x";
+  ibv_mr* mr = rdma_reg_msgs(id, local, sizeof local);
+  ibv_wc wc{};
+  ASSERT_EQ(rdma_post_read(id, reinterpret_cast<void*>(0x7), local, 8, mr, 0, advert.address, advert.rkey ^ 0x40), 0);
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(wc.wr_id, 0x7u);
+  rdma_destroy_ep(id);  // the passive side exits when we go away
+  rdma_dereg_mr(mr);
+  rdma_freeaddrinfo(info);
+}
+
+TEST(RdmaCmAlone, NoListenerMeansRejected) {
+  rdma_event_channel* channel = rdma_create_event_channel();
+  ASSERT_NE(channel, nullptr);
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in destination{};
+  destination.sin_family = AF_INET;
+  destination.sin_port = htons(7499);
+  destination.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&destination), 1000), 0);
+  rdma_cm_event* event = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+  EXPECT_EQ(event->event, RDMA_CM_EVENT_ADDR_RESOLVED);
+  EXPECT_NE(id->verbs, nullptr) << "a local address maps to the softverbs device";
+  rdma_ack_cm_event(event);
+  ASSERT_EQ(rdma_resolve_route(id, 1000), 0);
+  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+  EXPECT_EQ(event->event, RDMA_CM_EVENT_ROUTE_RESOLVED);
+  rdma_ack_cm_event(event);
+  rdma_conn_param param{};
+  char too_long[57] = {};
+  param.private_data = too_long;
+  param.private_data_len = sizeof too_long;
+  errno = 0;
+  EXPECT_EQ(rdma_connect(id, &param), -1) << "57 bytes: more than a REQ carries";
+  EXPECT_EQ(errno, EINVAL);
+  param.private_data_len = 56;
+  ASSERT_EQ(rdma_connect(id, &param), 0);
+  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+  EXPECT_EQ(event->event, RDMA_CM_EVENT_REJECTED);
+  EXPECT_EQ(event->status, 8) << "IB CM: invalid service ID";
+  rdma_ack_cm_event(event);
+  // A channel whose fd is non-blocking reports EAGAIN when empty.
+  int flags = fcntl(channel->fd, F_GETFL);
+  ASSERT_EQ(fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK), 0);
+  errno = 0;
+  EXPECT_EQ(rdma_get_cm_event(channel, &event), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  rdma_destroy_event_channel(channel);
+}
+
+TEST(RdmaCmAlone, WildcardBindHasNoDeviceAndBadAddressesAreRefused) {
+  rdma_event_channel* channel = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  ASSERT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&any)), 0);
+  EXPECT_EQ(id->verbs, nullptr);
+  EXPECT_NE(rdma_get_src_port(id), 0) << "port 0 picks one";
+  rdma_cm_id* other = nullptr;
+  ASSERT_EQ(rdma_create_id(channel, &other, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in foreign{};
+  foreign.sin_family = AF_INET;
+  foreign.sin_addr.s_addr = inet_addr("192.0.2.77");  // TEST-NET-1: not ours
+  errno = 0;
+  EXPECT_EQ(rdma_bind_addr(other, reinterpret_cast<sockaddr*>(&foreign)), -1);
+  EXPECT_EQ(errno, EADDRNOTAVAIL);
+  errno = 0;
+  EXPECT_EQ(rdma_create_id(channel, &other, nullptr, static_cast<rdma_port_space>(7)), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_STREQ(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED");
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(channel);
+}
+
+TEST(RdmaCmAlone, RejectCarriesPrivateDataAndTheConsumerReason) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    rdma_event_channel* channel = rdma_create_event_channel();
+    rdma_cm_id* listener = nullptr;
+    rdma_create_id(channel, &listener, nullptr, RDMA_PS_TCP);
+    sockaddr_in local{};
+    local.sin_family = AF_INET;
+    local.sin_port = htons(7403);
+    local.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&local)) || rdma_listen(listener, 1)) _exit(2);
+    char ready = 'r';
+    if (write(fds[1], &ready, 1) != 1) _exit(3);
+    rdma_cm_event* event = nullptr;
+    if (rdma_get_cm_event(channel, &event) || event->event != RDMA_CM_EVENT_CONNECT_REQUEST) _exit(4);
+    rdma_cm_id* request = event->id;
+    rdma_ack_cm_event(event);
+    const char why[] = "go away";
+    if (rdma_reject(request, why, sizeof why)) _exit(5);
+    rdma_destroy_id(request);
+    rdma_destroy_id(listener);
+    rdma_destroy_event_channel(channel);
+    _exit(0);
+  }
+  char ready;
+  ASSERT_EQ(read(fds[0], &ready, 1), 1);
+  rdma_event_channel* channel = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in destination{};
+  destination.sin_family = AF_INET;
+  destination.sin_port = htons(7403);
+  destination.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  rdma_cm_event* event = nullptr;
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&destination), 1000), 0);
+  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+  rdma_ack_cm_event(event);
+  ASSERT_EQ(rdma_resolve_route(id, 1000), 0);
+  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+  rdma_ack_cm_event(event);
+  ASSERT_EQ(rdma_connect(id, nullptr), 0);
+  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+  EXPECT_EQ(event->event, RDMA_CM_EVENT_REJECTED);
+  EXPECT_EQ(event->status, 28) << "IB CM: consumer reject";
+  EXPECT_EQ(event->param.conn.private_data_len, 148);
+  EXPECT_STREQ(static_cast<const char*>(event->param.conn.private_data), "go away");
+  rdma_ack_cm_event(event);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(channel);
+}
+
+}  // namespace
