@@ -19,7 +19,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
 constexpr unsigned kMinBlockShift = 12;
 
@@ -41,6 +41,7 @@ void initialize(DeviceShared* shared, uint64_t total_size) {
   for (auto& cq : shared->cqs) cq.lock.initialize();
   for (auto& srq : shared->srqs) srq.lock.initialize();
   std::construct_at(&shared->mrs, static_cast<uint32_t>(std::random_device{}()));
+  std::construct_at(&shared->multicast);
   shared->next_pd_handle = 1;
   shared->instance_id = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
   shared->heap_start = round_up(sizeof(DeviceShared), 4096);
@@ -222,6 +223,8 @@ void DeviceMemory::reclaim_dead_owners() {
       qp.live = 0;
     }
     release(ring, bytes);
+    SharedLock memory_lock(shared().memory_lock);
+    shared().multicast.detach_everywhere(qp.qpn);
   }
   for (auto& cq : shared().cqs) {
     if (!cq.live || process_alive(cq.owner_pid)) continue;

@@ -17,6 +17,7 @@
 #include "device_limits.h"
 #include "event_socket.h"
 #include "memory_region_table.h"
+#include "multicast_table.h"
 #include "qp_state_machine.h"
 #include "shared_mutex.h"
 #include "work_request.h"
@@ -135,6 +136,7 @@ struct DeviceShared {
   CqRecord cqs[limits::kMaxCq];
   SrqRecord srqs[limits::kMaxSrq];
   MemoryRegionTable mrs;
+  MulticastTable multicast;  // under memory_lock
 };
 
 class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {

@@ -176,6 +176,60 @@ std::array<uint8_t, kGrhBytes> build_grh(const SendRequest& request, uint64_t pa
   return grh;
 }
 
+// A SEND (with or without immediate) into `target`'s next receive WQE; the
+// target's lock is held by the caller.
+SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_record, const SendRequest& request,
+                       const LocalBuffers& local, Completion& completion) {
+  QpRecord* target = &target_record;
+  const bool reliable = qp.type == QpType::Rc;
+  ReceivePlacement receive;
+  if (!take_receive(memory, *target, receive)) {
+    if (reliable) return SendOutcome::ReceiverNotReady;
+    return SendOutcome::Completed;  // UC/UD: dropped
+  }
+  Completion received;
+  received.wr_id = receive.wr_id;
+  received.opcode = WcOpcode::Receive;
+  received.qp_num = target->qpn;
+  received.src_qp = qp.qpn;
+  if (carries_immediate(request.opcode)) {
+    received.imm_data = request.imm_data;
+    received.flags |= wc_flag::kWithImm;
+  }
+  uint64_t header = qp.type == QpType::Ud ? kGrhBytes : 0;
+  if (receive.protection_error) {
+    received.status = WcStatus::LocalProtectionError;
+    if (reliable) completion.status = WcStatus::RemoteOperationError;
+  } else if (local.length + header > receive.capacity) {
+    received.status = WcStatus::LocalLengthError;
+    if (reliable) completion.status = WcStatus::RemoteInvalidRequestError;
+  } else {
+    int error = 0;
+    if (header != 0) {
+      // UD: the first 40 bytes of the receive buffer hold the GRH.
+      received.flags |= request.has_grh ? wc_flag::kGrh : 0;
+      auto grh = build_grh(request, local.length);
+      iovec grh_vector{grh.data(), grh.size()};
+      error = copy_to_process(memory, receive.owner, std::span(&grh_vector, 1), first_bytes(receive.vectors, header));
+    }
+    auto payload_vectors = skip_bytes(receive.vectors, header);
+    if (error == 0 && local.length > 0) error = copy_to_process(memory, receive.owner, local.vectors, payload_vectors);
+    if (error != 0) {
+      debug_log("SEND from QP %#x to QP %#x: copy into process %d failed: %s", qp.qpn, target->qpn, receive.owner,
+                strerror(error));
+      received.status = WcStatus::LocalProtectionError;
+      if (reliable) completion.status = WcStatus::RemoteOperationError;
+    }
+    received.byte_len = static_cast<uint32_t>(local.length + header);
+  }
+  if (received.status != WcStatus::Success && qp.type != QpType::Ud) {
+    // A receive-side error takes the responder QP to ERR as well.
+    target->state = QpState::Error;
+  }
+  deliver_completion(memory, target->recv_cq, received, request.flags & send_flag::kSolicited);
+  return SendOutcome::Completed;
+}
+
 }  // namespace
 
 SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, Completion& completion) {
@@ -193,6 +247,25 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
   completion.byte_len = static_cast<uint32_t>(local.length);
 
   const bool reliable = qp.type == QpType::Rc;
+  if (qp.type == QpType::Ud && request.remote_qpn == kMulticastQpn) {
+    // A copy to every QP attached to the group, the sender's own included.
+    if (local.length > ud_mtu_bytes(qp)) {
+      completion.status = WcStatus::LocalLengthError;
+      return SendOutcome::Completed;
+    }
+    std::vector<uint32_t> members = device.multicast.members(request.destination_gid);
+    for (uint32_t member : members) {
+      QpRecord* target = memory.qp_by_number(member);
+      if (target == nullptr) continue;
+      SharedLock target_lock(target->lock);
+      uint32_t qkey = (request.remote_qkey & 0x80000000u) ? qp.attributes.qkey : request.remote_qkey;
+      if (!target->live || target->type != QpType::Ud || !receive_capable(target->state) ||
+          target->attributes.qkey != qkey)
+        continue;
+      place_send(memory, qp, *target, request, local, completion);
+    }
+    return SendOutcome::Completed;
+  }
   uint32_t target_qpn = qp.type == QpType::Ud ? request.remote_qpn : qp.attributes.dest_qpn;
   QpRecord* target = memory.qp_by_number(target_qpn);
 
@@ -311,53 +384,7 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
       break;
   }
 
-  // SEND: needs a receive WQE at the target.
-  ReceivePlacement receive;
-  if (!take_receive(memory, *target, receive)) {
-    if (reliable) return SendOutcome::ReceiverNotReady;
-    return SendOutcome::Completed;  // UC/UD: dropped
-  }
-  Completion received;
-  received.wr_id = receive.wr_id;
-  received.opcode = WcOpcode::Receive;
-  received.qp_num = target->qpn;
-  received.src_qp = qp.qpn;
-  if (carries_immediate(request.opcode)) {
-    received.imm_data = request.imm_data;
-    received.flags |= wc_flag::kWithImm;
-  }
-  uint64_t header = qp.type == QpType::Ud ? kGrhBytes : 0;
-  if (receive.protection_error) {
-    received.status = WcStatus::LocalProtectionError;
-    if (reliable) completion.status = WcStatus::RemoteOperationError;
-  } else if (local.length + header > receive.capacity) {
-    received.status = WcStatus::LocalLengthError;
-    if (reliable) completion.status = WcStatus::RemoteInvalidRequestError;
-  } else {
-    int error = 0;
-    if (header != 0) {
-      // UD: the first 40 bytes of the receive buffer hold the GRH.
-      received.flags |= request.has_grh ? wc_flag::kGrh : 0;
-      auto grh = build_grh(request, local.length);
-      iovec grh_vector{grh.data(), grh.size()};
-      error = copy_to_process(memory, receive.owner, std::span(&grh_vector, 1), first_bytes(receive.vectors, header));
-    }
-    auto payload_vectors = skip_bytes(receive.vectors, header);
-    if (error == 0 && local.length > 0) error = copy_to_process(memory, receive.owner, local.vectors, payload_vectors);
-    if (error != 0) {
-      debug_log("SEND from QP %#x to QP %#x: copy into process %d failed: %s", qp.qpn, target->qpn, receive.owner,
-                strerror(error));
-      received.status = WcStatus::LocalProtectionError;
-      if (reliable) completion.status = WcStatus::RemoteOperationError;
-    }
-    received.byte_len = static_cast<uint32_t>(local.length + header);
-  }
-  if (received.status != WcStatus::Success && qp.type != QpType::Ud) {
-    // A receive-side error takes the responder QP to ERR as well.
-    target->state = QpState::Error;
-  }
-  deliver_completion(memory, target->recv_cq, received, request.flags & send_flag::kSolicited);
-  return SendOutcome::Completed;
+  return place_send(memory, qp, *target, request, local, completion);
 }
 
 }  // namespace softverbs

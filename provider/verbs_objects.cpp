@@ -749,6 +749,10 @@ int destroy_qp(ibv_qp* ibv) {
     bytes = ring_bytes(record.rq);
   }
   state.memory->release(ring, bytes);
+  {
+    SharedLock lock(state.memory->shared().memory_lock);
+    state.memory->shared().multicast.detach_everywhere(ibv->qp_num);
+  }
   purge_completions(*state.memory, qp->send_cq->index, ibv->qp_num);
   purge_completions(*state.memory, qp->recv_cq->index, ibv->qp_num);
   {
@@ -1280,6 +1284,28 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   return ibv;
 }
 
+// ---- multicast ----------------------------------------------------------------
+
+MulticastTable::Gid to_gid(const ibv_gid* gid) {
+  MulticastTable::Gid out;
+  std::memcpy(out.data(), gid->raw, 16);
+  return out;
+}
+
+int attach_mcast(ibv_qp* ibv, const ibv_gid* gid, uint16_t) {
+  if (gid == nullptr || ibv->qp_type != IBV_QPT_UD) return EINVAL;
+  DeviceMemory& memory = memory_of(ibv->context);
+  SharedLock lock(memory.shared().memory_lock);
+  return memory.shared().multicast.attach(to_gid(gid), ibv->qp_num);
+}
+
+int detach_mcast(ibv_qp* ibv, const ibv_gid* gid, uint16_t) {
+  if (gid == nullptr) return EINVAL;
+  DeviceMemory& memory = memory_of(ibv->context);
+  SharedLock lock(memory.shared().memory_lock);
+  return memory.shared().multicast.detach(to_gid(gid), ibv->qp_num);
+}
+
 }  // namespace
 
 void add_verbs_object_ops(abi::verbs_context_ops& ops) {
@@ -1303,6 +1329,8 @@ void add_verbs_object_ops(abi::verbs_context_ops& ops) {
   ops.destroy_qp = destroy_qp;
   ops.post_send = post_send;
   ops.post_recv = post_recv;
+  ops.attach_mcast = attach_mcast;
+  ops.detach_mcast = detach_mcast;
   ops.create_srq = create_srq;
   ops.modify_srq = modify_srq;
   ops.query_srq = query_srq;

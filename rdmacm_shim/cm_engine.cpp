@@ -25,6 +25,7 @@
 #include "debug_log.h"
 #include "device_registry.h"
 #include "listener_directory.h"
+#include "multicast_table.h"
 
 namespace softverbs::cm {
 
@@ -1449,6 +1450,61 @@ int init_qp_attr(rdma_cm_id* public_id, ibv_qp_attr* attr, int* mask) {
   if (id->id.verbs == nullptr) return fail(EINVAL);
   if (int error = qp_attributes(id, attr->qp_state, *attr, *mask)) return fail(error);
   return 0;
+}
+
+// ---- multicast ------------------------------------------------------------------
+
+int join_multicast(rdma_cm_id* public_id, const sockaddr* address, void* context, bool send_only) {
+  if (public_id == nullptr || address == nullptr) return fail(EINVAL);
+  if (address->sa_family != AF_INET && address->sa_family != AF_INET6) return fail(EAFNOSUPPORT);
+  std::lock_guard guard(Engine::instance().mutex);
+  CmId* id = priv(public_id);
+  if (id->id.verbs == nullptr || !is_ud(id)) return fail(EINVAL);
+  CmId::Membership membership{};
+  copy_address(membership.address, address);
+  // RoCE's group GID: the IPv4-mapped address, or the IPv6 address itself.
+  membership.mgid = gid_of(membership.address);
+  if (membership.mgid.raw[0] != 0xff &&
+      !(address->sa_family == AF_INET && membership.mgid.raw[12] >= 224 && membership.mgid.raw[12] <= 239))
+    return fail(EINVAL);  // not a multicast address
+  if (address->sa_family == AF_INET) {
+    // IPv4 multicast becomes an IB multicast GID as the kernel's RoCE code
+    // builds it: ff0e::ffff:a.b.c.d.
+    membership.mgid.raw[0] = 0xff;
+    membership.mgid.raw[1] = 0x0e;
+  }
+  for (const auto& joined : id->multicast)
+    if (std::memcmp(&joined.address, &membership.address, sizeof membership.address) == 0) return fail(EADDRINUSE);
+  if (!send_only && id->id.qp != nullptr) {
+    if (int error = ibv_attach_mcast(id->id.qp, &membership.mgid, 0)) return fail(error);
+    membership.attached = true;
+  }
+  id->multicast.push_back(membership);
+  auto event = std::make_unique<QueuedEvent>();
+  rdma_ud_param& ud = event->event.param.ud;
+  ud.private_data = context;  // librdmacm hands the join's context back here
+  ud.ah_attr = path_to_peer(id);
+  ud.ah_attr.grh.dgid = membership.mgid;
+  ud.qp_num = kMulticastQpn;
+  ud.qkey = RDMA_UDP_QKEY;
+  if (id->own_channel) return 0;  // a synchronous join is complete
+  deliver(id, RDMA_CM_EVENT_MULTICAST_JOIN, 0, std::move(event));
+  return 0;
+}
+
+int leave_multicast(rdma_cm_id* public_id, const sockaddr* address) {
+  if (public_id == nullptr || address == nullptr) return fail(EINVAL);
+  std::lock_guard guard(Engine::instance().mutex);
+  CmId* id = priv(public_id);
+  sockaddr_storage wanted;
+  copy_address(wanted, address);
+  for (auto it = id->multicast.begin(); it != id->multicast.end(); ++it) {
+    if (std::memcmp(&it->address, &wanted, sizeof wanted) != 0) continue;
+    if (it->attached && id->id.qp) ibv_detach_mcast(id->id.qp, &it->mgid, 0);
+    id->multicast.erase(it);
+    return 0;
+  }
+  return fail(EADDRNOTAVAIL);
 }
 
 int set_local_ece(rdma_cm_id* public_id, const ibv_ece* ece) {

@@ -76,6 +76,12 @@ struct CmId {
   ibv_pd* endpoint_pd = nullptr;
   std::unique_ptr<QueuedEvent> held_event;  // synchronous ids: id->event
   ibv_sa_path_rec path{};                   // what id->route.path_rec points at
+  struct Membership {
+    sockaddr_storage address;
+    ibv_gid mgid;
+    bool attached;
+  };
+  std::vector<Membership> multicast;
   // rdma_destroy_id waits until every event the application has taken for
   // the id is acked; events not yet taken are dropped, as the kernel does.
   uint64_t events_taken = 0;
@@ -108,6 +114,8 @@ int ack_cm_event(rdma_cm_event* event);
 int migrate_id(rdma_cm_id* id, rdma_event_channel* channel);
 int set_option(rdma_cm_id* id, int level, int name, const void* value, size_t length);
 int init_qp_attr(rdma_cm_id* id, ibv_qp_attr* attr, int* mask);
+int join_multicast(rdma_cm_id* id, const sockaddr* address, void* context, bool send_only);
+int leave_multicast(rdma_cm_id* id, const sockaddr* address);
 int set_local_ece(rdma_cm_id* id, const ibv_ece* ece);
 int get_remote_ece(rdma_cm_id* id, ibv_ece* ece);
 ibv_context** get_devices(int* count);

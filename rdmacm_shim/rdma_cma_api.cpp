@@ -156,24 +156,31 @@ SV_EXPORT int rdma_disconnect(rdma_cm_id* id) {
   return cm::disconnect(id);
 }
 
-// Multicast needs multicast delivery in the data path, which softverbs does
-// not have yet: refused plainly.
 SV_EXPORT int rdma_join_multicast(rdma_cm_id* id, sockaddr* addr, void* context) {
   SOFTVERBS_FORWARD(rdma_join_multicast, "RDMACM_1.0", id, addr, context);
-  errno = EOPNOTSUPP;
-  return -1;
+  return cm::join_multicast(id, addr, context, false);
 }
 
 SV_EXPORT int rdma_leave_multicast(rdma_cm_id* id, sockaddr* addr) {
   SOFTVERBS_FORWARD(rdma_leave_multicast, "RDMACM_1.0", id, addr);
-  errno = EADDRNOTAVAIL;
-  return -1;
+  return cm::leave_multicast(id, addr);
 }
 
 SV_EXPORT int rdma_join_multicast_ex(rdma_cm_id* id, rdma_cm_join_mc_attr_ex* attr, void* context) {
   SOFTVERBS_FORWARD(rdma_join_multicast_ex, "RDMACM_1.1", id, attr, context);
-  errno = EOPNOTSUPP;
-  return -1;
+  if (attr == nullptr || !(attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS) ||
+      (attr->comp_mask & ~(RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS))) {
+    errno = EINVAL;
+    return -1;
+  }
+  uint32_t flags = (attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS)
+                       ? attr->join_flags
+                       : static_cast<uint32_t>(RDMA_MC_JOIN_FLAG_FULLMEMBER);
+  if (flags != RDMA_MC_JOIN_FLAG_FULLMEMBER && flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) {
+    errno = EINVAL;
+    return -1;
+  }
+  return cm::join_multicast(id, attr->addr, context, flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER);
 }
 
 SV_EXPORT int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {

@@ -142,8 +142,8 @@ TEST(Delegation, HandsCallsToTheRealLibraryWhenAskedTo) {
 
   // auto: no kernel rdma_cm on this machine, so the emulation answers.
   if (access("/dev/infiniband/rdma_cm", R_OK | W_OK) != 0) {
-    auto automatic = test::run_process({DELEGATION_PROBE}, {"SOFTVERBS_RDMACM=auto",
-                                                            std::string("SOFTVERBS_RDMACM_REAL=") + FAKE_LIBRDMACM});
+    auto automatic = test::run_process(
+        {DELEGATION_PROBE}, {"SOFTVERBS_RDMACM=auto", std::string("SOFTVERBS_RDMACM_REAL=") + FAKE_LIBRDMACM});
     EXPECT_NE(automatic.out.find("event_str=RDMA_CM_EVENT_ESTABLISHED"), std::string::npos) << automatic.out;
   }
 }

@@ -8,6 +8,7 @@
 
 #include "completion_ring.h"
 #include "memory_region_table.h"
+#include "multicast_table.h"
 #include "qp_state_machine.h"
 
 namespace softverbs {
@@ -244,6 +245,27 @@ TEST(CompletionRing, RemoveIfKeepsTheOthersInOrder) {
   ASSERT_EQ(ring.pop(out), 2u);
   EXPECT_EQ(out[0].wr_id, 2u);
   EXPECT_EQ(out[1].wr_id, 4u);
+}
+
+TEST(MulticastTable, AttachDetachAndLimits) {
+  auto table = std::make_unique<MulticastTable>();
+  MulticastTable::Gid group{};
+  group[0] = 0xff;
+  group[15] = 1;
+  MulticastTable::Gid unicast{};
+  unicast[0] = 0xfe;
+  EXPECT_EQ(table->attach(unicast, 0x11), EINVAL) << "only multicast GIDs";
+  EXPECT_EQ(table->attach(group, 0x11), 0);
+  EXPECT_EQ(table->attach(group, 0x11), 0) << "attaching twice is harmless";
+  EXPECT_EQ(table->attach(group, 0x12), 0);
+  EXPECT_EQ(table->members(group), (std::vector<uint32_t>{0x11, 0x12}));
+  EXPECT_EQ(table->detach(group, 0x13), EINVAL);
+  EXPECT_EQ(table->detach(group, 0x11), 0);
+  EXPECT_EQ(table->members(group), std::vector<uint32_t>{0x12});
+  table->detach_everywhere(0x12);
+  EXPECT_TRUE(table->members(group).empty());
+  for (uint32_t qpn = 0; qpn < limits::kMaxMcastQpAttach; ++qpn) ASSERT_EQ(table->attach(group, 0x100 + qpn), 0);
+  EXPECT_EQ(table->attach(group, 0x999), ENOMEM) << "max_mcast_qp_attach";
 }
 
 }  // namespace
