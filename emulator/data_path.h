@@ -22,8 +22,9 @@ struct SendRequest {
   SendOpcode opcode = SendOpcode::Send;
   uint32_t flags = 0;
   uint32_t imm_data = 0;  // network byte order, as posted
+  // With kInline the SGEs are plain (address, length) in this process: their
+  // lkeys are not looked at, as an HCA copies inline data at post time.
   std::span<const Sge> sges;
-  std::span<const uint8_t> inline_data;  // used instead of sges with kInline
   uint64_t remote_address = 0;
   uint32_t rkey = 0;
   uint64_t compare_add = 0;

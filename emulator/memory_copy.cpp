@@ -19,6 +19,8 @@
 
 #include "device_memory.h"
 #include "event_socket.h"
+#include "process_id.h"
+#include "small_vector.h"
 
 namespace softverbs {
 
@@ -73,10 +75,17 @@ void advance(std::vector<iovec>& list, size_t& index, size_t bytes) {
 }
 
 // process_vm_* takes at most IOV_MAX vectors a side and may copy partially:
-// loop until everything moved.
+// loop until everything moved. Lists up to the device's SGE limit stay on the
+// stack.
 template <typename Call>
 int kernel_copy(pid_t pid, std::span<const iovec> local, std::span<const iovec> remote, Call call) {
   size_t wanted = std::min(total(local), total(remote));
+  if (local.size() <= 64 && remote.size() <= 64) {
+    // The common case: one call moves everything.
+    ssize_t n = call(pid, local.data(), local.size(), remote.data(), remote.size(), 0);
+    if (n == static_cast<ssize_t>(wanted)) return 0;
+    if (n < 0 && errno != EINTR) return errno;
+  }
   std::vector<iovec> l(local.begin(), local.end()), r(remote.begin(), remote.end());
   size_t moved = 0, li = 0, ri = 0;
   while (moved < wanted) {
@@ -140,7 +149,7 @@ int serve(DeviceMemory& memory, const AgentRequest& request) {
   for (uint32_t i = 0; i < request.count; ++i) {
     const AgentSegment& s = request.segments[i];
     std::optional<MemoryRegion> region = memory.shared().mrs.find(s.key);
-    if (!region || region->owner_pid != getpid() || s.address < region->address ||
+    if (!region || region->owner_pid != current_pid() || s.address < region->address ||
         s.address - region->address > region->length || s.length > region->length - (s.address - region->address))
       return EFAULT;
     bytes += s.length;
@@ -263,8 +272,17 @@ bool kernel_refused(int error) { return error == EPERM || error == EACCES || err
 template <typename Call>
 int copy(DeviceMemory& memory, pid_t pid, bool write, std::span<const iovec> local, std::span<const RemoteRange> remote,
          Call kernel_call) {
-  std::vector<iovec> remote_vectors = to_iovecs(remote);
-  if (pid == getpid()) {
+  SmallVector<iovec, 64> few;
+  std::vector<iovec> many;
+  std::span<const iovec> remote_vectors;
+  if (remote.size() <= 64) {
+    for (const RemoteRange& r : remote) few.push_back({reinterpret_cast<void*>(r.address), r.length});
+    remote_vectors = few;
+  } else {
+    many = to_iovecs(remote);
+    remote_vectors = many;
+  }
+  if (pid == current_pid()) {
     if (write)
       copy_vectors(remote_vectors, local);
     else

@@ -12,6 +12,8 @@
 #include "debug_log.h"
 #include "event_socket.h"
 #include "memory_copy.h"
+#include "process_id.h"
+#include "small_vector.h"
 
 namespace softverbs {
 
@@ -57,21 +59,24 @@ bool receive_capable(QpState state) {
 
 // The requester's local buffers, resolved to this process's addresses.
 struct LocalBuffers {
-  std::vector<iovec> vectors;
+  SmallVector<iovec, limits::kMaxSge + 1> vectors;
   uint64_t length = 0;
 };
 
 WcStatus resolve_local(DeviceMemory& memory, const QpRecord& qp, const SendRequest& request, LocalBuffers& out) {
   if (request.flags & send_flag::kInline) {
-    out.vectors.push_back({const_cast<uint8_t*>(request.inline_data.data()), request.inline_data.size()});
-    out.length = request.inline_data.size();
+    for (const Sge& sge : request.sges) {
+      if (sge.length == 0) continue;
+      out.vectors.push_back({reinterpret_cast<void*>(sge.address), sge.length});
+      out.length += sge.length;
+    }
     return WcStatus::Success;
   }
   uint32_t needed = reads_into_local(request.opcode) ? access::kLocalWrite : 0;
   for (const Sge& sge : request.sges) {
     ResolvedRange where;
     KeyCheck verdict = memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, sge.length, needed, &where);
-    if (verdict != KeyCheck::Ok || where.owner_pid != getpid()) {
+    if (verdict != KeyCheck::Ok || where.owner_pid != current_pid()) {
       debug_log("QP %#x wr_id %#llx: local SGE lkey %#x addr %#llx len %u refused (check %d, owner %d)", qp.qpn,
                 static_cast<unsigned long long>(request.wr_id), sge.lkey, static_cast<unsigned long long>(sge.address),
                 sge.length, static_cast<int>(verdict), where.owner_pid);
@@ -89,7 +94,7 @@ WcStatus resolve_local(DeviceMemory& memory, const QpRecord& qp, const SendReque
 struct ReceivePlacement {
   uint64_t wr_id = 0;
   pid_t owner = 0;
-  std::vector<RemoteRange> vectors;
+  SmallVector<RemoteRange, limits::kMaxSge> vectors;
   uint64_t capacity = 0;
   bool protection_error = false;
 };
@@ -137,8 +142,10 @@ bool take_receive(DeviceMemory& memory, QpRecord& target, ReceivePlacement& out)
 }
 
 // The first `length` bytes of `ranges`; the rest is dropped.
-std::vector<RemoteRange> first_bytes(const std::vector<RemoteRange>& ranges, uint64_t length) {
-  std::vector<RemoteRange> out;
+using RemoteRanges = SmallVector<RemoteRange, limits::kMaxSge>;
+
+RemoteRanges first_bytes(const RemoteRanges& ranges, uint64_t length) {
+  RemoteRanges out;
   for (const RemoteRange& r : ranges) {
     if (length == 0) break;
     uint64_t take = std::min(r.length, length);
@@ -149,8 +156,8 @@ std::vector<RemoteRange> first_bytes(const std::vector<RemoteRange>& ranges, uin
 }
 
 // `ranges` without their first `skip` bytes.
-std::vector<RemoteRange> skip_bytes(const std::vector<RemoteRange>& ranges, uint64_t skip) {
-  std::vector<RemoteRange> out;
+RemoteRanges skip_bytes(const RemoteRanges& ranges, uint64_t skip) {
+  RemoteRanges out;
   for (const RemoteRange& r : ranges) {
     if (skip >= r.length) {
       skip -= r.length;

@@ -938,30 +938,26 @@ bool opcode_allowed(QpType type, ibv_wr_opcode opcode) {
   }
 }
 
-// Builds the emulator's request; `owned` keeps what must outlive the caller's
-// work request (inline bytes, SGE copy) for a deferred send.
-int translate_send(ProviderQp* qp, const QpRecord& record, const ibv_send_wr* wr, DeferredSend& owned) {
+// Builds the emulator's request over the caller's work request (no copy: the
+// immediate path allocates nothing); take_ownership() copies what a deferred
+// send must keep.
+int translate_send(const QpRecord& record, const ibv_send_wr* wr, DeferredSend& send) {
   if (!opcode_allowed(record.type, wr->opcode) || wr->num_sge < 0 ||
       static_cast<uint32_t>(wr->num_sge) > record.caps.max_send_sge)
     return EINVAL;
-  SendRequest& r = owned.request;
+  SendRequest& r = send.request;
   r.wr_id = wr->wr_id;
   r.opcode = static_cast<SendOpcode>(wr->opcode);
   r.flags = wr->send_flags;
   r.imm_data = wr->imm_data;
-  owned.sges.assign(reinterpret_cast<const Sge*>(wr->sg_list), reinterpret_cast<const Sge*>(wr->sg_list) + wr->num_sge);
+  r.sges = std::span(reinterpret_cast<const Sge*>(wr->sg_list), static_cast<size_t>(wr->num_sge));
   if (wr->send_flags & IBV_SEND_INLINE) {
     if (wr->opcode == IBV_WR_RDMA_READ || wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
         wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
       return EINVAL;
     size_t total = 0;
-    for (const Sge& sge : owned.sges) total += sge.length;
+    for (const Sge& sge : r.sges) total += sge.length;
     if (total > record.caps.max_inline_data) return EINVAL;
-    owned.inline_bytes.reserve(total);
-    for (const Sge& sge : owned.sges) {
-      const auto* bytes = reinterpret_cast<const uint8_t*>(sge.address);
-      owned.inline_bytes.insert(owned.inline_bytes.end(), bytes, bytes + sge.length);
-    }
   }
   switch (wr->opcode) {
     case IBV_WR_RDMA_WRITE:
@@ -992,15 +988,29 @@ int translate_send(ProviderQp* qp, const QpRecord& record, const ibv_send_wr* wr
     r.traffic_class = ah->attr.grh.traffic_class;
     r.flow_label = ah->attr.grh.flow_label;
   }
-  owned.signaled = (wr->send_flags & IBV_SEND_SIGNALED) || record.signal_all;
-  (void)qp;
+  send.signaled = (wr->send_flags & IBV_SEND_SIGNALED) || record.signal_all;
   return 0;
 }
 
-void bind_spans(DeferredSend& send) {
+// A send that waits keeps its own copy of the SGE list, and of the bytes of
+// an inline send (the caller may reuse its buffer once ibv_post_send returns).
+void take_ownership(DeferredSend& send) {
+  if (send.request.flags & IBV_SEND_INLINE) {
+    for (const Sge& sge : send.request.sges) {
+      const auto* bytes = reinterpret_cast<const uint8_t*>(sge.address);
+      send.inline_bytes.insert(send.inline_bytes.end(), bytes, bytes + sge.length);
+    }
+    send.sges.assign(1, Sge{reinterpret_cast<uint64_t>(send.inline_bytes.data()),
+                            static_cast<uint32_t>(send.inline_bytes.size()), 0});
+  } else {
+    send.sges.assign(send.request.sges.begin(), send.request.sges.end());
+  }
   send.request.sges = send.sges;
-  send.request.inline_data = send.inline_bytes;
 }
+
+// After a move, point the request at the storage it now owns (a moved
+// vector keeps its buffer, so the inline SGE's address stays right).
+void bind_spans(DeferredSend& send) { send.request.sges = send.sges; }
 
 // Runs one send; false if it must wait (and `send` is updated for later).
 bool attempt_send(DeviceMemory& memory, ProviderQp* qp, DeferredSend& send, bool first_attempt) {
@@ -1099,11 +1109,10 @@ int post_send_locked(ProviderQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Cloc
       return EINVAL;
     }
     DeferredSend send;
-    if (int error = translate_send(qp, record, wr, send)) {
+    if (int error = translate_send(record, wr, send)) {
       *bad_wr = wr;
       return error;
     }
-    bind_spans(send);
     if (qp_state == QpState::Error) {
       Completion flushed;
       flushed.wr_id = wr->wr_id;
@@ -1113,6 +1122,7 @@ int post_send_locked(ProviderQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Cloc
       continue;
     }
     if (qp_state == QpState::Sqd || !qp->deferred.empty() || !attempt_send(memory, qp, send, true)) {
+      take_ownership(send);
       qp->deferred.push_back(std::move(send));
       count_deferred(qp, 1);
       bind_spans(qp->deferred.back());

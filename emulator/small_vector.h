@@ -1,0 +1,36 @@
+// A vector with its storage inline, for the data path's short lists (SGEs,
+// iovecs): no heap allocation per work request.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <span>
+
+namespace softverbs {
+
+template <typename T, size_t Capacity>
+class SmallVector {
+ public:
+  // False (and nothing stored) when full; callers size Capacity by the
+  // device's limits, so a full list is a bug upstream, never silent loss.
+  bool push_back(const T& value) {
+    if (size_ == Capacity) return false;
+    items_[size_++] = value;
+    return true;
+  }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  T* data() { return items_.data(); }
+  const T* data() const { return items_.data(); }
+  T* begin() { return items_.data(); }
+  T* end() { return items_.data() + size_; }
+  const T* begin() const { return items_.data(); }
+  const T* end() const { return items_.data() + size_; }
+  operator std::span<const T>() const { return {items_.data(), size_}; }
+
+ private:
+  std::array<T, Capacity> items_{};
+  size_t size_ = 0;
+};
+
+}  // namespace softverbs
