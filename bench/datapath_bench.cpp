@@ -1,0 +1,139 @@
+// Micro-benchmarks of the emulator's hot paths: MR key lookup, completion
+// ring push/pop, and a whole work request (WRITE and SEND) through the
+// requester between two QPs of this process.
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "completion_ring.h"
+#include "data_path.h"
+#include "device_memory.h"
+#include "memory_region_table.h"
+
+namespace softverbs {
+namespace {
+
+void MrKeyLookup(benchmark::State& state) {
+  auto table = std::make_unique<MemoryRegionTable>(1);
+  std::vector<uint32_t> keys;
+  for (int i = 0; i < 1000; ++i)
+    keys.push_back(*table->register_region(1, 1, 0x10000 * (i + 1), 0x10000 * (i + 1), 4096, access::kRemoteWrite |
+                                                                                                   access::kLocalWrite));
+  size_t i = 0;
+  ResolvedRange where;
+  for (auto _ : state) {
+    uint32_t key = keys[i++ % keys.size()];
+    benchmark::DoNotOptimize(table->check_remote(key, 1, (key >> 8) * 0 + 0x10000 * ((i - 1) % 1000 + 1) + 64, 64,
+                                                 access::kRemoteWrite, &where));
+  }
+}
+BENCHMARK(MrKeyLookup);
+
+void CompletionRingPushPop(benchmark::State& state) {
+  CompletionRingHeader header;
+  std::vector<Completion> storage(1024);
+  CompletionRing::initialize(header, storage);
+  CompletionRing ring(header, storage);
+  Completion c, out;
+  for (auto _ : state) {
+    ring.push(c);
+    ring.pop(std::span(&out, 1));
+    benchmark::DoNotOptimize(out);
+  }
+}
+BENCHMARK(CompletionRingPushPop);
+
+// Two RC QPs of this process connected to each other in a scratch device
+// memory; the benchmark posts WRITEs or SENDs of `range(0)` bytes.
+class LoopbackPair {
+ public:
+  LoopbackPair() {
+    path_ = "/tmp/softverbs-bench-" + std::to_string(getpid()) + ".mem";
+    std::string error;
+    memory_ = DeviceMemory::open(path_, &error);
+    a_ = &memory_->shared().qps[memory_->allocate_qp(getpid())];
+    b_ = &memory_->shared().qps[memory_->allocate_qp(getpid())];
+    cq_ = memory_->allocate_cq(getpid());
+    CqRecord& cq = memory_->shared().cqs[cq_];
+    cq.ring_offset = memory_->allocate(4096 * sizeof(Completion));
+    cq.ring_bytes = 4096 * sizeof(Completion);
+    CompletionRing::initialize(cq.ring, std::span(memory_->at<Completion>(cq.ring_offset), 4096));
+    for (QpRecord* qp : {a_, b_}) {
+      qp->type = QpType::Rc;
+      qp->state = QpState::Rts;
+      qp->pd_handle = 1;
+      qp->send_cq = qp->recv_cq = cq_;
+      qp->attributes.access_flags = access::kRemoteWrite | access::kLocalWrite;
+      qp->rq.capacity = 1024;
+      qp->rq.max_sge = 1;
+      qp->rq.slot_size = sizeof(RecvWqe) + sizeof(Sge);
+      qp->rq.ring_offset = memory_->allocate(uint64_t{qp->rq.capacity} * qp->rq.slot_size);
+    }
+    a_->attributes.dest_qpn = b_->qpn;
+    b_->attributes.dest_qpn = a_->qpn;
+    source_.assign(1 << 20, 'a');
+    sink_.assign(1 << 20, 0);
+    source_key_ = *memory_->shared().mrs.register_region(1, getpid(), reinterpret_cast<uint64_t>(source_.data()),
+                                                         reinterpret_cast<uint64_t>(source_.data()), source_.size(),
+                                                         access::kLocalWrite);
+    sink_key_ = *memory_->shared().mrs.register_region(1, getpid(), reinterpret_cast<uint64_t>(sink_.data()),
+                                                       reinterpret_cast<uint64_t>(sink_.data()), sink_.size(),
+                                                       access::kLocalWrite | access::kRemoteWrite);
+  }
+  ~LoopbackPair() { std::filesystem::remove(path_); }
+
+  void write(size_t length) {
+    Sge sge{reinterpret_cast<uint64_t>(source_.data()), static_cast<uint32_t>(length), source_key_};
+    SendRequest request;
+    request.opcode = SendOpcode::RdmaWrite;
+    request.sges = std::span(&sge, 1);
+    request.remote_address = reinterpret_cast<uint64_t>(sink_.data());
+    request.rkey = sink_key_;
+    Completion completion;
+    execute_send(*memory_, *a_, request, completion);
+  }
+
+  void send(size_t length) {
+    Sge recv_sge{reinterpret_cast<uint64_t>(sink_.data()), static_cast<uint32_t>(length), sink_key_};
+    post_receive(*memory_, *b_, 1, std::span(&recv_sge, 1));
+    Sge sge{reinterpret_cast<uint64_t>(source_.data()), static_cast<uint32_t>(length), source_key_};
+    SendRequest request;
+    request.opcode = SendOpcode::Send;
+    request.sges = std::span(&sge, 1);
+    Completion completion, drained;
+    execute_send(*memory_, *a_, request, completion);
+    CqRecord& cq = memory_->shared().cqs[cq_];
+    CompletionRing ring(cq.ring, std::span(memory_->at<Completion>(cq.ring_offset), cq.ring.capacity));
+    ring.pop(std::span(&drained, 1));
+  }
+
+ private:
+  std::string path_;
+  std::shared_ptr<DeviceMemory> memory_;
+  QpRecord* a_;
+  QpRecord* b_;
+  int cq_;
+  std::vector<char> source_, sink_;
+  uint32_t source_key_, sink_key_;
+};
+
+void WorkRequestWrite(benchmark::State& state) {
+  LoopbackPair pair;
+  for (auto _ : state) pair.write(static_cast<size_t>(state.range(0)));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
+}
+BENCHMARK(WorkRequestWrite)->Arg(8)->Arg(4096)->Arg(65536);
+
+void WorkRequestSend(benchmark::State& state) {
+  LoopbackPair pair;
+  for (auto _ : state) pair.send(static_cast<size_t>(state.range(0)));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
+}
+BENCHMARK(WorkRequestSend)->Arg(8)->Arg(4096);
+
+}  // namespace
+}  // namespace softverbs

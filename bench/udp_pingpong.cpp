@@ -1,0 +1,103 @@
+// Baselines over UDP loopback: one-way ping-pong latency with busy-polling
+// (non-blocking recv in a loop), and one-way throughput with 64 KiB
+// datagrams. The floors for the RoCEv2-over-UDP transport.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+int bound_socket(uint16_t& port) {
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  port = ntohs(address.sin_port);
+  int size = 8 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+  return fd;
+}
+
+void connect_to(int fd, uint16_t port) {
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+}
+
+void spin_recv(int fd, char* buffer, size_t length) {
+  while (recv(fd, buffer, length, MSG_DONTWAIT) < 0) {
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iterations = argc > 1 ? std::atoi(argv[1]) : 50000;
+  uint16_t port_a, port_b;
+  int a = bound_socket(port_a), b = bound_socket(port_b);
+  connect_to(a, port_b);
+  connect_to(b, port_a);
+  char buffer[65536] = {};
+  pid_t child = fork();
+  if (child == 0) {
+    for (int i = 0; i < iterations; ++i) {
+      spin_recv(b, buffer, sizeof buffer);
+      send(b, buffer, 2, 0);
+    }
+    _exit(0);
+  }
+  std::vector<double> samples;
+  for (int i = 0; i < iterations; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    send(a, buffer, 2, 0);
+    spin_recv(a, buffer, sizeof buffer);
+    samples.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / 2);
+  }
+  waitpid(child, nullptr, 0);
+  std::sort(samples.begin(), samples.end());
+  std::printf("udp_pingpong_one_way_us median=%.3f p99=%.3f\n", samples[samples.size() / 2],
+              samples[samples.size() * 99 / 100]);
+
+  std::fflush(stdout);  // before fork: the child must not repeat it
+  // Throughput: the parent sends 64 KiB datagrams as fast as it can; the
+  // child counts what arrives between its first and last datagram.
+  const int datagrams = 40000;
+  const size_t size = 65000;
+  child = fork();
+  if (child == 0) {
+    long received = 0;
+    std::chrono::steady_clock::time_point first{}, last{};
+    auto idle_since = std::chrono::steady_clock::now();
+    while (received < datagrams) {
+      if (recv(b, buffer, sizeof buffer, MSG_DONTWAIT) > 0) {
+        last = std::chrono::steady_clock::now();
+        if (received++ == 0) first = last;
+        idle_since = last;
+      } else if (std::chrono::steady_clock::now() - idle_since > std::chrono::milliseconds(500)) {
+        break;  // the sender is done; the rest was dropped
+      }
+    }
+    double seconds = std::chrono::duration<double>(last - first).count();
+    std::printf("udp_throughput_GBps value=%.3f\n", received > 1 ? (received - 1) * static_cast<double>(size) / seconds / 1e9 : 0.0);
+    std::fflush(stdout);
+    _exit(0);
+  }
+  for (int i = 0; i < datagrams; ++i) send(a, buffer, size, 0);
+  waitpid(child, nullptr, 0);
+  return 0;
+}
