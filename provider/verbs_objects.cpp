@@ -566,6 +566,7 @@ struct DeferredSend {
   std::vector<Sge> sges;
   std::vector<uint8_t> inline_bytes;
   bool signaled = false;
+  bool attempted = false;    // the retry budgets below start at the first attempt
   int rnr_retries_left = 0;  // -1: infinite (rnr_retry 7)
   Clock::time_point next_attempt{};
   Clock::time_point give_up{Clock::time_point::max()};
@@ -1013,7 +1014,11 @@ void take_ownership(DeferredSend& send) {
 void bind_spans(DeferredSend& send) { send.request.sges = send.sges; }
 
 // Runs one send; false if it must wait (and `send` is updated for later).
-bool attempt_send(DeviceMemory& memory, ProviderQp* qp, DeferredSend& send, bool first_attempt) {
+bool attempt_send(DeviceMemory& memory, ProviderQp* qp, DeferredSend& send) {
+  // A send queued behind another is attempted first from the queue: its
+  // budgets start then, whichever path tries it first.
+  const bool first_attempt = !send.attempted;
+  send.attempted = true;
   QpRecord& record = record_of(qp);
   Completion completion;
   SendOutcome outcome = execute_send(memory, record, send.request, completion);
@@ -1070,7 +1075,7 @@ Clock::time_point progress_qp(DeviceMemory& memory, ProviderQp* qp) {
     qp->deferred.pop_front();
     count_deferred(qp, -1);
     bind_spans(head);
-    if (!attempt_send(memory, qp, head, false)) {
+    if (!attempt_send(memory, qp, head)) {
       qp->deferred.push_front(std::move(head));
       count_deferred(qp, 1);
       bind_spans(qp->deferred.front());
@@ -1121,7 +1126,7 @@ int post_send_locked(ProviderQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Cloc
       complete_send(memory, qp, flushed);
       continue;
     }
-    if (qp_state == QpState::Sqd || !qp->deferred.empty() || !attempt_send(memory, qp, send, true)) {
+    if (qp_state == QpState::Sqd || !qp->deferred.empty() || !attempt_send(memory, qp, send)) {
       take_ownership(send);
       qp->deferred.push_back(std::move(send));
       count_deferred(qp, 1);

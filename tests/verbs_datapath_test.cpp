@@ -491,6 +491,25 @@ TEST_F(RcDataPath, InfiniteRnrRetryWaitsForTheReceive) {
   EXPECT_EQ(buffer_b_[0], 0x42);
 }
 
+TEST_F(RcDataPath, QueuedSendsKeepTheirOwnRnrBudget) {
+  // rnr_retry 7 is infinite for every send, including those that waited in
+  // the queue behind another and meet "receiver not ready" later.
+  connect(IBV_QPT_RC, kAllAccess, /*rnr_retry=*/7);
+  for (uint64_t i = 1; i <= 3; ++i) ASSERT_EQ(post_a(IBV_WR_SEND, i, 0, 8), 0);
+  ASSERT_EQ(post_recv_b(10, 0, 8), 0);
+  auto first = poll_n(cq_a_, 1);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].status, IBV_WC_SUCCESS);
+  EXPECT_TRUE(poll_n(cq_a_, 1, std::chrono::milliseconds(50)).empty()) << "the others wait, without error";
+  ASSERT_EQ(post_recv_b(11, 8, 8), 0);
+  ASSERT_EQ(post_recv_b(12, 16, 8), 0);
+  auto rest = poll_n(cq_a_, 2);
+  ASSERT_EQ(rest.size(), 2u);
+  EXPECT_EQ(rest[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(rest[1].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(rest[1].wr_id, 3u);
+}
+
 TEST_F(RcDataPath, RnrDelayedSendCompletesWhileTheSenderSleepsOnItsChannel) {
   ibv_comp_channel* channel = ibv_create_comp_channel(context_);
   ASSERT_NE(channel, nullptr);
