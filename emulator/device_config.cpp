@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "fault_injection.h"
+
 namespace softverbs {
 
 std::string_view transport_name(TransportChoice transport) {
@@ -33,6 +35,7 @@ std::string DeviceConfig::serialize() const {
       << "node_guid=" << format_guid(node_guid) << '\n'
       << "netdev_mtu=" << netdev_mtu << '\n'
       << "transport=" << transport_name(transport) << '\n'
+      << "faults=" << faults << '\n'
       << "runtime_dir=" << runtime_dir.string() << '\n';
   return out.str();
 }
@@ -98,6 +101,10 @@ std::optional<DeviceConfig> DeviceConfig::parse(std::string_view text, std::stri
       auto transport = parse_transport(value);
       if (!transport) return fail("invalid transport (auto, shm or udp)");
       config.transport = *transport;
+    } else if (key == "faults") {
+      std::string why;
+      if (!FaultSettings::parse(value, &why)) return fail("invalid fault settings");
+      config.faults = std::string(value);
     } else if (key == "runtime_dir") {
       config.runtime_dir = std::string(value);
     }

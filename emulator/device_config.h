@@ -23,6 +23,7 @@ struct DeviceConfig {
   uint64_t node_guid = 0;  // host byte order, as sysfs shows it
   uint32_t netdev_mtu = 0;
   TransportChoice transport = TransportChoice::Auto;
+  std::string faults = "none";  // the UDP transport's fault injection, FaultSettings::parse form
   std::filesystem::path runtime_dir;
 
   std::string uverbs_name() const { return "uverbs" + std::to_string(uverbs_index); }

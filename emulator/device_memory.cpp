@@ -19,7 +19,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
 constexpr unsigned kMinBlockShift = 12;
 
@@ -156,6 +156,7 @@ int DeviceMemory::allocate_qp(pid_t owner) {
     qp.send_cq = qp.recv_cq = qp.srq = -1;
     qp.owner_handle = 0;
     qp.owner_async = {};
+    qp.forward_port = 0;
     qp.caps = {};
     qp.attributes = {};
     qp.rq = {};

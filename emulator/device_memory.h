@@ -16,10 +16,12 @@
 #include "completion_ring.h"
 #include "device_limits.h"
 #include "event_socket.h"
+#include "fault_injection.h"
 #include "memory_region_table.h"
 #include "multicast_table.h"
 #include "qp_state_machine.h"
 #include "shared_mutex.h"
+#include "transport_counters.h"
 #include "work_request.h"
 
 namespace softverbs {
@@ -114,6 +116,9 @@ struct QpRecord {
   int32_t srq = -1;
   uint64_t owner_handle = 0;  // the ibv_qp pointer in the owner, for events
   SocketAddress owner_async;
+  // The owner's UDP transport takes packets for this QP that another
+  // process of the device received on 127.0.0.1:forward_port; 0: none.
+  uint16_t forward_port = 0;
   QpCapacities caps;
   QpAttributes attributes;
   RecvQueue rq;
@@ -137,6 +142,10 @@ struct DeviceShared {
   SrqRecord srqs[limits::kMaxSrq];
   MemoryRegionTable mrs;
   MulticastTable multicast;  // under memory_lock
+  // The UDP transport's counters, fault settings and capture switch.
+  TransportCounters counters;
+  SharedFaultSettings faults;
+  CaptureControl capture;
 };
 
 class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {

@@ -58,6 +58,7 @@ std::optional<NetdevInfo> query_netdev(const std::string& name) {
   for (ifaddrs* entry = list.get(); entry != nullptr; entry = entry->ifa_next) {
     if (entry->ifa_name == nullptr || name != entry->ifa_name || entry->ifa_addr == nullptr) continue;
     info.is_up = info.is_up || (entry->ifa_flags & IFF_UP) != 0;
+    info.is_loopback = info.is_loopback || (entry->ifa_flags & IFF_LOOPBACK) != 0;
     switch (entry->ifa_addr->sa_family) {
       case AF_INET: {
         auto* in = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);

@@ -16,6 +16,7 @@ struct NetdevInfo {
   std::array<uint8_t, 6> mac{};
   uint32_t mtu = 0;
   bool is_up = false;
+  bool is_loopback = false;
   std::vector<std::array<uint8_t, 4>> ipv4_addresses;
   std::vector<std::array<uint8_t, 16>> ipv6_addresses;
 };

@@ -20,6 +20,8 @@ class SmallVector {
   }
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
+  T& operator[](size_t index) { return items_[index]; }
+  const T& operator[](size_t index) const { return items_[index]; }
   T* data() { return items_.data(); }
   const T* data() const { return items_.data(); }
   T* begin() { return items_.data(); }

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <system_error>
 
 #include "device_limits.h"
@@ -94,6 +95,24 @@ void write_port(TreeWriter& tree, const fs::path& port_dir, const DeviceConfig& 
 }
 
 }  // namespace
+
+std::vector<GidEntry> read_gid_table(const fs::path& device_dir, const std::string& netdev) {
+  std::vector<GidEntry> table;
+  fs::path port_dir = device_dir / "ports/1";
+  for (int index = 0; index < limits::kGidTableLength; ++index) {
+    std::string name = std::to_string(index);
+    std::ifstream gid_file(port_dir / "gids" / name), type_file(port_dir / "gid_attrs/types" / name);
+    std::string gid_text, type_text;
+    if (!std::getline(gid_file, gid_text)) break;
+    std::getline(type_file, type_text);
+    GidEntry entry;
+    if (auto gid = Gid::from_sysfs_string(gid_text)) entry.gid = *gid;
+    entry.type = type_text == gid_type_sysfs_name(GidType::RoceV2) ? GidType::RoceV2 : GidType::RoceV1;
+    entry.netdev = netdev;
+    table.push_back(entry);
+  }
+  return table;
+}
 
 bool write_device_tree(const fs::path& sysfs_root, const DeviceConfig& config, const std::vector<GidEntry>& gids,
                        std::string* error) {

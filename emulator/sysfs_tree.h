@@ -23,6 +23,11 @@ inline constexpr const char* kModaliasPrefix = "softverbs:";
 bool write_device_tree(const std::filesystem::path& sysfs_root, const DeviceConfig& config,
                        const std::vector<GidEntry>& gids, std::string* error);
 
+// The GID table as a device directory of the tree (class/infiniband/<name>)
+// holds it, which is what ibv_query_gid reports: one entry per index,
+// unused entries with a zero GID. Empty if unreadable.
+std::vector<GidEntry> read_gid_table(const std::filesystem::path& device_dir, const std::string& netdev);
+
 void remove_device_tree(const std::filesystem::path& sysfs_root, const DeviceConfig& config);
 
 // Mirrors the real RDMA devices of `real_sysfs` into the tree as symlinks, so

@@ -18,6 +18,7 @@
 #include "device_registry.h"
 #include "file_util.h"
 #include "memory_copy.h"
+#include "netdev.h"
 #include "progress_thread.h"
 #include "provider_context.h"
 #include "sysfs_tree.h"
@@ -105,6 +106,9 @@ std::unique_ptr<ContextState> load_context_state(const ibv_device* device) {
   }
   state->memory->reclaim_dead_owners();
   start_copy_agent(*state->memory);
+  state->gids = read_gid_table(device->ibdev_path, config->netdev);
+  auto netdev = query_netdev(config->netdev);
+  state->netdev_is_loopback = !netdev || netdev->is_loopback;
   state->device = device_attributes(*config);
   state->port = port_attributes(*config);
   state->config = std::move(*config);
@@ -153,6 +157,25 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
   register_for_progress(context->state.get());
   return &context->verbs;
 }
+
+}  // namespace
+
+UdpTransport* udp_transport(ContextState& state) {
+  std::lock_guard guard(state.udp_mutex);
+  if (!state.udp) {
+    std::string error;
+    state.udp = UdpTransport::acquire(state.memory, state.config, state.gids, &error);
+    if (!state.udp) {
+      std::fprintf(stderr, "softverbs: %s: the UDP transport cannot start: %s\n", state.config.name.c_str(),
+                   error.c_str());
+      return nullptr;
+    }
+    state.udp_running.store(state.udp.get(), std::memory_order_release);
+  }
+  return state.udp.get();
+}
+
+namespace {
 
 void free_context(ibv_context* ibv_context) {
   ProviderContext* context = to_provider(ibv_context);

@@ -12,6 +12,7 @@
 #include "device_config.h"
 #include "device_memory.h"
 #include "event_socket.h"
+#include "udp_transport.h"
 
 namespace softverbs::provider {
 
@@ -32,7 +33,19 @@ struct ContextState {
   std::mutex qps_mutex;
   std::vector<ProviderQp*> qps;
   std::atomic<int> deferred_sends{0};
+  // The GID table (as the sysfs tree shows it) and whether the device's
+  // netdev is a loopback one, for the transport choice.
+  std::vector<GidEntry> gids;
+  bool netdev_is_loopback = true;
+  // The UDP transport, started by the first QP that needs it.
+  std::mutex udp_mutex;
+  std::shared_ptr<UdpTransport> udp;
+  std::atomic<UdpTransport*> udp_running{nullptr};  // for the polling fast path
 };
+
+// The context's UDP transport, started if need be; nullptr and a message
+// on stderr if it cannot start.
+UdpTransport* udp_transport(ContextState& state);
 
 struct ProviderContext {
   verbs_context verbs;

@@ -16,11 +16,14 @@
 #include <vector>
 
 #include "data_path.h"
+#include "debug_log.h"
+#include "device_attributes.h"
 #include "device_limits.h"
 #include "event_socket.h"
 #include "progress_thread.h"
 #include "provider_context.h"
 #include "qp_state_machine.h"
+#include "udp_transport.h"
 
 namespace softverbs::provider {
 
@@ -230,6 +233,7 @@ int next_poll_ex(ibv_cq_ex* ibv) {
 int start_poll_ex(ibv_cq_ex* ibv, ibv_poll_cq_attr* attr) {
   if (attr != nullptr && attr->comp_mask != 0) return EINVAL;
   progress_deferred_sends(state_of(ibv->context));
+  if (UdpTransport* udp = state_of(ibv->context).udp_running.load(std::memory_order_acquire)) udp->drive();
   return next_poll_ex(ibv);
 }
 
@@ -337,8 +341,12 @@ int resize_cq(ibv_cq* ibv, int cqe) {
 
 int req_notify_cq(ibv_cq* ibv, int solicited_only) {
   CqRecord& record = memory_of(ibv->context).shared().cqs[to_cq(ibv)->index];
-  SharedLock lock(record.lock);
-  record.armed = solicited_only ? CqArm::SolicitedOnly : CqArm::NextCompletion;
+  {
+    SharedLock lock(record.lock);
+    record.armed = solicited_only ? CqArm::SolicitedOnly : CqArm::NextCompletion;
+  }
+  // An armed CQ means the application is about to wait for an event.
+  if (UdpTransport* udp = state_of(ibv->context).udp_running.load(std::memory_order_acquire)) udp->application_waits();
   return 0;
 }
 
@@ -360,6 +368,7 @@ int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
   if (num_entries < 0) return -EINVAL;
   ContextState& state = state_of(ibv->context);
   progress_deferred_sends(state);
+  if (UdpTransport* udp = state.udp_running.load(std::memory_order_acquire)) udp->drive();
   CqRecord& record = state.memory->shared().cqs[to_cq(ibv)->index];
   Completion batch[16];
   int polled = 0;
@@ -589,6 +598,9 @@ struct ProviderQp {
   int batch_error = 0;
   std::mutex mutex;  // serializes this QP's send queue
   std::deque<DeferredSend> deferred;
+  // RC/UC: connected over UDP (chosen at RTR). UD: also receives over UDP,
+  // and sends there to GIDs that are not this device's.
+  bool over_udp = false;
 };
 
 namespace {
@@ -741,6 +753,7 @@ void enter_error_state(DeviceMemory& memory, ProviderQp* qp) {
 int destroy_qp(ibv_qp* ibv) {
   ProviderQp* qp = to_qp(ibv);
   ContextState& state = state_of(ibv->context);
+  if (qp->over_udp) udp_transport(state)->forget_qp(ibv->qp_num);
   QpRecord& record = record_of(qp);
   uint64_t ring, bytes;
   {
@@ -823,21 +836,78 @@ void apply_attributes(QpAttributes& a, const ibv_qp_attr& attr, int mask) {
   }
 }
 
+// Whether a QP takes the UDP transport, decided when it moves to RTR:
+// `udp` means yes, 0 no, an errno that the Modify QP fails.
+struct TransportDecision {
+  bool udp = false;
+  int error = 0;
+};
+
+TransportDecision choose_transport(ContextState& state, uint32_t qpn, QpType type, const QpAttributes& next) {
+  const TransportChoice choice = state.config.transport;
+  if (choice == TransportChoice::SharedMemory) return {};
+  if (type == QpType::Ud) {
+    // A UD QP listens on UDP wherever a peer may be elsewhere.
+    if (choice == TransportChoice::Auto && state.netdev_is_loopback) return {};
+    UdpTransport* udp = udp_transport(state);
+    if (udp == nullptr) return {false, choice == TransportChoice::Udp ? EADDRNOTAVAIL : 0};
+    return {true, 0};
+  }
+  Gid dgid;
+  std::memcpy(dgid.raw.data(), next.dgid, 16);
+  if (choice == TransportChoice::Auto) {
+    // Same host (a GID of this very device, or a loopback netdev) means
+    // shared memory; anything else is another host, reached over UDP.
+    if (state.netdev_is_loopback || !next.is_global) return {};
+    for (const GidEntry& entry : state.gids)
+      if (entry.gid == dgid) return {};
+  }
+  if (!next.is_global) {
+    std::fprintf(stderr,
+                 "softverbs: QP %#x: the UDP transport needs a GRH (ah_attr.is_global = 1 and the peer's GID, "
+                 "e.g. ibv_rc_pingpong -g <gid index>)\n",
+                 qpn);
+    return {false, EINVAL};
+  }
+  UdpTransport* udp = udp_transport(state);
+  if (udp == nullptr) return {false, EADDRNOTAVAIL};
+  std::string error;
+  if (!udp->resolve_path(next.sgid_index, dgid, next.traffic_class, next.hop_limit, next.flow_label, &error)) {
+    std::fprintf(stderr, "softverbs: QP %#x: %s\n", qpn, error.c_str());
+    return {false, EINVAL};
+  }
+  return {true, 0};
+}
+
 int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
   ProviderQp* qp = to_qp(ibv);
   ContextState& state = state_of(ibv->context);
   QpRecord& record = record_of(qp);
-  QpState target;
+  std::lock_guard guard(qp->mutex);
+  QpState current, target;
+  QpType type;
+  QpAttributes next;
   {
     SharedLock lock(record.lock);
-    QpState current = record.state;
+    current = record.state;
     if ((mask & IBV_QP_CUR_STATE) && static_cast<int>(attr->cur_qp_state) != static_cast<int>(current)) return EINVAL;
     target = (mask & IBV_QP_STATE) ? static_cast<QpState>(attr->qp_state) : current;
     if ((mask & IBV_QP_STATE) && attr->qp_state > IBV_QPS_ERR) return EINVAL;
     if (check_transition(current, target, record.type, static_cast<uint32_t>(mask)) != TransitionVerdict::Allowed)
       return EINVAL;
     if (!valid_attribute_values(state, *attr, mask)) return EINVAL;
-    apply_attributes(record.attributes, *attr, mask);
+    type = record.type;
+    next = record.attributes;
+    apply_attributes(next, *attr, mask);
+  }
+  if (current == QpState::Init && target == QpState::Rtr) {
+    TransportDecision decision = choose_transport(state, ibv->qp_num, type, next);
+    if (decision.error != 0) return decision.error;
+    qp->over_udp = decision.udp;
+  }
+  {
+    SharedLock lock(record.lock);
+    record.attributes = next;
     if (target == QpState::Reset) {
       discard_receive_queue(record);
       record.attributes = QpAttributes{};
@@ -845,7 +915,6 @@ int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
     }
     if (target != QpState::Error) record.state = target;
   }
-  std::lock_guard guard(qp->mutex);
   if (target == QpState::Error) {
     enter_error_state(*state.memory, qp);
   } else {
@@ -855,6 +924,11 @@ int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
       purge_completions(*state.memory, qp->recv_cq->index, ibv->qp_num);
     }
     ibv->state = static_cast<ibv_qp_state>(target);
+  }
+  if (qp->over_udp) {
+    int error = udp_transport(state)->sync_qp(qp->index);
+    if (target == QpState::Reset) qp->over_udp = false;
+    if (error != 0) return error;
   }
   return 0;
 }
@@ -1098,6 +1172,68 @@ Clock::time_point progress_deferred_sends(ContextState& state) {
 
 namespace {
 
+// RC and UC QPs on UDP send everything there; a UD QP sends to GIDs that
+// are not this device's (or to all, with --transport udp).
+bool goes_over_udp(ContextState& state, const QpRecord& record, const ibv_send_wr* wr) {
+  if (record.type != QpType::Ud) return true;
+  const auto* ah = reinterpret_cast<const ProviderAh*>(wr->wr.ud.ah);
+  if (!ah->attr.is_global || ah->attr.grh.dgid.raw[0] == 0xff) return false;  // no GRH; multicast
+  if (state.config.transport == TransportChoice::Udp) return true;
+  Gid dgid;
+  std::memcpy(dgid.raw.data(), ah->attr.grh.dgid.raw, 16);
+  for (const GidEntry& entry : state.gids)
+    if (entry.gid == dgid) return false;
+  return true;
+}
+
+// The UDP requester's copy of a work request. Errors an HCA finds while
+// executing (lengths, an unroutable address) ride along and complete in order.
+udp::SendWqe to_udp_wqe(ContextState& state, const QpRecord& record, const ibv_send_wr* wr, const DeferredSend& send) {
+  const SendRequest& r = send.request;
+  udp::SendWqe wqe;
+  wqe.wr_id = r.wr_id;
+  wqe.opcode = r.opcode;
+  wqe.flags = r.flags;
+  wqe.signaled = send.signaled;
+  wqe.imm_data = r.imm_data;
+  if (r.flags & IBV_SEND_INLINE) {
+    for (const Sge& sge : r.sges) {
+      const auto* bytes = reinterpret_cast<const uint8_t*>(sge.address);
+      wqe.inline_bytes.insert(wqe.inline_bytes.end(), bytes, bytes + sge.length);
+    }
+    wqe.length = wqe.inline_bytes.size();
+  } else {
+    wqe.sges.assign(r.sges.begin(), r.sges.end());
+    for (const Sge& sge : r.sges) wqe.length += sge.length;
+  }
+  wqe.remote_address = r.remote_address;
+  wqe.rkey = r.rkey;
+  wqe.compare_add = r.compare_add;
+  wqe.swap = r.swap;
+  if (wqe.length > limits::kMaxMessageSize) wqe.error = WcStatus::LocalLengthError;
+  if ((r.opcode == SendOpcode::AtomicCompareSwap || r.opcode == SendOpcode::AtomicFetchAdd) && wqe.length != 8)
+    wqe.error = WcStatus::LocalLengthError;
+  if (record.type == QpType::Ud) {
+    const auto* ah = reinterpret_cast<const ProviderAh*>(wr->wr.ud.ah);
+    wqe.remote_qpn = r.remote_qpn;
+    wqe.remote_qkey = r.remote_qkey;
+    Gid dgid;
+    std::memcpy(dgid.raw.data(), ah->attr.grh.dgid.raw, 16);
+    std::string error;
+    auto path = udp_transport(state)->resolve_path(ah->attr.grh.sgid_index, dgid, ah->attr.grh.traffic_class,
+                                                   ah->attr.grh.hop_limit, ah->attr.grh.flow_label, &error);
+    if (path) {
+      wqe.ud_path = *path;
+    } else {
+      debug_log("UD QP %#x wr_id %#llx: %s", record.qpn, static_cast<unsigned long long>(r.wr_id), error.c_str());
+      wqe.error = WcStatus::LocalQpOperationError;
+    }
+    uint32_t mtu = record.attributes.path_mtu != 0 ? mtu_bytes(static_cast<Mtu>(record.attributes.path_mtu)) : 4096;
+    if (wqe.length > mtu) wqe.error = WcStatus::LocalLengthError;
+  }
+  return wqe;
+}
+
 // Posts under the QP's lock; a deferral is reported in `due` so that the
 // progress thread is asked after the lock is released (it takes QP locks).
 int post_send_locked(ProviderQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Clock::time_point& due) {
@@ -1124,6 +1260,14 @@ int post_send_locked(ProviderQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Cloc
       flushed.status = WcStatus::WrFlushError;
       flushed.qp_num = record.qpn;
       complete_send(memory, qp, flushed);
+      continue;
+    }
+    if (qp->over_udp && goes_over_udp(state_of(qp->verbs.qp.context), record, wr)) {
+      udp::SendWqe wqe = to_udp_wqe(state_of(qp->verbs.qp.context), record, wr, send);
+      if (int error = udp_transport(state_of(qp->verbs.qp.context))->post_send(record.qpn, std::move(wqe))) {
+        *bad_wr = wr;
+        return error;
+      }
       continue;
     }
     if (qp_state == QpState::Sqd || !qp->deferred.empty() || !attempt_send(memory, qp, send)) {

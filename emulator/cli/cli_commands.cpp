@@ -63,12 +63,19 @@ bool take_value(std::span<char*> args, size_t& i, const char* flag, std::string&
 }
 
 constexpr const char* kUpHelp =
-    "usage: softverbs up [--name NAME] [--netdev IF] [--transport auto|shm|udp]\n"
+    "usage: softverbs up [--name NAME] [--netdev IF] [--transport auto|shm|udp] [--faults SPEC]\n"
     "\n"
     "Creates the emulated RDMA device NAME (default softverbs0) on network device IF\n"
     "(default lo), or refreshes it if it exists (GIDs follow IF's current addresses).\n"
     "Run as root it also creates /dev/infiniband/uverbsN, which lets programs use the\n"
-    "device without `softverbs run` (see `softverbs env`).\n";
+    "device without `softverbs run` (see `softverbs env`).\n"
+    "\n"
+    "  --transport auto  shared memory for peers on this device, UDP (RoCEv2) for GIDs\n"
+    "                    elsewhere when IF is not a loopback device (the default)\n"
+    "  --transport shm   shared memory only (same host)\n"
+    "  --transport udp   RoCEv2 over UDP port 4791 for every connection, even on this host\n"
+    "  --faults SPEC     fault injection on the UDP transport, see `softverbs faults --help`\n"
+    "A refresh without --transport or --faults keeps the device's current settings.\n";
 
 constexpr const char* kDownHelp =
     "usage: softverbs down [NAME | --all]\n"
@@ -107,7 +114,8 @@ fs::path dev_entry(const DeviceConfig& config) { return fs::path("/dev/infiniban
 }  // namespace
 
 std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::string& name,
-                                     const std::string& netdev_name, TransportChoice transport, std::string* error) {
+                                     const std::string& netdev_name, std::optional<TransportChoice> transport,
+                                     std::string* error, const std::optional<std::string>& faults) {
   if (!is_valid_device_name(name)) {
     *error = "invalid device name '" + name + "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -";
     return std::nullopt;
@@ -125,7 +133,8 @@ std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::
   if (existing) config = *existing;
   config.name = name;
   config.netdev = netdev_name;
-  config.transport = transport;
+  if (transport) config.transport = *transport;
+  if (faults) config.faults = *faults;
   config.netdev_mtu = netdev->mtu;
   config.runtime_dir = registry.runtime_dir();
   if (config.node_guid == 0) config.node_guid = derive_node_guid(host_identity(), name);
@@ -137,6 +146,11 @@ std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::
   if (!write_device_tree(registry.sysfs_root(), config, build_gid_table(*netdev), error)) return std::nullopt;
   link_real_devices(registry.sysfs_root(), "/sys");
   if (!registry.save(config, error)) return std::nullopt;
+  if (auto settings = FaultSettings::parse(config.faults, error)) {
+    if (!apply_faults(registry, config, *settings, error)) return std::nullopt;
+  } else {
+    return std::nullopt;
+  }
   announce_port_event(registry, name, existing ? AsyncEventType::GidChange : AsyncEventType::PortActive);
   if (geteuid() == 0) {
     std::string dev_error;
@@ -148,20 +162,23 @@ std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::
 std::optional<std::vector<DeviceConfig>> devices_or_default(const DeviceRegistry& registry, std::string* error) {
   auto devices = registry.list();
   if (!devices.empty()) return devices;
-  auto config = bring_up(registry, "softverbs0", "lo", TransportChoice::Auto, error);
+  auto config = bring_up(registry, "softverbs0", "lo", std::nullopt, error);
   if (!config) return std::nullopt;
   return std::vector<DeviceConfig>{*config};
 }
 
 int command_up(std::span<char*> args) {
-  std::string name = "softverbs0", netdev = "lo", transport_text = "auto";
+  std::string name = "softverbs0", netdev = "lo", transport_text, faults_text;
   for (size_t i = 0; i < args.size(); ++i) {
     if (is_help(args[i])) {
       std::cout << kUpHelp;
       return kExitOk;
     }
     bool matched = false;
-    for (auto [flag, target] : {std::pair{"--name", &name}, {"--netdev", &netdev}, {"--transport", &transport_text}}) {
+    for (auto [flag, target] : {std::pair{"--name", &name},
+                                {"--netdev", &netdev},
+                                {"--transport", &transport_text},
+                                {"--faults", &faults_text}}) {
       if (!take_value(args, i, flag, *target, matched)) return kExitUsage;
       if (matched) break;
     }
@@ -170,10 +187,23 @@ int command_up(std::span<char*> args) {
       return kExitUsage;
     }
   }
-  auto transport = parse_transport(transport_text);
-  if (!transport) {
-    report_error("up: invalid transport '" + transport_text + "': use auto, shm or udp");
-    return kExitUsage;
+  std::optional<TransportChoice> transport;
+  if (!transport_text.empty()) {
+    transport = parse_transport(transport_text);
+    if (!transport) {
+      report_error("up: invalid transport '" + transport_text + "': use auto, shm or udp");
+      return kExitUsage;
+    }
+  }
+  std::optional<std::string> faults;
+  if (!faults_text.empty()) {
+    std::string why;
+    auto settings = FaultSettings::parse(faults_text, &why);
+    if (!settings) {
+      report_error("up: --faults: " + why);
+      return kExitUsage;
+    }
+    faults = settings->any() ? settings->to_string() : "none";
   }
   if (!is_valid_device_name(name)) {
     report_error("up: invalid device name '" + name + "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -");
@@ -185,7 +215,7 @@ int command_up(std::span<char*> args) {
   }
   DeviceRegistry registry(default_runtime_dir());
   std::string error;
-  auto config = bring_up(registry, name, netdev, *transport, &error);
+  auto config = bring_up(registry, name, netdev, transport, &error, faults);
   if (!config) {
     report_error("up: " + error);
     return kExitFailure;
@@ -280,6 +310,7 @@ int command_status(std::span<char*> args) {
               << transport_name(config.transport) << ", node GUID " << format_guid(config.node_guid) << '\n';
     std::cout << "  port 1: " << (port.state == PortState::Active ? "ACTIVE" : "DOWN") << ", active MTU "
               << mtu_bytes(port.active_mtu) << ", link layer Ethernet\n";
+    if (config.faults != "none") std::cout << "  fault injection: " << config.faults << '\n';
     fs::path gid_dir = registry.sysfs_root() / "class/infiniband" / config.name / "ports/1";
     for (int index = 0; index < port.gid_table_length; ++index) {
       auto text = read_first_line(gid_dir / "gids" / std::to_string(index));

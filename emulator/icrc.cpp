@@ -1,0 +1,94 @@
+#include "icrc.h"
+
+#include <zlib.h>
+
+#include <array>
+#include <cstring>
+
+#include "roce_headers.h"
+
+namespace softverbs::wire {
+
+namespace {
+
+constexpr size_t kIpv4Header = 20;
+constexpr size_t kIpv4MaxHeader = 60;
+constexpr size_t kIpv6Header = 40;
+constexpr size_t kUdpHeader = 8;
+
+// Length of the IP + UDP headers at the start of `packet`; 0 if malformed.
+size_t header_length(std::span<const uint8_t> packet) {
+  if (packet.empty()) return 0;
+  bool ipv6 = (packet[0] >> 4) == 6;
+  size_t ip_length = ipv6 ? kIpv6Header : static_cast<size_t>(packet[0] & 0xf) * 4;
+  if (!ipv6 && ((packet[0] >> 4) != 4 || ip_length < kIpv4Header)) return 0;
+  if (packet.size() < ip_length + kUdpHeader) return 0;
+  return ip_length + kUdpHeader;
+}
+
+}  // namespace
+
+uint32_t crc32(uint32_t crc, std::span<const uint8_t> bytes) {
+  // zlib inverts before and after; undo both to continue a raw register.
+  return ~static_cast<uint32_t>(::crc32_z(~crc & 0xffffffffu, bytes.data(), bytes.size()));
+}
+
+uint32_t icrc_start(std::span<const uint8_t> headers, std::span<const uint8_t> bth) {
+  const size_t header_bytes = headers.size();
+  if (header_bytes < kIpv4Header + kUdpHeader || header_bytes > kIpv4MaxHeader + kUdpHeader || bth.size() < kBthBytes)
+    return 0;
+  const bool ipv6 = (headers[0] >> 4) == 6;
+  const size_t ip_length = header_bytes - kUdpHeader;
+  // A masked copy of IP + UDP + BTH; the rest is taken as it is.
+  std::array<uint8_t, kIpv4MaxHeader + kUdpHeader + kBthBytes> masked;
+  std::memcpy(masked.data(), headers.data(), header_bytes);
+  std::memcpy(masked.data() + header_bytes, bth.data(), kBthBytes);
+  if (ipv6) {
+    masked[0] |= 0x0f;                         // traffic class, high half
+    masked[1] = masked[2] = masked[3] = 0xff;  // traffic class, low half; flow label
+    masked[7] = 0xff;                          // hop limit
+  } else {
+    masked[1] = 0xff;                // type of service (DSCP, ECN)
+    masked[8] = 0xff;                // time to live
+    masked[10] = masked[11] = 0xff;  // header checksum
+  }
+  masked[ip_length + 6] = masked[ip_length + 7] = 0xff;  // UDP checksum
+  masked[header_bytes + 4] = 0xff;                       // BTH FECN, BECN, resv6
+  static constexpr uint8_t kOnes[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  uint32_t crc = crc32(0xffffffffu, kOnes);
+  return crc32(crc, std::span(masked.data(), header_bytes + kBthBytes));
+}
+
+uint32_t icrc(std::span<const uint8_t> headers, std::span<const uint8_t> transport) {
+  if (transport.size() < kBthBytes) return 0;
+  return ~crc32(icrc_start(headers, transport.first(kBthBytes)), transport.subspan(kBthBytes));
+}
+
+uint32_t icrc(std::span<const uint8_t> packet) {
+  size_t headers = header_length(packet);
+  if (headers == 0) return 0;
+  return icrc(packet.first(headers), packet.subspan(headers));
+}
+
+void store_icrc(uint32_t value, uint8_t* out) {
+  // Least significant byte first, as the CRC register shifts out.
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
+}
+
+uint32_t load_icrc(const uint8_t* in) {
+  return static_cast<uint32_t>(in[0]) | static_cast<uint32_t>(in[1]) << 8 | static_cast<uint32_t>(in[2]) << 16 |
+         static_cast<uint32_t>(in[3]) << 24;
+}
+
+void append_icrc(std::vector<uint8_t>& packet) {
+  uint8_t bytes[kIcrcBytes];
+  store_icrc(icrc(packet), bytes);
+  packet.insert(packet.end(), bytes, bytes + kIcrcBytes);
+}
+
+bool verify_icrc(std::span<const uint8_t> packet) {
+  if (packet.size() < kIcrcBytes) return false;
+  return icrc(packet.first(packet.size() - kIcrcBytes)) == load_icrc(packet.data() + packet.size() - kIcrcBytes);
+}
+
+}  // namespace softverbs::wire

@@ -1,0 +1,38 @@
+// The RoCEv2 invariant CRC (IBA Annex A17): CRC-32 over the packet with the
+// fields that routers may change masked to ones, preceded by eight bytes of
+// ones standing for the LRH that RoCE does not carry.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace softverbs::wire {
+
+// CRC-32 register update (reflected, polynomial 0xEDB88320), no pre- or
+// post-inversion: crc32(0xffffffff, data) is the inverse of the usual CRC-32.
+uint32_t crc32(uint32_t crc, std::span<const uint8_t> bytes);
+
+// The ICRC of a RoCEv2 packet given as its IP and UDP headers (`headers`,
+// IPv4 or IPv6) and the UDP payload up to, not including, the ICRC
+// (`transport`, starting with the BTH). Returned as the four bytes travel
+// (least significant byte first), packed into a host integer by position.
+uint32_t icrc(std::span<const uint8_t> headers, std::span<const uint8_t> transport);
+
+// The same in pieces: icrc_start() covers the IP and UDP headers and the
+// BTH (the masked part); continue with crc32() over the rest of the
+// transport packet and invert the result to get what icrc() returns.
+uint32_t icrc_start(std::span<const uint8_t> headers, std::span<const uint8_t> bth);
+
+// The same for a whole IP packet without its ICRC.
+uint32_t icrc(std::span<const uint8_t> ip_packet_without_icrc);
+
+// Appends the ICRC to a whole IP packet; verify_icrc checks the last four bytes.
+void append_icrc(std::vector<uint8_t>& ip_packet);
+bool verify_icrc(std::span<const uint8_t> ip_packet);
+
+// The four ICRC bytes of `value` (as icrc() returns it) in wire order, and back.
+void store_icrc(uint32_t value, uint8_t* out);
+uint32_t load_icrc(const uint8_t* in);
+
+}  // namespace softverbs::wire

@@ -1,0 +1,55 @@
+#include "receive_queue.h"
+
+#include <atomic>
+
+#include "debug_log.h"
+#include "event_socket.h"
+
+namespace softverbs {
+
+namespace {
+
+// Takes the next WQE of a receive queue (its lock held by the caller),
+// resolving its SGEs against the registrations of `owner` in `pd_handle`.
+bool take_from_queue(DeviceMemory& memory, RecvQueue& rq, uint32_t pd_handle, pid_t owner, ReceivePlacement& out) {
+  if (rq.consumed == rq.posted) return false;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  RecvWqe* wqe = memory.recv_slot(rq, rq.consumed++);
+  out.wr_id = wqe->wr_id;
+  out.owner = owner;
+  const Sge* sges = DeviceMemory::sges_of(wqe);
+  for (uint32_t i = 0; i < wqe->num_sge && i < rq.max_sge; ++i) {
+    ResolvedRange where;
+    KeyCheck verdict = memory.shared().mrs.check_local(sges[i].lkey, pd_handle, sges[i].address, sges[i].length,
+                                                       access::kLocalWrite, &where);
+    if (verdict != KeyCheck::Ok || where.owner_pid != owner) {
+      debug_log("receive WQE wr_id %#llx: SGE lkey %#x addr %#llx len %u refused (check %d, owner %d, QP owner %d)",
+                static_cast<unsigned long long>(out.wr_id), sges[i].lkey,
+                static_cast<unsigned long long>(sges[i].address), sges[i].length, static_cast<int>(verdict),
+                where.owner_pid, owner);
+      out.protection_error = true;
+      continue;
+    }
+    if (sges[i].length == 0) continue;
+    out.vectors.push_back({where.address, sges[i].length, sges[i].lkey});
+    out.sges.push_back(sges[i]);
+    out.capacity += sges[i].length;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool take_receive(DeviceMemory& memory, QpRecord& target, ReceivePlacement& out) {
+  if (target.srq < 0) return take_from_queue(memory, target.rq, target.pd_handle, target.owner_pid, out);
+  SrqRecord& srq = memory.shared().srqs[target.srq];
+  SharedLock lock(srq.lock);
+  if (!srq.live || !take_from_queue(memory, srq.rq, srq.pd_handle, srq.owner_pid, out)) return false;
+  if (srq.limit != 0 && srq.rq.posted - srq.rq.consumed < srq.limit) {
+    srq.limit = 0;  // one event per arming, as ibv_modify_srq(IBV_SRQ_LIMIT) documents
+    send_async_event(srq.owner_async, srq.owner_handle, AsyncEventType::SrqLimitReached);
+  }
+  return true;
+}
+
+}  // namespace softverbs

@@ -1,0 +1,56 @@
+// A RoCEv2 packet in its UDP datagram: the IP and UDP headers that the
+// kernel puts in front of it, which the ICRC covers and a capture shows.
+// Our sockets send with DF set from unconnected sockets, so Linux gives
+// IPv4 packets an identification of 0; the headers built here say the same,
+// and the receiver checks the ICRC against them.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace softverbs::wire {
+
+// An IP address as a GID holds it: IPv6, or IPv4-mapped (::ffff:a.b.c.d).
+using IpAddress = std::array<uint8_t, 16>;
+
+bool is_ipv4_mapped(const IpAddress& address);
+std::string format_address(const IpAddress& address);
+
+struct FlowAddress {
+  IpAddress source{};
+  IpAddress destination{};
+  uint16_t source_port = 0;
+  uint16_t destination_port = 0;
+  uint8_t traffic_class = 0;  // masked in the ICRC; shown in captures
+  uint8_t hop_limit = 64;
+  uint32_t flow_label = 0;  // IPv6 only
+
+  bool ipv4() const { return is_ipv4_mapped(source); }
+};
+
+inline constexpr size_t kMaxIpUdpHeaders = 40 + 8;
+
+// Writes the IP and UDP headers of a datagram carrying `udp_payload` bytes
+// into `out` (at least kMaxIpUdpHeaders); returns their length (28 or 48).
+// With `checksums` the IPv4 header and UDP checksums are filled in as the
+// kernel would; without, they are left 0 (the ICRC masks them anyway).
+size_t write_ip_udp_headers(const FlowAddress& flow, size_t udp_payload, bool checksums, std::span<uint8_t> out,
+                            std::span<const uint8_t> payload_for_checksum = {});
+
+// Appends the ICRC to `transport` (BTH .. pad) for a datagram sent on `flow`.
+void seal(const FlowAddress& flow, std::vector<uint8_t>& transport);
+// True if the datagram's last four bytes are the ICRC for `flow`.
+bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram);
+
+// The whole IP packet (headers with checksums, then the datagram), as a
+// capture shows it.
+std::vector<uint8_t> ip_packet(const FlowAddress& flow, std::span<const uint8_t> datagram);
+
+// The UDP source port of a RoCEv2 flow between two QPs: in 0xc000..0xffff
+// (the range rxe and RoCE NICs use), stable for the pair.
+uint16_t flow_source_port(uint32_t source_qpn, uint32_t destination_qpn);
+
+}  // namespace softverbs::wire

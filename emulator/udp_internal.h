@@ -1,0 +1,26 @@
+// Helpers the UDP transport's roles share; not part of its interface.
+#pragma once
+
+#include <endian.h>
+#include <sys/uio.h>
+
+#include "udp_qp.h"
+
+namespace softverbs::udp {
+
+using LocalVectors = SmallVector<iovec, limits::kMaxSge + 1>;
+
+// Resolves bytes [offset, offset + length) of a WQE's local data to this
+// process's addresses, checking every lkey piece for `access` (0 to read,
+// access::kLocalWrite to write). The caller holds the device's memory_lock
+// until it is done with the vectors. False if a check fails.
+bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uint64_t offset, uint64_t length,
+                  uint32_t access, LocalVectors& out);
+
+// Copies `from` into the byte ranges `to` of this process.
+void scatter(std::span<const iovec> to, std::span<const uint8_t> from);
+
+// The work completion opcode of a send work request.
+WcOpcode requester_wc_opcode(SendOpcode opcode);
+
+}  // namespace softverbs::udp

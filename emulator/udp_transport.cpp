@@ -1,0 +1,1016 @@
+#include "udp_transport.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "debug_log.h"
+#include "icrc.h"
+#include "netdev.h"
+#include "pcap_file.h"
+#include "process_id.h"
+#include "udp_internal.h"
+
+namespace softverbs {
+
+namespace {
+
+using namespace wire;
+using udp::Clock;
+
+constexpr size_t kReceiveBatch = 32;
+constexpr size_t kMaxDatagram = 8192;  // path MTU 4096 plus headers, with room
+constexpr int kSocketBuffer = 8 << 20;
+constexpr uint32_t kReadBudgetPerPass = 64;
+constexpr auto kReorderHold = std::chrono::milliseconds(1);
+// After this long without a verbs call the background thread takes over.
+constexpr auto kAppIdleAfter = std::chrono::microseconds(500);
+constexpr uint64_t kBusyPollCalls = 8;
+constexpr uint32_t kForwardMagic = 0x53565246;  // "SVRF"
+
+// A file descriptor that closes itself.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = other.release();
+    }
+    return *this;
+  }
+  int get() const { return fd_; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+struct SocketAddressStorage {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+};
+
+SocketAddressStorage to_sockaddr(const IpAddress& address, uint16_t port, uint32_t scope_id) {
+  SocketAddressStorage out;
+  if (is_ipv4_mapped(address)) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&out.storage);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(port);
+    std::memcpy(&in->sin_addr, address.data() + 12, 4);
+    out.length = sizeof(sockaddr_in);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&out.storage);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(port);
+    std::memcpy(&in6->sin6_addr, address.data(), 16);
+    in6->sin6_scope_id = scope_id;
+    out.length = sizeof(sockaddr_in6);
+  }
+  return out;
+}
+
+bool from_sockaddr(const sockaddr_storage& storage, IpAddress& address, uint16_t& port) {
+  if (storage.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&storage);
+    address = {};
+    address[10] = address[11] = 0xff;
+    std::memcpy(address.data() + 12, &in->sin_addr, 4);
+    port = ntohs(in->sin_port);
+    return true;
+  }
+  if (storage.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&storage);
+    std::memcpy(address.data(), &in6->sin6_addr, 16);
+    port = ntohs(in6->sin6_port);
+    return true;
+  }
+  return false;
+}
+
+bool is_link_local(const IpAddress& address) { return address[0] == 0xfe && (address[1] & 0xc0) == 0x80; }
+
+void set_buffer(int fd, int option, int force_option, int bytes) {
+  // Root may exceed net.core.[rw]mem_max; others get what the limit allows.
+  if (setsockopt(fd, SOL_SOCKET, force_option, &bytes, sizeof bytes) != 0)
+    setsockopt(fd, SOL_SOCKET, option, &bytes, sizeof bytes);
+}
+
+// A UDP socket bound to (address, port) with SO_REUSEPORT; -1 and errno set
+// on failure.
+int bind_udp(const IpAddress& address, uint16_t port, uint32_t scope_id) {
+  const bool v4 = is_ipv4_mapped(address);
+  int fd = ::socket(v4 ? AF_INET : AF_INET6, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+  // An IPv6 address still in duplicate address detection cannot be bound
+  // otherwise; the device's addresses are ours to use.
+  setsockopt(fd, SOL_IP, IP_FREEBIND, &one, sizeof one);
+  if (v4) {
+    int pmtu = IP_PMTUDISC_DO;  // DF set, identification 0 (see roce_packet.h)
+    setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  } else {
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    int pmtu = IPV6_PMTUDISC_DO;
+    setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  }
+  set_buffer(fd, SO_RCVBUF, SO_RCVBUFFORCE, kSocketBuffer);
+  set_buffer(fd, SO_SNDBUF, SO_SNDBUFFORCE, kSocketBuffer);
+  SocketAddressStorage where = to_sockaddr(address, port, is_link_local(address) ? scope_id : 0);
+  if (::bind(fd, where.get(), where.length) != 0) {
+    int saved = errno;
+    ::close(fd);
+    errno = saved;
+    return -1;
+  }
+  return fd;
+}
+
+sockaddr_un abstract_address(const std::string& name, socklen_t& length) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  size_t size = std::min(name.size(), sizeof address.sun_path - 1);
+  std::memcpy(address.sun_path + 1, name.data(), size);  // sun_path[0] = 0: abstract
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + size);
+  return address;
+}
+
+std::string hex(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+std::string address_claim_prefix(const IpAddress& address) {
+  return "softverbs-roce-addr/" + format_address(address) + "/";
+}
+
+// Abstract socket names in this network namespace that start with `prefix`.
+std::vector<std::string> abstract_names_with_prefix(const std::string& prefix) {
+  std::vector<std::string> names;
+  std::ifstream table("/proc/net/unix");
+  std::string line;
+  std::getline(table, line);  // header
+  while (std::getline(table, line)) {
+    size_t at = line.find(" @");
+    if (at == std::string::npos) continue;
+    std::string name = line.substr(at + 2);
+    if (name.compare(0, prefix.size(), prefix) == 0) names.push_back(name);
+  }
+  return names;
+}
+
+struct ForwardHeader {
+  uint32_t magic = kForwardMagic;
+  uint16_t source_port = 0;
+  uint16_t destination_port = 0;
+  uint8_t source[16] = {};
+  uint8_t destination[16] = {};
+};
+
+bool is_response(uint8_t opcode) {
+  if ((opcode & 0xe0) != static_cast<uint8_t>(Service::Rc)) return false;
+  uint8_t operation = opcode & 0x1f;
+  return (operation >= op::kReadResponseFirst && operation <= op::kReadResponseOnly) || operation == op::kAcknowledge ||
+         operation == op::kAtomicAcknowledge;
+}
+
+}  // namespace
+
+// ---- the engine ------------------------------------------------------------------
+
+class UdpTransport::Engine : public udp::TransportPort {
+ public:
+  Engine(std::shared_ptr<DeviceMemory> memory, DeviceConfig config, std::vector<GidEntry> gids)
+      : memory_(std::move(memory)),
+        config_(std::move(config)),
+        gids_(std::move(gids)),
+        work_(boost::asio::make_work_guard(io_)),
+        timer_(io_) {
+    if (const char* text = std::getenv("SOFTVERBS_FAULTS")) {
+      std::string error;
+      fault_override_ = FaultSettings::parse(text, &error);
+      if (!fault_override_) std::fprintf(stderr, "softverbs: SOFTVERBS_FAULTS ignored: %s\n", error.c_str());
+    }
+  }
+
+  ~Engine() override {
+    work_.reset();
+    io_.stop();
+    if (thread_.joinable()) thread_.join();
+    watchers_.clear();
+    if (capture_fd_ >= 0) ::close(capture_fd_);
+  }
+
+  bool start(std::string* error);
+
+  // TransportPort
+  DeviceMemory& memory() override { return *memory_; }
+  Clock::time_point now() const override { return Clock::now(); }
+  void transmit(udp::UdpQp& qp, const udp::Path& path, uint32_t destination_qpn, const TransportPacket& packet,
+                std::span<const iovec> payload) override;
+
+  bool is_local_address(const IpAddress& address) const {
+    return std::find(local_addresses_.begin(), local_addresses_.end(), address) != local_addresses_.end();
+  }
+  bool is_local_gid(const Gid& gid) const {
+    for (const GidEntry& entry : gids_)
+      if (!entry.gid.is_zero() && entry.gid == gid) return true;
+    return false;
+  }
+  std::optional<udp::Path> resolve_path(int sgid_index, const Gid& dgid, uint8_t traffic_class, uint8_t hop_limit,
+                                        uint32_t flow_label, std::string* error) const;
+  int sync_qp(int qp_index);
+  void forget_qp(uint32_t qpn);
+  bool carries(uint32_t qpn) {
+    std::lock_guard guard(mutex_);
+    return qps_.count(qpn) != 0;
+  }
+  int post_send(uint32_t qpn, udp::SendWqe wqe);
+  void drive();
+  void application_waits() {
+    last_drive_.store(0, std::memory_order_relaxed);
+    wake_io_thread();
+  }
+  // (drive() after application_waits() counts one call: still idle.)
+
+ private:
+  // A socket the engine reads: its own descriptor, and an Asio view of it
+  // while the background thread waits on it.
+  struct Watcher {
+    Fd fd;
+    IpAddress local{};
+    bool forward = false;
+    std::optional<boost::asio::posix::stream_descriptor> waiter;
+  };
+  struct Delayed {
+    Clock::time_point due;
+    int fd;
+    SocketAddressStorage to;
+    std::vector<uint8_t> bytes;
+    FlowAddress flow;
+  };
+
+  void run_thread();
+  // The background thread's side (run on the io thread only).
+  void io_check();
+  void start_watching();
+  void stop_watching();
+  void watch(size_t index);
+  void arm_timer(Clock::time_point when);
+  // Asks the io thread for an io_check() (from any thread).
+  void wake_io_thread();
+  // Is the application polling (many verbs calls since the last look, the
+  // latest just now)? An application that waits for events makes a call
+  // or two per event and counts as idle. io thread only.
+  bool app_active(Clock::time_point now) {
+    uint64_t count = drive_count_.load(std::memory_order_relaxed);
+    uint64_t calls = count - seen_drives_;
+    seen_drives_ = count;
+    return calls >= kBusyPollCalls && now.time_since_epoch().count() - last_drive_.load(std::memory_order_relaxed) <
+                                          std::chrono::duration_cast<Clock::duration>(kAppIdleAfter).count();
+  }
+  void note_app_active() {
+    last_drive_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    drive_count_.fetch_add(1, std::memory_order_relaxed);
+  }
+  Clock::time_point earliest_deadline_locked() const;
+  // Reads and handles everything waiting on watcher `index`; mutex_ held.
+  void drain(size_t index);
+  void handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded);
+  void forward(uint16_t port, const FlowAddress& flow, std::span<const uint8_t> datagram);
+  void after_work();  // mutex_ held: answers, due timers
+  int send_socket(const IpAddress& local, uint16_t port);
+  void send_bytes(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total);
+  void capture(const FlowAddress& flow, std::span<const iovec> parts, size_t total);
+  FaultSettings fault_settings() const { return fault_override_ ? *fault_override_ : memory_->shared().faults.load(); }
+  udp::UdpQp* find(uint32_t qpn) {
+    auto it = qps_.find(qpn);
+    return it == qps_.end() ? nullptr : &it->second;
+  }
+
+  std::shared_ptr<DeviceMemory> memory_;
+  DeviceConfig config_;
+  std::vector<GidEntry> gids_;
+  std::vector<IpAddress> local_addresses_;
+  unsigned ifindex_ = 0;
+  std::optional<FaultSettings> fault_override_;
+  uint64_t instance_ = 0;
+
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  boost::asio::steady_timer timer_;
+  std::thread thread_;
+  std::deque<Watcher> watchers_;  // receive sockets and the forward socket
+  std::vector<Fd> claims_;        // abstract names announcing our addresses
+  std::map<std::pair<IpAddress, uint16_t>, Fd> send_sockets_;
+  std::map<IpAddress, int> receive_fd_by_address_;
+  int forward_fd_ = -1;
+  uint16_t forward_port_ = 0;
+
+  std::mutex mutex_;  // everything below, and all protocol state
+  std::unordered_map<uint32_t, udp::UdpQp> qps_;
+  std::set<uint32_t> touched_;  // QPs with answers to send after this batch
+  std::vector<Delayed> delayed_;
+  std::unordered_map<uint32_t, Delayed> held_;  // reordering: one packet held back per QP
+  // While the application is in verbs calls (drive() within kAppIdleAfter)
+  // it does the work; the io thread stops watching the sockets, so packets
+  // do not wake it, and checks back when the application may have gone.
+  std::atomic<Clock::rep> last_drive_{0};
+  std::atomic<uint64_t> drive_count_{0};
+  uint64_t seen_drives_ = 0;                                                            // io thread only
+  std::atomic<Clock::rep> armed_{Clock::time_point::max().time_since_epoch().count()};  // io timer
+  std::atomic<bool> wake_pending_{false};
+  bool watching_ = false;  // io thread only
+  uint32_t capture_generation_ = 0;
+  int capture_fd_ = -1;
+  // Receive buffers, reused.
+  std::vector<std::array<uint8_t, kMaxDatagram>> buffers_ =
+      std::vector<std::array<uint8_t, kMaxDatagram>>(kReceiveBatch);
+};
+
+bool UdpTransport::Engine::start(std::string* error) {
+  instance_ = memory_->shared().instance_id;
+  auto netdev = query_netdev(config_.netdev);
+  if (netdev) ifindex_ = netdev->ifindex;
+  // The addresses to listen on: the IP GIDs of the table.
+  for (const GidEntry& entry : gids_) {
+    if (entry.gid.is_zero() || entry.type != GidType::RoceV2) continue;
+    if (std::find(local_addresses_.begin(), local_addresses_.end(), entry.gid.raw) == local_addresses_.end())
+      local_addresses_.push_back(entry.gid.raw);
+  }
+  if (local_addresses_.empty()) {
+    *error = "device " + config_.name + " has no IP address (no RoCE v2 GID) on " + config_.netdev +
+             " to send UDP from; give the netdev an address and run `softverbs up` again";
+    return false;
+  }
+  // One device per address and network namespace, as with rxe: another
+  // device's claim on one of our addresses is an error, not a silent mix.
+  for (const IpAddress& address : local_addresses_) {
+    for (const std::string& name : abstract_names_with_prefix(address_claim_prefix(address))) {
+      std::string rest = name.substr(address_claim_prefix(address).size());
+      if (rest.compare(0, 16, hex(instance_)) == 0) continue;
+      *error = "the address " + format_address(address) + " of " + config_.netdev +
+               " already carries the UDP transport of another softverbs device (" + name +
+               "); one device per address and network namespace";
+      return false;
+    }
+  }
+  for (const IpAddress& address : local_addresses_) {
+    int fd = bind_udp(address, kRoceV2Port, ifindex_);
+    if (fd < 0) {
+      int saved = errno;
+      *error = "cannot bind UDP port " + std::to_string(kRoceV2Port) + " on " + format_address(address) + ": " +
+               std::strerror(saved);
+      if (saved == EADDRINUSE)
+        *error += " (another program owns it: a kernel rxe device, or softverbs running as another user)";
+      return false;
+    }
+    receive_fd_by_address_[address] = fd;
+    watchers_.push_back(Watcher{Fd(fd), address, false, std::nullopt});
+    socklen_t length;
+    sockaddr_un claim =
+        abstract_address(address_claim_prefix(address) + hex(instance_) + "/" + std::to_string(current_pid()), length);
+    Fd claim_fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (claim_fd.get() >= 0 && ::bind(claim_fd.get(), reinterpret_cast<sockaddr*>(&claim), length) == 0)
+      claims_.push_back(std::move(claim_fd));
+  }
+  // Packets for our QPs that other processes of the device received reach
+  // us on a loopback UDP socket (a local datagram socket would queue only
+  // net.unix.max_dgram_qlen of them).
+  IpAddress loopback{};
+  loopback[10] = loopback[11] = 0xff;
+  loopback[12] = 127;
+  loopback[15] = 1;
+  int forward_fd = bind_udp(loopback, 0, 0);
+  if (forward_fd < 0) {
+    *error = std::string("cannot bind the UDP transport's forwarding socket on 127.0.0.1 (is lo up?): ") +
+             std::strerror(errno);
+    return false;
+  }
+  sockaddr_in bound{};
+  socklen_t bound_length = sizeof bound;
+  getsockname(forward_fd, reinterpret_cast<sockaddr*>(&bound), &bound_length);
+  forward_port_ = ntohs(bound.sin_port);
+  forward_fd_ = forward_fd;
+  watchers_.push_back(Watcher{Fd(forward_fd), {}, true, std::nullopt});
+  boost::asio::post(io_, [this] { io_check(); });
+  thread_ = std::thread([this] { run_thread(); });
+  return true;
+}
+
+void UdpTransport::Engine::run_thread() {
+  // Signals are the application's business, on its own threads.
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  pthread_setname_np(pthread_self(), "softverbs-udp");
+  io_.run();
+}
+
+void UdpTransport::Engine::start_watching() {
+  for (size_t i = 0; i < watchers_.size(); ++i) {
+    // A duplicate descriptor for Asio, which deregisters and closes it when
+    // watching stops; the engine's own descriptor stays.
+    int fd = ::dup(watchers_[i].fd.get());
+    if (fd < 0) continue;
+    watchers_[i].waiter.emplace(io_, fd);
+    watch(i);
+  }
+  watching_ = true;
+}
+
+void UdpTransport::Engine::stop_watching() {
+  for (Watcher& watcher : watchers_) watcher.waiter.reset();
+  watching_ = false;
+}
+
+void UdpTransport::Engine::watch(size_t index) {
+  if (!watchers_[index].waiter) return;
+  watchers_[index].waiter->async_wait(boost::asio::posix::descriptor_base::wait_read,
+                                      [this, index](const boost::system::error_code& error) {
+                                        if (error) return;  // stopped watching
+                                        io_check();
+                                        watch(index);
+                                      });
+}
+
+void UdpTransport::Engine::arm_timer(Clock::time_point when) {
+  armed_.store(when.time_since_epoch().count(), std::memory_order_relaxed);
+  if (when == Clock::time_point::max()) {
+    timer_.cancel();
+    return;
+  }
+  timer_.expires_at(when);
+  timer_.async_wait([this](const boost::system::error_code& error) {
+    if (error) return;  // re-armed or cancelled
+    armed_.store(Clock::time_point::max().time_since_epoch().count(), std::memory_order_relaxed);
+    io_check();
+  });
+}
+
+void UdpTransport::Engine::wake_io_thread() {
+  if (wake_pending_.exchange(true)) return;
+  boost::asio::post(io_, [this] {
+    wake_pending_.store(false);
+    io_check();
+  });
+}
+
+void UdpTransport::Engine::io_check() {
+  const Clock::time_point now = Clock::now();
+  if (app_active(now)) {
+    if (watching_) stop_watching();
+    arm_timer(Clock::time_point(Clock::duration(last_drive_.load(std::memory_order_relaxed))) +
+              std::chrono::duration_cast<Clock::duration>(kAppIdleAfter));
+    return;
+  }
+  if (!watching_) start_watching();
+  Clock::time_point next;
+  {
+    std::lock_guard guard(mutex_);
+    for (size_t i = 0; i < watchers_.size(); ++i) drain(i);
+    after_work();
+    next = earliest_deadline_locked();
+  }
+  arm_timer(next);
+}
+
+void UdpTransport::Engine::drain(size_t index) {
+  Watcher& watcher = watchers_[index];
+  const int fd = watcher.fd.get();
+  for (;;) {
+    mmsghdr messages[kReceiveBatch];
+    iovec vectors[kReceiveBatch];
+    sockaddr_storage sources[kReceiveBatch];
+    for (size_t i = 0; i < kReceiveBatch; ++i) {
+      vectors[i] = {buffers_[i].data(), buffers_[i].size()};
+      messages[i] = {};
+      messages[i].msg_hdr.msg_iov = &vectors[i];
+      messages[i].msg_hdr.msg_iovlen = 1;
+      if (!watcher.forward) {
+        messages[i].msg_hdr.msg_name = &sources[i];
+        messages[i].msg_hdr.msg_namelen = sizeof sources[i];
+      }
+    }
+    int count = ::recvmmsg(fd, messages, kReceiveBatch, MSG_DONTWAIT, nullptr);
+    if (count <= 0) return;
+    for (int i = 0; i < count; ++i) {
+      std::span<const uint8_t> bytes(buffers_[i].data(), messages[i].msg_len);
+      if (messages[i].msg_hdr.msg_flags & MSG_TRUNC) {
+        counters().add(Counter::MalformedPackets);
+        continue;
+      }
+      FlowAddress flow;
+      if (watcher.forward) {
+        ForwardHeader header;
+        if (bytes.size() < sizeof header) continue;
+        std::memcpy(&header, bytes.data(), sizeof header);
+        if (header.magic != kForwardMagic) continue;
+        std::memcpy(flow.source.data(), header.source, 16);
+        std::memcpy(flow.destination.data(), header.destination, 16);
+        flow.source_port = header.source_port;
+        flow.destination_port = header.destination_port;
+        handle_datagram(flow, bytes.subspan(sizeof header), true);
+        continue;
+      }
+      if (!from_sockaddr(sources[i], flow.source, flow.source_port)) continue;
+      flow.destination = watcher.local;
+      flow.destination_port = kRoceV2Port;
+      handle_datagram(flow, bytes, false);
+    }
+    if (static_cast<size_t>(count) < kReceiveBatch) return;
+  }
+}
+
+void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded) {
+  if (!forwarded) {
+    counters().add(Counter::RxPackets);
+    counters().add(Counter::RxBytes, datagram.size());
+    // A packet from one of our own addresses was captured when it was sent.
+    if (memory_->shared().capture.active.load(std::memory_order_relaxed) && !is_local_address(flow.source)) {
+      iovec whole{const_cast<uint8_t*>(datagram.data()), datagram.size()};
+      capture(flow, std::span(&whole, 1), datagram.size());
+    }
+  }
+  if (datagram.size() < kBthBytes + kIcrcBytes) {
+    counters().add(Counter::MalformedPackets);
+    return;
+  }
+  if (!check_icrc(flow, datagram)) {
+    counters().add(Counter::IcrcErrors);
+    debug_log("packet from %s:%u dropped: bad ICRC", format_address(flow.source).c_str(), flow.source_port);
+    return;
+  }
+  auto packet = parse(datagram.first(datagram.size() - kIcrcBytes));
+  if (!packet) {
+    counters().add(Counter::MalformedPackets);
+    return;
+  }
+  const uint32_t qpn = packet->bth.dest_qp;
+  const QpRecord* record = memory_->qp_by_number(qpn);
+  if (record == nullptr) {
+    counters().add(Counter::UnknownQp);
+    return;
+  }
+  const pid_t owner = record->owner_pid;
+  if (owner != current_pid()) {
+    // Read unlocked: a port that changes under us only misdirects one packet.
+    const uint16_t port = record->forward_port;
+    if (forwarded || port == 0) {
+      counters().add(Counter::UnknownQp);  // its owner does not use UDP
+      return;
+    }
+    forward(port, flow, datagram);
+    return;
+  }
+  udp::UdpQp* qp = find(qpn);
+  if (qp == nullptr) {
+    counters().add(Counter::UnknownQp);
+    return;
+  }
+  const uint8_t service = packet->bth.opcode & 0xe0;
+  if (qp->type == QpType::Ud) {
+    if (service != static_cast<uint8_t>(Service::Ud)) {
+      counters().add(Counter::MalformedPackets);
+      return;
+    }
+    udp::ud_receive(*this, *qp, *packet, flow);
+    return;
+  }
+  if (is_response(packet->bth.opcode)) {
+    udp::completer_receive(*this, *qp, *packet);
+  } else {
+    udp::responder_receive(*this, *qp, *packet);
+  }
+  touched_.insert(qpn);
+}
+
+void UdpTransport::Engine::forward(uint16_t port, const FlowAddress& flow, std::span<const uint8_t> datagram) {
+  ForwardHeader header;
+  header.source_port = flow.source_port;
+  header.destination_port = flow.destination_port;
+  std::memcpy(header.source, flow.source.data(), 16);
+  std::memcpy(header.destination, flow.destination.data(), 16);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  iovec parts[2] = {{&header, sizeof header}, {const_cast<uint8_t*>(datagram.data()), datagram.size()}};
+  msghdr message{};
+  message.msg_name = &to;
+  message.msg_namelen = sizeof to;
+  message.msg_iov = parts;
+  message.msg_iovlen = 2;
+  if (::sendmsg(forward_fd_, &message, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+    counters().add(Counter::SendErrors);
+    return;
+  }
+  counters().add(Counter::ForwardedPackets);
+}
+
+void UdpTransport::Engine::after_work() {
+  const Clock::time_point now = Clock::now();
+  // Due timers first: a retransmission may add to the answers below.
+  for (auto& [qpn, qp] : qps_) {
+    if (udp::next_deadline(qp) <= now) udp::completer_tick(*this, qp);
+  }
+  for (size_t i = 0; i < delayed_.size();) {
+    if (delayed_[i].due <= now) {
+      Delayed item = std::move(delayed_[i]);
+      delayed_.erase(delayed_.begin() + static_cast<std::ptrdiff_t>(i));
+      iovec whole{item.bytes.data(), item.bytes.size()};
+      send_bytes(item.fd, item.to, std::span(&whole, 1), item.bytes.size());
+    } else {
+      ++i;
+    }
+  }
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second.due <= now) {
+      iovec whole{it->second.bytes.data(), it->second.bytes.size()};
+      send_bytes(it->second.fd, it->second.to, std::span(&whole, 1), it->second.bytes.size());
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  bool more = false;
+  for (uint32_t qpn : touched_) {
+    if (udp::UdpQp* qp = find(qpn); qp != nullptr && udp::responder_send(*this, *qp, kReadBudgetPerPass)) more = true;
+  }
+  touched_.clear();
+  if (more) {
+    // Long READ responses go out in slices, so that requests and ACKs
+    // in the other direction are not starved; the rest on the next pass.
+    for (auto& [qpn, qp] : qps_)
+      if (!qp.responder.outbox.empty()) touched_.insert(qpn);
+    boost::asio::post(io_, [this] {
+      std::lock_guard guard(mutex_);
+      after_work();
+    });
+  }
+  // The io thread must know of a new deadline if it would sleep past it.
+  Clock::rep earliest = earliest_deadline_locked().time_since_epoch().count();
+  if (earliest < armed_.load(std::memory_order_relaxed)) wake_io_thread();
+}
+
+Clock::time_point UdpTransport::Engine::earliest_deadline_locked() const {
+  Clock::time_point earliest = Clock::time_point::max();
+  for (const auto& [qpn, qp] : qps_) earliest = std::min(earliest, udp::next_deadline(qp));
+  for (const Delayed& item : delayed_) earliest = std::min(earliest, item.due);
+  for (const auto& [qpn, item] : held_) earliest = std::min(earliest, item.due);
+  return earliest;
+}
+
+int UdpTransport::Engine::send_socket(const IpAddress& local, uint16_t port) {
+  auto key = std::make_pair(local, port);
+  auto it = send_sockets_.find(key);
+  if (it != send_sockets_.end()) return it->second.get();
+  int fd = bind_udp(local, port, ifindex_);
+  if (fd < 0) {
+    // The flow's port is taken by someone who is not us (another user):
+    // send from port 4791, still a valid RoCEv2 packet.
+    auto receive = receive_fd_by_address_.find(local);
+    fd = receive != receive_fd_by_address_.end() ? receive->second : -1;
+    if (fd >= 0) return fd;
+    return -1;
+  }
+  send_sockets_.emplace(key, Fd(fd));
+  return fd;
+}
+
+void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, std::span<const iovec> parts,
+                                      size_t total) {
+  msghdr message{};
+  message.msg_name = const_cast<sockaddr*>(to.get());
+  message.msg_namelen = to.length;
+  message.msg_iov = const_cast<iovec*>(parts.data());
+  message.msg_iovlen = parts.size();
+  if (fd < 0 || ::sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+    counters().add(Counter::SendErrors);
+    return;
+  }
+  counters().add(Counter::TxPackets);
+  counters().add(Counter::TxBytes, total);
+}
+
+void UdpTransport::Engine::capture(const FlowAddress& flow, std::span<const iovec> parts, size_t total) {
+  CaptureControl& control = memory_->shared().capture;
+  uint32_t generation = control.generation.load(std::memory_order_acquire);
+  if (generation != capture_generation_) {
+    if (capture_fd_ >= 0) ::close(capture_fd_);
+    capture_fd_ = -1;
+    capture_generation_ = generation;
+    if (control.active.load(std::memory_order_acquire)) {
+      char path[sizeof control.path];
+      std::memcpy(path, control.path, sizeof path);
+      path[sizeof path - 1] = 0;
+      capture_fd_ = ::open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+    }
+  }
+  if (capture_fd_ < 0) return;
+  std::vector<uint8_t> datagram;
+  datagram.reserve(total);
+  for (const iovec& part : parts) {
+    const auto* bytes = static_cast<const uint8_t*>(part.iov_base);
+    datagram.insert(datagram.end(), bytes, bytes + part.iov_len);
+  }
+  append_pcap_record(capture_fd_, ip_packet(flow, datagram));
+}
+
+void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint32_t destination_qpn,
+                                    const TransportPacket& packet, std::span<const iovec> payload) {
+  size_t payload_length = 0;
+  for (const iovec& piece : payload) payload_length += piece.iov_len;
+  std::array<uint8_t, kMaxHeaderBytes> header;
+  size_t header_length = build_headers(packet, payload_length, header);
+  if (header_length == 0) return;
+  const size_t pad = pad_bytes(payload_length);
+  const size_t total = header_length + payload_length + pad + kIcrcBytes;
+
+  FlowAddress flow;
+  flow.source = path.local;
+  flow.destination = path.remote;
+  flow.source_port = flow_source_port(qp.qpn, destination_qpn);
+  flow.destination_port = kRoceV2Port;
+  flow.traffic_class = path.traffic_class;
+  flow.hop_limit = path.hop_limit;
+  flow.flow_label = path.flow_label;
+
+  // The ICRC over pieces: IP/UDP headers and BTH masked, then the rest.
+  std::array<uint8_t, kMaxIpUdpHeaders> ip_udp;
+  size_t ip_udp_length = write_ip_udp_headers(flow, total, false, ip_udp);
+  uint32_t crc = icrc_start(std::span(ip_udp.data(), ip_udp_length), std::span(header.data(), kBthBytes));
+  crc = crc32(crc, std::span(header.data() + kBthBytes, header_length - kBthBytes));
+  for (const iovec& piece : payload)
+    crc = crc32(crc, std::span(static_cast<const uint8_t*>(piece.iov_base), piece.iov_len));
+  std::array<uint8_t, 3 + kIcrcBytes> trailer{};
+  crc = crc32(crc, std::span(trailer.data(), pad));
+  store_icrc(~crc, trailer.data() + pad);
+
+  SmallVector<iovec, limits::kMaxSge + 4> parts;
+  parts.push_back({header.data(), header_length});
+  for (const iovec& piece : payload) parts.push_back(piece);
+  parts.push_back({trailer.data(), pad + kIcrcBytes});
+
+  const int fd = send_socket(path.local, flow.source_port);
+  const SocketAddressStorage to = to_sockaddr(path.remote, kRoceV2Port, path.scope_id);
+  const bool capturing = memory_->shared().capture.active.load(std::memory_order_relaxed);
+
+  FaultSettings settings = fault_settings();
+  FaultDecision decision = qp.faults.decide(settings);
+  if (!settings.any() || (decision.action == FaultAction::Deliver && !decision.corrupt)) {
+    if (capturing) capture(flow, parts, total);
+    send_bytes(fd, to, parts, total);
+  } else if (decision.action == FaultAction::Drop) {
+    counters().add(Counter::FaultsDropped);
+  } else {
+    // A copy we own: it may be altered, sent twice or sent later.
+    Delayed item{Clock::now(), fd, to, {}, flow};
+    item.bytes.reserve(total);
+    for (const iovec& part : parts) {
+      const auto* bytes = static_cast<const uint8_t*>(part.iov_base);
+      item.bytes.insert(item.bytes.end(), bytes, bytes + part.iov_len);
+    }
+    if (decision.corrupt) {
+      item.bytes[decision.corrupt_offset_seed % item.bytes.size()] ^= 0x5a;
+      counters().add(Counter::FaultsCorrupted);
+    }
+    iovec whole{item.bytes.data(), item.bytes.size()};
+    if (capturing) capture(flow, std::span(&whole, 1), total);
+    switch (decision.action) {
+      case FaultAction::Duplicate:
+        counters().add(Counter::FaultsDuplicated);
+        send_bytes(fd, to, std::span(&whole, 1), total);
+        send_bytes(fd, to, std::span(&whole, 1), total);
+        break;
+      case FaultAction::Delay:
+        counters().add(Counter::FaultsDelayed);
+        item.due = Clock::now() + std::chrono::microseconds(settings.delay_us);
+        delayed_.push_back(std::move(item));
+        break;
+      case FaultAction::Reorder:
+        if (held_.count(qp.qpn) == 0) {
+          counters().add(Counter::FaultsReordered);
+          item.due = Clock::now() + kReorderHold;
+          held_.emplace(qp.qpn, std::move(item));
+          return;  // released after this QP's next packet
+        }
+        send_bytes(fd, to, std::span(&whole, 1), total);
+        break;
+      default:
+        send_bytes(fd, to, std::span(&whole, 1), total);
+        break;
+    }
+  }
+  // A packet held back for reordering goes out after the one that overtook it.
+  if (auto held = held_.find(qp.qpn); held != held_.end()) {
+    Delayed item = std::move(held->second);
+    held_.erase(held);
+    iovec whole{item.bytes.data(), item.bytes.size()};
+    send_bytes(item.fd, item.to, std::span(&whole, 1), item.bytes.size());
+  }
+}
+
+std::optional<udp::Path> UdpTransport::Engine::resolve_path(int sgid_index, const Gid& dgid, uint8_t traffic_class,
+                                                            uint8_t hop_limit, uint32_t flow_label,
+                                                            std::string* error) const {
+  if (sgid_index < 0 || static_cast<size_t>(sgid_index) >= gids_.size() || gids_[sgid_index].gid.is_zero()) {
+    *error = "source GID index " + std::to_string(sgid_index) + " is empty";
+    return std::nullopt;
+  }
+  const IpAddress& local = gids_[sgid_index].gid.raw;
+  if (dgid.is_zero()) {
+    *error = "the destination GID is zero";
+    return std::nullopt;
+  }
+  if (is_ipv4_mapped(local) != is_ipv4_mapped(dgid.raw)) {
+    *error = "source GID " + format_address(local) + " and destination GID " + format_address(dgid.raw) +
+             " are of different IP families";
+    return std::nullopt;
+  }
+  udp::Path path;
+  path.local = local;
+  path.remote = dgid.raw;
+  path.scope_id = is_link_local(dgid.raw) ? ifindex_ : 0;
+  path.traffic_class = traffic_class;
+  path.hop_limit = hop_limit != 0 ? hop_limit : 64;
+  path.flow_label = flow_label;
+  return path;
+}
+
+int UdpTransport::Engine::sync_qp(int qp_index) {
+  QpRecord& record = memory_->shared().qps[qp_index];
+  QpState state;
+  QpType type;
+  QpAttributes attributes;
+  uint32_t qpn, pd_handle;
+  int send_cq, recv_cq;
+  {
+    SharedLock lock(record.lock);
+    if (!record.live) return EINVAL;
+    state = record.state;
+    type = record.type;
+    attributes = record.attributes;
+    qpn = record.qpn;
+    pd_handle = record.pd_handle;
+    send_cq = record.send_cq;
+    recv_cq = record.recv_cq;
+  }
+  std::lock_guard guard(mutex_);
+  if (state == QpState::Reset || state == QpState::Init) {
+    qps_.erase(qpn);
+    held_.erase(qpn);
+    return 0;
+  }
+  udp::UdpQp* qp = find(qpn);
+  if (state == QpState::Error) {
+    if (qp != nullptr && (qp->connected || qp->sending)) udp::enter_error(*this, *qp);
+    return 0;
+  }
+  if (qp == nullptr) {
+    udp::UdpQp fresh;
+    fresh.index = qp_index;
+    fresh.qpn = qpn;
+    fresh.type = type;
+    fresh.faults = FaultGenerator(fault_settings().seed, qpn);
+    if (type != QpType::Ud) {
+      Gid dgid;
+      std::memcpy(dgid.raw.data(), attributes.dgid, 16);
+      std::string error;
+      auto path = attributes.is_global ? resolve_path(attributes.sgid_index, dgid, attributes.traffic_class,
+                                                      attributes.hop_limit, attributes.flow_label, &error)
+                                       : std::nullopt;
+      if (!path) {
+        if (!attributes.is_global) error = "RoCE needs a GRH (ah_attr.is_global = 1 and a destination GID)";
+        std::fprintf(stderr, "softverbs: QP %#x cannot use the UDP transport: %s\n", qpn, error.c_str());
+        return EINVAL;
+      }
+      fresh.path = *path;
+      fresh.dest_qpn = attributes.dest_qpn;
+      fresh.responder.expected_psn = attributes.rq_psn & udp::kPsnMask;
+    }
+    qp = &qps_.emplace(qpn, std::move(fresh)).first->second;
+    qp->connected = true;
+    SharedLock lock(record.lock);
+    if (record.live && record.qpn == qpn) record.forward_port = forward_port_;
+  }
+  qp->pd_handle = pd_handle;
+  qp->send_cq = send_cq;
+  qp->recv_cq = recv_cq;
+  qp->mtu = attributes.path_mtu != 0 ? mtu_bytes(static_cast<Mtu>(attributes.path_mtu)) : 1024;
+  qp->qkey = attributes.qkey;
+  qp->access_flags = attributes.access_flags;
+  qp->timeout = attributes.timeout;
+  qp->retry_count = attributes.retry_count;
+  qp->rnr_retry = attributes.rnr_retry;
+  qp->min_rnr_timer = attributes.min_rnr_timer;
+  qp->max_rd_atomic = attributes.max_rd_atomic;
+  qp->max_dest_rd_atomic = attributes.max_dest_rd_atomic;
+  if ((state == QpState::Rts || state == QpState::Sqd) && !qp->sending) {
+    qp->sending = true;
+    udp::RequesterState& r = qp->requester;
+    r.next_psn = attributes.sq_psn & udp::kPsnMask;
+    r.acked_psn = udp::psn_add(r.next_psn, udp::kPsnMask);
+    r.retries_left = qp->retry_count;
+    r.rnr_retries_left = qp->rnr_retry == 7 ? -1 : qp->rnr_retry;
+  }
+  qp->draining = state == QpState::Sqd;
+  if (qp->sending) udp::requester_run(*this, *qp);
+  after_work();
+  return 0;
+}
+
+void UdpTransport::Engine::forget_qp(uint32_t qpn) {
+  std::lock_guard guard(mutex_);
+  qps_.erase(qpn);
+  held_.erase(qpn);
+  touched_.erase(qpn);
+}
+
+int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe wqe) {
+  note_app_active();
+  std::lock_guard guard(mutex_);
+  udp::UdpQp* qp = find(qpn);
+  if (qp == nullptr || !qp->sending) return EINVAL;
+  udp::requester_post(*this, *qp, std::move(wqe));
+  after_work();
+  return 0;
+}
+
+void UdpTransport::Engine::drive() {
+  note_app_active();
+  std::unique_lock guard(mutex_, std::try_to_lock);
+  if (!guard.owns_lock()) return;  // the background thread is at it
+  for (size_t i = 0; i < watchers_.size(); ++i) drain(i);
+  after_work();
+}
+
+// ---- the public face ---------------------------------------------------------------
+
+UdpTransport::UdpTransport(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+UdpTransport::~UdpTransport() = default;
+
+std::shared_ptr<UdpTransport> UdpTransport::acquire(const std::shared_ptr<DeviceMemory>& memory,
+                                                    const DeviceConfig& config, const std::vector<GidEntry>& gids,
+                                                    std::string* error) {
+  static std::mutex mutex;
+  static std::map<DeviceMemory*, std::weak_ptr<UdpTransport>> transports;
+  std::lock_guard guard(mutex);
+  if (auto existing = transports[memory.get()].lock()) return existing;
+  auto engine = std::make_unique<Engine>(memory, config, gids);
+  if (!engine->start(error)) return nullptr;
+  std::shared_ptr<UdpTransport> transport(new UdpTransport(std::move(engine)));
+  transports[memory.get()] = transport;
+  return transport;
+}
+
+bool UdpTransport::is_local_gid(const Gid& gid) const { return engine_->is_local_gid(gid); }
+
+std::optional<udp::Path> UdpTransport::resolve_path(int sgid_index, const Gid& dgid, uint8_t traffic_class,
+                                                    uint8_t hop_limit, uint32_t flow_label, std::string* error) const {
+  return engine_->resolve_path(sgid_index, dgid, traffic_class, hop_limit, flow_label, error);
+}
+
+int UdpTransport::sync_qp(int qp_index) { return engine_->sync_qp(qp_index); }
+void UdpTransport::forget_qp(uint32_t qpn) { engine_->forget_qp(qpn); }
+bool UdpTransport::carries(uint32_t qpn) const { return engine_->carries(qpn); }
+int UdpTransport::post_send(uint32_t qpn, udp::SendWqe wqe) { return engine_->post_send(qpn, std::move(wqe)); }
+void UdpTransport::drive() { engine_->drive(); }
+void UdpTransport::application_waits() { engine_->application_waits(); }
+
+}  // namespace softverbs
