@@ -14,6 +14,8 @@
 #include "memory_copy.h"
 #include "process_id.h"
 #include "receive_queue.h"
+#include "roce_headers.h"
+#include "roce_packet.h"
 #include "small_vector.h"
 
 namespace softverbs {
@@ -119,8 +121,28 @@ RemoteRanges skip_bytes(const RemoteRanges& ranges, uint64_t skip) {
   return out;
 }
 
+// The 40 bytes a UD receive buffer starts with. Between RoCE v2 GIDs of
+// IPv4 addresses a RoCE NIC puts the packet's IPv4 header in the last 20
+// (which is how ibv_init_ah_from_wc tells the kinds apart); otherwise a GRH.
 std::array<uint8_t, kGrhBytes> build_grh(const SendRequest& request, uint64_t payload) {
   std::array<uint8_t, kGrhBytes> grh{};
+  if (request.has_grh && wire::is_ipv4_mapped(request.source_gid) && wire::is_ipv4_mapped(request.destination_gid)) {
+    wire::FlowAddress flow;
+    flow.source = request.source_gid;
+    flow.destination = request.destination_gid;
+    flow.source_port = wire::flow_source_port(0, request.remote_qpn);
+    flow.destination_port = wire::kRoceV2Port;
+    flow.traffic_class = request.traffic_class;
+    flow.hop_limit = request.hop_limit;
+    // BTH + DETH (+ ImmDt) + payload + pad + ICRC, as the datagram would be.
+    const bool immediate = request.opcode == SendOpcode::SendWithImm;
+    const size_t datagram =
+        wire::kBthBytes + 8 + (immediate ? 4 : 0) + payload + wire::pad_bytes(payload) + wire::kIcrcBytes;
+    std::array<uint8_t, wire::kMaxIpUdpHeaders> headers;
+    wire::write_ip_udp_headers(flow, datagram, true, headers);
+    std::memcpy(grh.data() + 20, headers.data(), 20);
+    return grh;
+  }
   uint32_t first_word = (6u << 28) | (uint32_t{request.traffic_class} << 20) | (request.flow_label & 0xfffff);
   first_word = htobe32(first_word);
   std::memcpy(grh.data(), &first_word, 4);

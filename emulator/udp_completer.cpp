@@ -356,7 +356,7 @@ void completer_tick(TransportPort& port, UdpQp& qp) {
     if (r.retries_left <= 0) {
       debug_log("QP %#x: no ACK after %d retries of %lld us: IBV_WC_RETRY_EXC_ERR", qp.qpn, qp.retry_count,
                 static_cast<long long>(std::chrono::duration_cast<std::chrono::microseconds>(ack_timeout(qp)).count()));
-      r.queue.front().error = WcStatus::RetryExceededError;
+      if (r.queue.front().error == WcStatus::Success) r.queue.front().error = WcStatus::RetryExceededError;
       complete_in_order(port, qp);
       return;
     }

@@ -247,11 +247,15 @@ void requester_run(TransportPort& port, UdpQp& qp) {
     if (failed || !wqe.fully_sent()) break;
     ++r.cursor;
   }
+  // UC and UD requests are done once sent; a request that failed before it
+  // went out completes (in order) with its error.
+  if (qp.type != QpType::Rc || (!r.queue.empty() && r.queue.front().error != WcStatus::Success)) {
+    complete_in_order(port, qp);
+    if (!qp.sending) return;
+  }
   if (qp.type == QpType::Rc) {
     bool outstanding = !r.queue.empty() && r.queue.front().assigned;
     if (outstanding && r.ack_deadline == Clock::time_point::max()) r.ack_deadline = port.now() + ack_timeout(qp);
-  } else {
-    complete_in_order(port, qp);
   }
 }
 

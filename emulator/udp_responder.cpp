@@ -216,7 +216,10 @@ Verdict check_op_valid(TransportPort& port, UdpQp& qp, const TransportPacket& pa
   }
   debug_log("QP %#x: %s refused by the QP's access flags %#x", qp.qpn, opcode_info(packet.bth.opcode).name,
             qp.access_flags);
-  fail_request(port, qp, packet.bth.psn, aeth::kNakInvalidRequest, WcStatus::RemoteInvalidRequestError);
+  // An operation the QP does not allow is a remote access error, as HCAs
+  // report it; one softverbs cannot do at all is an invalid request.
+  fail_request(port, qp, packet.bth.psn, unsupported ? aeth::kNakInvalidRequest : aeth::kNakRemoteAccessError,
+               unsupported ? WcStatus::RemoteInvalidRequestError : WcStatus::RemoteAccessError);
   return Verdict::Done;
 }
 
