@@ -1,0 +1,40 @@
+// libFuzzer entry point (build with scripts/fuzz): the packet parser's round
+// trip and the UDP transport's receive path (see packet_harness.h).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "packet_harness.h"
+#include "roce_headers.h"
+
+// An empty corpus directory is seeded with a valid packet of every opcode.
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  namespace fs = std::filesystem;
+  for (int i = 1; i < *argc; ++i) {
+    const char* arg = (*argv)[i];
+    if (arg[0] == '-' || !fs::is_directory(arg) || !fs::is_empty(arg)) continue;
+    size_t n = 0;
+    for (const auto& input : softverbs::fuzz::seed_inputs()) {
+      std::ofstream out(fs::path(arg) / ("seed-" + std::to_string(n++)), std::ios::binary);
+      out.write(reinterpret_cast<const char*>(input.data()), static_cast<std::streamsize>(input.size()));
+    }
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace softverbs;
+  std::span<const uint8_t> input(data, size);
+  if (auto packet = wire::parse(input)) {
+    auto rebuilt = wire::build(*packet);
+    if (rebuilt.size() != size || !wire::parse(rebuilt)) std::abort();
+  }
+  static fuzz::PacketHarness harness;
+  if (!harness.feed(input)) {
+    std::fprintf(stderr, "softverbs fuzz: %s\n", harness.failure().c_str());
+    std::abort();
+  }
+  return 0;
+}

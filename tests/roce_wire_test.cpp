@@ -1,0 +1,371 @@
+// The RoCEv2 wire format: headers per opcode, strict parsing, the ICRC and
+// the IP/UDP framing around it, fault injection settings and decisions.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "fault_injection.h"
+#include "icrc.h"
+#include "roce_headers.h"
+#include "roce_packet.h"
+#include "udp_qp.h"
+
+namespace softverbs {
+namespace {
+
+using namespace wire;
+
+std::vector<uint8_t> sample_payload(size_t length) {
+  std::vector<uint8_t> bytes(length);
+  for (size_t i = 0; i < length; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 3);
+  return bytes;
+}
+
+TransportPacket sample_packet(uint8_t opcode_value, std::span<const uint8_t> payload) {
+  TransportPacket p;
+  p.bth.opcode = opcode_value;
+  p.bth.solicited = true;
+  p.bth.pkey = 0xffff;
+  p.bth.dest_qp = 0xabcdef;
+  p.bth.ack_request = true;
+  p.bth.psn = 0x123456;
+  p.reth = {0x1122334455667788ull, 0x99aabbcc, 0x1000};
+  p.aeth = {0x1f, 0x654321};
+  p.atomic = {0x0102030405060708ull, 0x0a0b0c0d, 0x1111222233334444ull, 0x5555666677778888ull};
+  p.atomic_ack_original = 0xdeadbeefcafef00dull;
+  p.immediate = 0xabcd0123;
+  p.invalidate_rkey = 0x0badf00d;
+  p.deth = {0x80010000, 0x00beef};
+  if (opcode_info(opcode_value).headers & header::kPayload) p.payload = payload;
+  return p;
+}
+
+std::vector<uint8_t> valid_opcodes() {
+  std::vector<uint8_t> out;
+  for (int value = 0; value < 256; ++value)
+    if (opcode_info(static_cast<uint8_t>(value)).valid) out.push_back(static_cast<uint8_t>(value));
+  return out;
+}
+
+TEST(RoceHeaders, TheOpcodeTableHasRcUcAndUdAsIbaTable38Lists) {
+  auto opcodes = valid_opcodes();
+  // RC: 23 opcodes (6 sends, 6 writes, READ and its 4 responses, ACK, two
+  // atomics and their ACK, 2 sends with invalidate); UC: 12; UD: 2.
+  size_t rc = 0, uc = 0, ud = 0;
+  for (uint8_t value : opcodes) {
+    if ((value & 0xe0) == 0x00) ++rc;
+    if ((value & 0xe0) == 0x20) ++uc;
+    if ((value & 0xe0) == 0x60) ++ud;
+  }
+  EXPECT_EQ(rc, 23u);
+  EXPECT_EQ(uc, 12u);
+  EXPECT_EQ(ud, 2u);
+  EXPECT_STREQ(opcode_info(0x04).name, "SEND_ONLY");
+  EXPECT_STREQ(opcode_info(0x11).name, "ACKNOWLEDGE");
+  EXPECT_STREQ(opcode_info(0x64).name, "SEND_ONLY");
+  EXPECT_FALSE(opcode_info(0x2c).valid) << "no READ on UC";
+  EXPECT_FALSE(opcode_info(0x40).valid) << "RD is not supported";
+  EXPECT_FALSE(opcode_info(0x15).valid) << "reserved";
+}
+
+TEST(RoceHeaders, EveryOpcodeRoundTrips) {
+  for (size_t payload_length : {0, 1, 3, 4, 255, 1024}) {
+    auto payload = sample_payload(payload_length);
+    for (uint8_t value : valid_opcodes()) {
+      TransportPacket original = sample_packet(value, payload);
+      auto bytes = build(original);
+      ASSERT_FALSE(bytes.empty()) << opcode_info(value).name;
+      EXPECT_EQ(bytes.size() % 4, 0u);
+      auto parsed = parse(bytes);
+      ASSERT_TRUE(parsed) << opcode_info(value).name << " with " << payload_length << " bytes";
+      const uint8_t headers = opcode_info(value).headers;
+      EXPECT_EQ(parsed->bth.opcode, value);
+      EXPECT_EQ(parsed->bth.dest_qp, 0xabcdefu);
+      EXPECT_EQ(parsed->bth.psn, 0x123456u);
+      EXPECT_TRUE(parsed->bth.ack_request);
+      EXPECT_TRUE(parsed->bth.solicited);
+      EXPECT_EQ(parsed->bth.pad, (headers & header::kPayload) ? pad_bytes(payload_length) : 0u);
+      if (headers & header::kReth) {
+        EXPECT_EQ(parsed->reth.virtual_address, original.reth.virtual_address);
+        EXPECT_EQ(parsed->reth.rkey, original.reth.rkey);
+        EXPECT_EQ(parsed->reth.dma_length, original.reth.dma_length);
+      }
+      if (headers & header::kAeth) {
+        EXPECT_EQ(parsed->aeth.msn, 0x654321u);
+      }
+      if (headers & header::kAtomicEth) {
+        EXPECT_EQ(parsed->atomic.swap_add, original.atomic.swap_add);
+        EXPECT_EQ(parsed->atomic.compare, original.atomic.compare);
+      }
+      if (headers & header::kAtomicAckEth) {
+        EXPECT_EQ(parsed->atomic_ack_original, original.atomic_ack_original);
+      }
+      if (headers & header::kImmDt) {
+        EXPECT_EQ(parsed->immediate, original.immediate);
+      }
+      if (headers & header::kIeth) {
+        EXPECT_EQ(parsed->invalidate_rkey, original.invalidate_rkey);
+      }
+      if (headers & header::kDeth) {
+        EXPECT_EQ(parsed->deth.qkey, original.deth.qkey);
+        EXPECT_EQ(parsed->deth.source_qp, original.deth.source_qp);
+      }
+      if (headers & header::kPayload) {
+        EXPECT_TRUE(std::equal(parsed->payload.begin(), parsed->payload.end(), payload.begin(), payload.end()));
+      } else {
+        EXPECT_TRUE(parsed->payload.empty());
+      }
+    }
+  }
+}
+
+TEST(RoceHeaders, BthFieldsSitWhereTheSpecPutsThem) {
+  TransportPacket p = sample_packet(opcode(Service::Rc, op::kWriteOnlyImm), {});
+  auto payload = sample_payload(5);
+  p.payload = payload;
+  auto bytes = build(p);
+  ASSERT_GE(bytes.size(), kBthBytes + 16 + 4);
+  EXPECT_EQ(bytes[0], 0x0b);
+  EXPECT_EQ(bytes[1], 0x80 | (3 << 4)) << "solicited, pad 3, version 0";
+  EXPECT_EQ(bytes[2], 0xff);
+  EXPECT_EQ(bytes[3], 0xff) << "P_Key";
+  EXPECT_EQ(bytes[5], 0xab);
+  EXPECT_EQ(bytes[7], 0xef) << "destination QP";
+  EXPECT_EQ(bytes[8], 0x80) << "AckReq";
+  EXPECT_EQ(bytes[9], 0x12);
+  EXPECT_EQ(bytes[11], 0x56) << "PSN";
+  EXPECT_EQ(bytes[12], 0x11) << "RETH virtual address, big-endian";
+  EXPECT_EQ(bytes[20], 0x99) << "RETH R_Key";
+  EXPECT_EQ(bytes[28], 0xab) << "ImmDt after RETH";
+  EXPECT_EQ(bytes.size(), kBthBytes + 16 + 4 + 5 + 3u);
+}
+
+TEST(RoceHeaders, InvalidOpcodesAreRejected) {
+  std::set<uint8_t> valid;
+  for (uint8_t value : valid_opcodes()) valid.insert(value);
+  for (int value = 0; value < 256; ++value) {
+    if (valid.count(static_cast<uint8_t>(value))) continue;
+    std::vector<uint8_t> bytes(64, 0);
+    bytes[0] = static_cast<uint8_t>(value);
+    EXPECT_FALSE(parse(bytes)) << "opcode " << value;
+    EXPECT_TRUE(build(sample_packet(static_cast<uint8_t>(value), {})).empty());
+  }
+}
+
+TEST(RoceHeaders, MalformedPacketsAreRejected) {
+  auto payload = sample_payload(8);
+  for (uint8_t value : valid_opcodes()) {
+    auto bytes = build(sample_packet(value, payload));
+    const size_t headers = bytes.size() - ((opcode_info(value).headers & header::kPayload) ? payload.size() : 0);
+    for (size_t cut = 0; cut < headers; ++cut)
+      EXPECT_FALSE(parse(std::span(bytes).first(cut))) << opcode_info(value).name << " cut to " << cut;
+    // Not a whole number of 4-byte words.
+    auto odd = bytes;
+    odd.push_back(0);
+    EXPECT_FALSE(parse(odd)) << opcode_info(value).name;
+    // Transport version other than 0.
+    auto version = bytes;
+    version[1] |= 0x01;
+    EXPECT_FALSE(parse(version)) << opcode_info(value).name;
+  }
+  // A payload on an opcode that carries none.
+  auto ack = build(sample_packet(opcode(Service::Rc, op::kAcknowledge), {}));
+  ack.insert(ack.end(), 4, 0);
+  EXPECT_FALSE(parse(ack));
+  // A pad count larger than the payload.
+  auto send = build(sample_packet(opcode(Service::Rc, op::kSendOnly), {}));
+  send[1] |= 0x30;
+  EXPECT_FALSE(parse(send));
+}
+
+TEST(RoceHeaders, ParseSurvivesRandomBytes) {
+  std::mt19937 random(12345);
+  size_t accepted = 0;
+  for (int round = 0; round < 200000; ++round) {
+    std::vector<uint8_t> bytes(random() % 96);
+    for (auto& b : bytes) b = static_cast<uint8_t>(random());
+    auto parsed = parse(bytes);
+    if (!parsed) continue;
+    ++accepted;
+    // Whatever parses rebuilds to a packet of the same size that parses to
+    // the same thing (reserved bits and pad bytes come back as zeros).
+    auto rebuilt = build(*parsed);
+    ASSERT_EQ(rebuilt.size(), bytes.size());
+    auto reparsed = parse(rebuilt);
+    ASSERT_TRUE(reparsed);
+    EXPECT_EQ(build(*reparsed), rebuilt);
+  }
+  EXPECT_GT(accepted, 0u) << "some random packets are valid";
+}
+
+FlowAddress ipv4_flow() {
+  FlowAddress flow;
+  flow.source = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1};
+  flow.destination = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2};
+  flow.source_port = 0xc123;
+  flow.destination_port = kRoceV2Port;
+  return flow;
+}
+
+FlowAddress ipv6_flow() {
+  FlowAddress flow;
+  flow.source = {0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  flow.destination = {0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2};
+  flow.source_port = 0xd00d;
+  flow.destination_port = kRoceV2Port;
+  flow.flow_label = 0x12345;
+  return flow;
+}
+
+TEST(Icrc, SealedPacketsCheckAndEveryFlippedBitIsCaught) {
+  for (const FlowAddress& flow : {ipv4_flow(), ipv6_flow()}) {
+    auto payload = sample_payload(61);
+    auto bytes = build(sample_packet(opcode(Service::Rc, op::kSendOnly), payload));
+    seal(flow, bytes);
+    ASSERT_TRUE(check_icrc(flow, bytes));
+    for (size_t bit = 0; bit < bytes.size() * 8; ++bit) {
+      // BTH byte 4 (FECN, BECN, reserved) is masked: changing it is allowed.
+      if (bit / 8 == 4) continue;
+      auto flipped = bytes;
+      flipped[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+      EXPECT_FALSE(check_icrc(flow, flipped)) << "bit " << bit;
+    }
+    auto congested = bytes;
+    congested[4] |= 0xc0;
+    EXPECT_TRUE(check_icrc(flow, congested)) << "FECN/BECN may change on the way";
+  }
+}
+
+TEST(Icrc, MaskedIpFieldsDoNotCountAndTheAddressesDo) {
+  auto bytes = build(sample_packet(opcode(Service::Rc, op::kAcknowledge), {}));
+  FlowAddress flow = ipv4_flow();
+  seal(flow, bytes);
+  FlowAddress routed = flow;
+  routed.hop_limit = 3;
+  routed.traffic_class = 0x28;  // DSCP/ECN rewritten by a router
+  EXPECT_TRUE(check_icrc(routed, bytes));
+  FlowAddress other_source = flow;
+  other_source.source[15] = 9;
+  EXPECT_FALSE(check_icrc(other_source, bytes));
+  FlowAddress other_port = flow;
+  other_port.source_port = 0xc124;
+  EXPECT_FALSE(check_icrc(other_port, bytes));
+
+  auto bytes6 = build(sample_packet(opcode(Service::Rc, op::kAcknowledge), {}));
+  FlowAddress flow6 = ipv6_flow();
+  seal(flow6, bytes6);
+  FlowAddress relabelled = flow6;
+  relabelled.flow_label = 0xfffff;
+  relabelled.traffic_class = 0xb8;
+  relabelled.hop_limit = 1;
+  EXPECT_TRUE(check_icrc(relabelled, bytes6));
+}
+
+TEST(Icrc, WholeIpPacketFormAgreesWithTheFlowForm) {
+  auto payload = sample_payload(100);
+  for (const FlowAddress& flow : {ipv4_flow(), ipv6_flow()}) {
+    auto bytes = build(sample_packet(opcode(Service::Ud, op::kSendOnlyImm), payload));
+    seal(flow, bytes);
+    auto packet = ip_packet(flow, bytes);
+    EXPECT_TRUE(verify_icrc(packet));
+    EXPECT_EQ(packet.size(), bytes.size() + (flow.ipv4() ? 28u : 48u));
+    if (flow.ipv4()) {
+      EXPECT_EQ(packet[0], 0x45);
+      EXPECT_EQ(packet[9], 17);
+      EXPECT_EQ(packet[6], 0x40) << "DF";
+      // The IPv4 header checksum verifies (sums to 0xffff).
+      uint32_t sum = 0;
+      for (int i = 0; i < 20; i += 2) sum += static_cast<uint32_t>(packet[i] << 8 | packet[i + 1]);
+      while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+      EXPECT_EQ(sum, 0xffffu);
+      EXPECT_EQ((packet[22] << 8 | packet[23]), kRoceV2Port);
+    } else {
+      EXPECT_EQ(packet[0] >> 4, 6);
+      EXPECT_EQ(packet[6], 17);
+    }
+  }
+}
+
+TEST(Icrc, Crc32IsTheStandardOne) {
+  // The CRC-32 check value of "123456789" (IEEE 802.3) is 0xcbf43926.
+  const uint8_t text[] = {'1', '2', '3', '4', '5', '6', '7', '8', '9'};
+  EXPECT_EQ(~crc32(0xffffffffu, text), 0xcbf43926u);
+}
+
+TEST(RocePacket, FlowSourcePortsUseTheTopQuarterAndSpread) {
+  std::set<uint16_t> ports;
+  for (uint32_t a = 0x11; a < 0x51; ++a)
+    for (uint32_t b = 0x11; b < 0x19; ++b) {
+      uint16_t port = flow_source_port(a, b);
+      EXPECT_GE(port, 0xc000);
+      ports.insert(port);
+      EXPECT_EQ(port, flow_source_port(a, b)) << "stable";
+    }
+  EXPECT_GT(ports.size(), 400u);
+}
+
+TEST(Psn, ArithmeticWrapsAt24Bits) {
+  EXPECT_EQ(udp::psn_add(0xffffff, 1), 0u);
+  EXPECT_EQ(udp::psn_add(0xfffffe, 5), 3u);
+  EXPECT_EQ(udp::psn_distance(2, 0xfffffe), 4);
+  EXPECT_EQ(udp::psn_distance(0xfffffe, 2), -4);
+  EXPECT_EQ(udp::psn_distance(100, 100), 0);
+}
+
+TEST(FaultSettings, ParsesRatesPercentagesAndKeys) {
+  std::string error;
+  auto s =
+      FaultSettings::parse("loss=0.1, duplicate=5%,reorder=1e-2,delay=0.5,delay_us=250,corrupt=0.001,seed=42", &error);
+  ASSERT_TRUE(s) << error;
+  EXPECT_EQ(s->loss_ppm, 100000u);
+  EXPECT_EQ(s->duplicate_ppm, 50000u);
+  EXPECT_EQ(s->reorder_ppm, 10000u);
+  EXPECT_EQ(s->delay_ppm, 500000u);
+  EXPECT_EQ(s->delay_us, 250u);
+  EXPECT_EQ(s->corrupt_ppm, 1000u);
+  EXPECT_EQ(s->seed, 42u);
+  auto again = FaultSettings::parse(s->to_string(), &error);
+  ASSERT_TRUE(again) << error;
+  EXPECT_EQ(*again, *s);
+  auto none = FaultSettings::parse("none", &error);
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(none->any());
+}
+
+TEST(FaultSettings, RejectsBadInputWithAMessage) {
+  for (const char* bad :
+       {"loss", "loss=2", "loss=-0.1", "loss=abc", "drop=0.1", "delay_us=x", "seed=-1", "loss=10%%"}) {
+    std::string error;
+    EXPECT_FALSE(FaultSettings::parse(bad, &error)) << bad;
+    EXPECT_FALSE(error.empty()) << bad;
+  }
+}
+
+TEST(FaultGenerator, SameSeedSameDecisionsAndRatesAsAsked) {
+  std::string error;
+  auto settings = *FaultSettings::parse("loss=0.1,duplicate=0.05,reorder=0.05,corrupt=0.02,seed=7", &error);
+  FaultGenerator a(settings.seed, 0x12), b(settings.seed, 0x12), other_qp(settings.seed, 0x13);
+  std::map<FaultAction, int> counts;
+  int corrupted = 0, differ = 0;
+  constexpr int kPackets = 200000;
+  for (int i = 0; i < kPackets; ++i) {
+    FaultDecision x = a.decide(settings), y = b.decide(settings), z = other_qp.decide(settings);
+    ASSERT_EQ(x.action, y.action);
+    ASSERT_EQ(x.corrupt, y.corrupt);
+    differ += x.action != z.action;
+    ++counts[x.action];
+    corrupted += x.corrupt;
+  }
+  EXPECT_GT(differ, 0) << "another QP draws its own sequence";
+  EXPECT_NEAR(counts[FaultAction::Drop] / double(kPackets), 0.10, 0.01);
+  // Duplication and reordering apply to packets that were not lost.
+  EXPECT_NEAR(counts[FaultAction::Duplicate] / double(kPackets), 0.9 * 0.05, 0.005);
+  EXPECT_NEAR(corrupted / double(kPackets), 0.02, 0.003);
+  FaultSettings off;
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(a.decide(off).action, FaultAction::Deliver);
+}
+
+}  // namespace
+}  // namespace softverbs
