@@ -932,7 +932,9 @@ int UdpTransport::Engine::sync_qp(int qp_index) {
   qp->pd_handle = pd_handle;
   qp->send_cq = send_cq;
   qp->recv_cq = recv_cq;
-  qp->mtu = attributes.path_mtu != 0 ? mtu_bytes(static_cast<Mtu>(attributes.path_mtu)) : 1024;
+  // Never above what the netdev carries (packets leave with DF set).
+  const uint32_t port_mtu = mtu_bytes(port_attributes(config_).active_mtu);
+  qp->mtu = std::min(attributes.path_mtu != 0 ? mtu_bytes(static_cast<Mtu>(attributes.path_mtu)) : 1024, port_mtu);
   qp->qkey = attributes.qkey;
   qp->access_flags = attributes.access_flags;
   qp->timeout = attributes.timeout;

@@ -122,8 +122,19 @@ ibv_gid gid_of(const sockaddr_storage& address) {
 // One context and one PD per device, shared by all ids, as librdmacm keeps.
 class Devices {
  public:
-  ibv_context* context_for(const sockaddr_storage&) {
+  // The device whose GID table holds `local` (as RoCE resolves an address
+  // to the netdev that has it), else the first softverbs device.
+  ibv_context* context_for(const sockaddr_storage& local) {
     open_all();
+    const ibv_gid wanted = gid_of(local);
+    for (ibv_context* context : contexts_) {
+      ibv_port_attr port{};
+      if (ibv_query_port(context, 1, &port) != 0) continue;
+      for (int index = 0; index < port.gid_tbl_len; ++index) {
+        ibv_gid gid;
+        if (ibv_query_gid(context, 1, index, &gid) == 0 && std::memcmp(gid.raw, wanted.raw, 16) == 0) return context;
+      }
+    }
     for (ibv_context* context : contexts_)
       if (std::strncmp(context->device->name, "softverbs", 9) == 0) return context;
     return contexts_.empty() ? nullptr : contexts_.front();
@@ -912,7 +923,9 @@ int resolve_route(rdma_cm_id* public_id, int) {
   path.traffic_class = id->tos;
   path.reversible = 1;
   path.numb_path = 1;
-  path.mtu = IBV_MTU_4096;
+  // RoCE's path MTU is what the port's netdev carries.
+  ibv_port_attr port{};
+  path.mtu = id->id.verbs && ibv_query_port(id->id.verbs, 1, &port) == 0 ? port.active_mtu : IBV_MTU_1024;
   path.mtu_selector = 2;
   path.rate_selector = 2;
   path.rate = 3;

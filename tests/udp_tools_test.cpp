@@ -1,0 +1,315 @@
+// Unmodified rdma-core tools and perftest over the UDP transport, on one
+// host: a device brought up with `--transport udp` sends every packet as
+// RoCEv2 to 127.0.0.1:4791, even between two processes of the same host.
+// Also: fault injection survived and counted, and captures that tshark
+// decodes and whose ICRCs scapy recomputes. These tests share lo's port
+// 4791, so ctest runs them one at a time (RESOURCE_LOCK roce_port_lo).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "process_runner.h"
+
+namespace softverbs {
+namespace {
+
+namespace fs = std::filesystem;
+using test::ProcessResult;
+using test::run_process;
+using test::TemporaryDirectory;
+
+std::map<std::string, uint64_t> parse_counters(const std::string& text) {
+  std::map<std::string, uint64_t> counters;
+  std::istringstream in(text);
+  std::string name;
+  uint64_t value;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    if (fields >> name >> value) counters[name] = value;
+  }
+  return counters;
+}
+
+class UdpOnLoopback : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    env_ = {"SOFTVERBS_RUNTIME_DIR=" + dir_.path() + "/rt"};
+    auto up = run_process({SOFTVERBS_CLI, "up", "--transport", "udp"}, env_);
+    ASSERT_EQ(up.exit_code, 0) << up.err;
+  }
+
+  std::vector<std::string> under_softverbs(std::vector<std::string> command) const {
+    command.insert(command.begin(), {SOFTVERBS_CLI, "run", "--"});
+    return command;
+  }
+
+  // The index of the RoCE v2 GID of 127.0.0.1, as `softverbs status` lists it.
+  std::string ipv4_gid_index() const {
+    auto status = run_process({SOFTVERBS_CLI, "status"}, env_);
+    std::smatch match;
+    std::regex row("GID\\[(\\d+)\\] 0000:0000:0000:0000:0000:ffff:7f00:0001  RoCE v2");
+    if (!std::regex_search(status.out, match, row)) return "";
+    return match[1].str();
+  }
+
+  // Starts `server`, then `client` until it connects (the server listens
+  // on TCP for the exchange of QP numbers), and waits for both.
+  struct Pair {
+    ProcessResult server, client;
+  };
+  Pair run_pair(const std::vector<std::string>& server, const std::vector<std::string>& client,
+                std::vector<std::string> extra_env = {}) {
+    std::vector<std::string> env = env_;
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
+    auto background = std::async(std::launch::async, [&] { return run_process(under_softverbs(server), env, 120); });
+    Pair result;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      result.client = run_process(under_softverbs(client), env, 120);
+      bool refused = result.client.err.find("Couldn't connect") != std::string::npos ||
+                     result.client.err.find("Unable to open file descriptor") != std::string::npos ||
+                     result.client.err.find("Failed to create QP") != std::string::npos ||
+                     result.client.err.find("Couldn't connect") != std::string::npos;
+      if (!refused || result.client.exit_code == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    result.server = background.get();
+    return result;
+  }
+
+  std::map<std::string, uint64_t> counters() const {
+    auto r = run_process({SOFTVERBS_CLI, "stat", "softverbs0"}, env_);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return parse_counters(r.out);
+  }
+
+  TemporaryDirectory dir_;
+  std::vector<std::string> env_;
+};
+
+std::string port_for(const std::string& name) {
+  return std::to_string(20000 + static_cast<int>(std::hash<std::string>{}(name) % 20000));
+}
+
+struct PingpongCase {
+  const char* name;
+  const char* tool;
+  std::vector<std::string> args;
+};
+
+class UdpPingpong : public UdpOnLoopback, public ::testing::WithParamInterface<PingpongCase> {};
+
+TEST_P(UdpPingpong, RunsOverRoceV2) {
+  const PingpongCase& c = GetParam();
+  std::string gid = ipv4_gid_index();
+  ASSERT_FALSE(gid.empty());
+  std::vector<std::string> command = {c.tool, "-d", "softverbs0", "-g", gid, "-p", port_for(c.name)};
+  command.insert(command.end(), c.args.begin(), c.args.end());
+  std::vector<std::string> client = command;
+  client.push_back("127.0.0.1");
+  Pair r = run_pair(command, client);
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_NE(r.client.out.find("iters in"), std::string::npos) << r.client.out;
+  auto count = counters();
+  EXPECT_GT(count["rx_packets"], 0u) << "the traffic went over UDP";
+  EXPECT_EQ(count["icrc_errors"], 0u);
+  EXPECT_EQ(count["malformed_packets"], 0u);
+}
+
+const PingpongCase kPingpongs[] = {
+    {"rc", "ibv_rc_pingpong", {"-n", "500"}},
+    {"rc_1MiB_validated", "ibv_rc_pingpong", {"-s", "1048576", "-c", "-n", "20"}},
+    {"rc_mtu_256_validated", "ibv_rc_pingpong", {"-m", "256", "-s", "10000", "-c", "-n", "50"}},
+    {"rc_events_validated", "ibv_rc_pingpong", {"-e", "-s", "65536", "-c", "-n", "50"}},
+    {"rc_new_send_api", "ibv_rc_pingpong", {"-N", "-c", "-n", "200"}},
+    {"uc_validated", "ibv_uc_pingpong", {"-s", "8192", "-c", "-n", "200"}},
+    {"ud_validated", "ibv_ud_pingpong", {"-s", "2048", "-c", "-n", "200"}},
+    {"ud_events", "ibv_ud_pingpong", {"-e", "-n", "200"}},
+    {"srq_validated", "ibv_srq_pingpong", {"-s", "4096", "-c", "-n", "200"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Tools, UdpPingpong, ::testing::ValuesIn(kPingpongs),
+                         [](const ::testing::TestParamInfo<PingpongCase>& info) { return info.param.name; });
+
+struct PerftestCase {
+  const char* name;
+  std::vector<std::string> args;
+};
+
+class UdpPerftest : public UdpOnLoopback, public ::testing::WithParamInterface<PerftestCase> {};
+
+TEST_P(UdpPerftest, ClientAndServerFinish) {
+  std::string gid = ipv4_gid_index();
+  ASSERT_FALSE(gid.empty());
+  std::vector<std::string> command = GetParam().args;
+  command.insert(command.end(), {"-d", "softverbs0", "-x", gid, "-p", port_for(GetParam().name)});
+  std::vector<std::string> client = command;
+  client.push_back("127.0.0.1");
+  Pair r = run_pair(command, client);
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_GT(counters()["rx_packets"], 0u);
+}
+
+const PerftestCase kPerftests[] = {
+    {"ib_write_bw", {"ib_write_bw", "-n", "2000", "-s", "65536"}},
+    {"ib_read_bw", {"ib_read_bw", "-n", "1000", "-s", "65536"}},
+    {"ib_send_bw", {"ib_send_bw", "-n", "2000"}},
+    {"ib_atomic_bw", {"ib_atomic_bw", "-n", "2000"}},
+    {"ib_write_lat", {"ib_write_lat", "-n", "1000"}},
+    {"ib_read_lat", {"ib_read_lat", "-n", "1000", "-s", "8192"}},
+    {"ib_send_lat", {"ib_send_lat", "-n", "1000"}},
+    {"ib_atomic_lat", {"ib_atomic_lat", "-n", "1000"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Tools, UdpPerftest, ::testing::ValuesIn(kPerftests),
+                         [](const ::testing::TestParamInfo<PerftestCase>& info) { return info.param.name; });
+
+TEST_F(UdpOnLoopback, RpingThroughTheRdmacmShim) {
+  auto runtime = dir_.path() + "/rt";
+  auto background = std::async(std::launch::async, [&] {
+    return run_process(under_softverbs({"rping", "-s", "-v", "-C", "200", "-S", "4000", "-a", "127.0.0.1"}), env_, 60);
+  });
+  auto listening = [&] {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(runtime + "/cm", ec))
+      if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
+    return false;
+  };
+  for (int i = 0; i < 200 && !listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto client = run_process(under_softverbs({"rping", "-c", "-v", "-C", "200", "-S", "4000", "-a", "127.0.0.1"}), env_);
+  auto server = background.get();
+  EXPECT_EQ(client.exit_code, 0) << client.out << client.err;
+  EXPECT_EQ(server.exit_code, 0) << server.out << server.err;
+  EXPECT_NE(client.out.find("ping data: rdma-ping-199"), std::string::npos);
+  EXPECT_GT(counters()["rx_packets"], 800u) << "rping's SENDs, READs and WRITEs as packets";
+}
+
+TEST_F(UdpOnLoopback, LossDuplicationReorderingAndCorruptionAreSurvivedAndCounted) {
+  auto set = run_process(
+      {SOFTVERBS_CLI, "faults", "softverbs0", "loss=0.05,duplicate=0.03,reorder=0.03,corrupt=0.02,seed=11"}, env_);
+  ASSERT_EQ(set.exit_code, 0) << set.err;
+  EXPECT_NE(run_process({SOFTVERBS_CLI, "status"}, env_).out.find("fault injection: loss=0.05"), std::string::npos);
+  std::string gid = ipv4_gid_index();
+  std::vector<std::string> command = {"ibv_rc_pingpong",  "-d", "softverbs0", "-g", gid,  "-p",
+                                      port_for("faults"), "-s", "65536",      "-c", "-n", "100"};
+  std::vector<std::string> client = command;
+  client.push_back("127.0.0.1");
+  Pair r = run_pair(command, client);
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  auto count = counters();
+  EXPECT_GT(count["faults_dropped"], 0u);
+  EXPECT_GT(count["faults_duplicated"], 0u);
+  EXPECT_GT(count["faults_reordered"], 0u);
+  EXPECT_GT(count["faults_corrupted"], 0u);
+  EXPECT_GT(count["retransmissions"], 0u) << "losses were repaired";
+  EXPECT_GT(count["icrc_errors"], 0u) << "corrupted packets were caught by the ICRC";
+  EXPECT_GT(count["duplicates_received"], 0u);
+  EXPECT_GT(count["seq_naks_sent"], 0u) << "gaps were NAKed";
+  // The counters reset.
+  ASSERT_EQ(run_process({SOFTVERBS_CLI, "stat", "--reset"}, env_).exit_code, 0);
+  EXPECT_EQ(counters()["rx_packets"], 0u);
+}
+
+TEST_F(UdpOnLoopback, EnvironmentFaultsOverrideTheDevicesForOneProgram) {
+  std::string gid = ipv4_gid_index();
+  std::vector<std::string> command = {"ibv_rc_pingpong",     "-d", "softverbs0", "-g", gid, "-p",
+                                      port_for("envfaults"), "-n", "200"};
+  std::vector<std::string> client = command;
+  client.push_back("127.0.0.1");
+  Pair r = run_pair(command, client, {"SOFTVERBS_FAULTS=loss=0.1,seed=5"});
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
+  EXPECT_GT(counters()["faults_dropped"], 0u);
+  auto bad = run_process(under_softverbs({"ibv_devinfo"}), {env_[0], "SOFTVERBS_FAULTS=loss=2"});
+  EXPECT_EQ(bad.exit_code, 0) << "a bad setting does not stop programs that never send over UDP";
+}
+
+TEST_F(UdpOnLoopback, CaptureDecodesInTsharkAndScapyAgreesWithEveryIcrc) {
+  std::string capture = dir_.path() + "/traffic.pcap";
+  std::string gid = ipv4_gid_index();
+  std::string cli = SOFTVERBS_CLI;
+  // Capture while a multi-packet SEND ping-pong, a READ and an atomic
+  // latency test run; stop the capture with Ctrl-C (SIGINT), as a user would.
+  const std::string g = " -d softverbs0 ";
+  std::string script = cli + " capture -w " + capture + " & capture=$!\n" + "while [ ! -s " + capture +
+                       " ]; do sleep 0.05; done; sleep 0.2\n" + "run() { " + cli + " run -- \"$@\"; }\n" +
+                       "pair() { run \"$@\" > server.txt 2>&1 & server=$!; sleep 0.5;\n" +
+                       "  run \"$@\" 127.0.0.1 > client.txt; status=$?; wait $server; return $status; }\n" +
+                       "pair ibv_rc_pingpong" + g + "-g " + gid +
+                       " -p 23456 -m 1024 -s 3000 -n 3 && cp client.txt rc.txt &&\n" + "pair ib_read_lat" + g + "-x " +
+                       gid + " -p 23457 -n 5 -s 5000 &&\n" + "pair ib_atomic_lat" + g + "-x " + gid +
+                       " -p 23458 -n 5; status=$?\n" + "kill -INT $capture; wait $capture; exit $status\n";
+  auto r = run_process({"bash", "-c", "cd " + dir_.path() + " || exit 1\n" + script}, env_, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("packets captured"), std::string::npos) << r.err;
+
+  // The client's QPN and first PSN, as ibv_rc_pingpong prints them.
+  std::ifstream client_file(dir_.path() + "/rc.txt");
+  std::string client_out((std::istreambuf_iterator<char>(client_file)), std::istreambuf_iterator<char>());
+  std::smatch local, remote;
+  ASSERT_TRUE(std::regex_search(client_out, local, std::regex("local address: .*QPN (0x[0-9a-f]+), PSN (0x[0-9a-f]+)")))
+      << client_out;
+  ASSERT_TRUE(
+      std::regex_search(client_out, remote, std::regex("remote address: .*QPN (0x[0-9a-f]+), PSN (0x[0-9a-f]+)")));
+  const uint32_t server_qpn = std::stoul(remote[1].str(), nullptr, 16);
+  const uint32_t client_psn = std::stoul(local[2].str(), nullptr, 16);
+
+  auto decoded =
+      run_process({"tshark", "-r", capture, "-T", "fields", "-E", "separator=,", "-e", "infiniband.bth.opcode", "-e",
+                   "infiniband.bth.destqp", "-e", "infiniband.bth.psn", "-e", "udp.dstport"});
+  ASSERT_EQ(decoded.exit_code, 0) << decoded.err;
+  std::set<int> opcodes;
+  std::vector<std::tuple<int, uint32_t, uint32_t>> packets;
+  std::istringstream lines(decoded.out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    int opcode = 0, port = 0;
+    unsigned qpn = 0, psn = 0;
+    if (std::sscanf(line.c_str(), "%d,%x,%u,%d", &opcode, &qpn, &psn, &port) != 4) continue;
+    EXPECT_EQ(port, 4791);
+    opcodes.insert(opcode);
+    packets.emplace_back(opcode, qpn, psn);
+  }
+  ASSERT_GT(packets.size(), 40u) << decoded.out;
+  // SEND first/middle/last (a 3000-byte message at MTU 1024), ACK, READ
+  // request and responses, fetch-and-add or compare-and-swap, atomic ACK.
+  for (int expected : {0, 1, 2, 17, 12, 13, 15, 18})
+    EXPECT_TRUE(opcodes.count(expected)) << "opcode " << expected << " missing in\n" << decoded.out;
+  EXPECT_TRUE(opcodes.count(19) || opcodes.count(20)) << "an atomic request";
+  // The client's first SEND goes to the server's QPN with the client's PSN.
+  auto first = std::find_if(packets.begin(), packets.end(),
+                            [&](const auto& p) { return std::get<0>(p) == 0 && std::get<1>(p) == server_qpn; });
+  ASSERT_NE(first, packets.end());
+  EXPECT_EQ(std::get<2>(*first), client_psn);
+  auto next = std::find_if(first, packets.end(), [&](const auto& p) { return std::get<0>(p) == 1; });
+  ASSERT_NE(next, packets.end());
+  EXPECT_EQ(std::get<2>(*next), (client_psn + 1) & 0xffffff) << "SEND MIDDLE follows with the next PSN";
+
+  auto scapy = run_process({CHECK_ICRC_SCRIPT, capture});
+  EXPECT_EQ(scapy.exit_code, 0) << scapy.out << scapy.err;
+  EXPECT_NE(scapy.out.find(", 0 bad"), std::string::npos) << scapy.out;
+
+  // A flipped byte in a packet is noticed by the independent check.
+  std::fstream file(capture, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekp(24 + 16 + 28 + 12 + 100);  // inside the first packet's payload
+  char byte;
+  file.seekg(file.tellp());
+  file.get(byte);
+  file.seekp(-1, std::ios::cur);
+  file.put(static_cast<char>(byte ^ 0x01));
+  file.close();
+  EXPECT_NE(run_process({CHECK_ICRC_SCRIPT, capture}).exit_code, 0);
+}
+
+}  // namespace
+}  // namespace softverbs
