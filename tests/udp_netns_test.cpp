@@ -1,0 +1,188 @@
+// Two hosts as two network namespaces joined by a veth pair, each with its
+// own softverbs device on its end of the pair (transport auto: the peer's
+// GID is not local, so the UDP transport carries the traffic). Unmodified
+// rdma-core tools run in each namespace and talk RoCEv2 over the veth.
+// Needs root (ip netns); skipped otherwise.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "process_runner.h"
+
+namespace softverbs {
+namespace {
+
+using test::ProcessResult;
+using test::run_process;
+using test::TemporaryDirectory;
+
+class TwoNamespaces : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+    if (run_process({"ip", "-V"}).exit_code != 0) GTEST_SKIP() << "needs iproute2";
+    const std::string id = std::to_string(getpid() % 100000);
+    ns_a_ = "svt-a-" + id;
+    ns_b_ = "svt-b-" + id;
+    const std::string subnet = "10.231." + std::to_string(getpid() % 250) + ".";
+    address_a_ = subnet + "1";
+    address_b_ = subnet + "2";
+    env_ = {"SOFTVERBS_RUNTIME_DIR=" + dir_.path() + "/rt"};
+    for (const auto& command : std::vector<std::vector<std::string>>{
+             {"ip", "netns", "add", ns_a_},
+             {"ip", "netns", "add", ns_b_},
+             {"ip", "link", "add", "sva" + id, "type", "veth", "peer", "name", "svb" + id},
+             {"ip", "link", "set", "sva" + id, "netns", ns_a_},
+             {"ip", "link", "set", "svb" + id, "netns", ns_b_},
+             {"ip", "-n", ns_a_, "addr", "add", address_a_ + "/24", "dev", "sva" + id},
+             {"ip", "-n", ns_b_, "addr", "add", address_b_ + "/24", "dev", "svb" + id},
+             {"ip", "-n", ns_a_, "link", "set", "sva" + id, "up"},
+             {"ip", "-n", ns_b_, "link", "set", "svb" + id, "up"},
+             {"ip", "-n", ns_a_, "link", "set", "lo", "up"},
+             {"ip", "-n", ns_b_, "link", "set", "lo", "up"},
+         }) {
+      auto r = run_process(command);
+      ASSERT_EQ(r.exit_code, 0) << command[0] << ' ' << command[1] << ' ' << command[2] << ": " << r.err;
+    }
+    created_ = true;
+    auto up_a = in_a({SOFTVERBS_CLI, "up", "--name", "sva", "--netdev", "sva" + id});
+    ASSERT_EQ(up_a.exit_code, 0) << up_a.err;
+    auto up_b = in_b({SOFTVERBS_CLI, "up", "--name", "svb", "--netdev", "svb" + id});
+    ASSERT_EQ(up_b.exit_code, 0) << up_b.err;
+    gid_a_ = ipv4_gid_index("sva", address_a_);
+    gid_b_ = ipv4_gid_index("svb", address_b_);
+    ASSERT_FALSE(gid_a_.empty());
+    ASSERT_FALSE(gid_b_.empty());
+  }
+
+  void TearDown() override {
+    if (!created_) return;
+    run_process({"ip", "netns", "del", ns_a_});
+    run_process({"ip", "netns", "del", ns_b_});
+  }
+
+  ProcessResult in_namespace(const std::string& ns, std::vector<std::string> command, int timeout = 120) {
+    command.insert(command.begin(), {"ip", "netns", "exec", ns});
+    return run_process(command, env_, timeout);
+  }
+  ProcessResult in_a(std::vector<std::string> command) { return in_namespace(ns_a_, std::move(command)); }
+  ProcessResult in_b(std::vector<std::string> command) { return in_namespace(ns_b_, std::move(command)); }
+
+  // The RoCE v2 GID index of `address` (a.b.c.d) on `device`.
+  std::string ipv4_gid_index(const std::string& device, const std::string& address) {
+    auto status = run_process({SOFTVERBS_CLI, "status", device}, env_);
+    unsigned a, b, c, d;
+    std::sscanf(address.c_str(), "%u.%u.%u.%u", &a, &b, &c, &d);
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%02x%02x:%02x%02x", a, b, c, d);
+    std::smatch match;
+    if (!std::regex_search(status.out, match,
+                           std::regex("GID\\[(\\d+)\\] [0-9a-f:]*ffff:" + std::string(hex) + "  RoCE v2")))
+      return "";
+    return match[1].str();
+  }
+
+  // A server in namespace A, its client in B connecting to A's address.
+  struct Pair {
+    ProcessResult server, client;
+  };
+  // `ready` says when the server listens; without it the client retries
+  // while it cannot connect.
+  Pair run_pair(const std::vector<std::string>& tool_a, const std::vector<std::string>& tool_b,
+                std::function<bool()> ready = nullptr) {
+    std::vector<std::string> server = {SOFTVERBS_CLI, "run", "--"};
+    server.insert(server.end(), tool_a.begin(), tool_a.end());
+    std::vector<std::string> client = {SOFTVERBS_CLI, "run", "--"};
+    client.insert(client.end(), tool_b.begin(), tool_b.end());
+    auto background = std::async(std::launch::async, [&] { return in_a(server); });
+    Pair result;
+    if (ready)
+      for (int i = 0; i < 200 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      result.client = in_b(client);
+      if (ready || result.client.exit_code == 0 || result.client.err.find("Couldn't connect") == std::string::npos)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    result.server = background.get();
+    return result;
+  }
+
+  uint64_t counter(const std::string& device, const std::string& name) {
+    auto r = run_process({SOFTVERBS_CLI, "stat", device}, env_);
+    std::smatch match;
+    if (!std::regex_search(r.out, match, std::regex(name + "\\s+(\\d+)"))) return 0;
+    return std::stoull(match[1].str());
+  }
+
+  void expect_pingpong(const std::string& tool, std::vector<std::string> args) {
+    std::vector<std::string> a = {tool, "-d", "sva", "-g", gid_a_};
+    std::vector<std::string> b = {tool, "-d", "svb", "-g", gid_b_};
+    a.insert(a.end(), args.begin(), args.end());
+    b.insert(b.end(), args.begin(), args.end());
+    b.push_back(address_a_);
+    Pair r = run_pair(a, b);
+    EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
+    EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+    EXPECT_NE(r.client.out.find("iters in"), std::string::npos);
+    EXPECT_NE(r.client.out.find("GID ::ffff:" + address_a_), std::string::npos)
+        << "the peer is named by its RoCE v2 GID";
+    EXPECT_GT(counter("sva", "rx_packets"), 0u);
+    EXPECT_GT(counter("svb", "rx_packets"), 0u);
+    EXPECT_EQ(counter("sva", "forwarded_packets"), 0u) << "one process per host: no forwarding";
+    EXPECT_EQ(counter("svb", "icrc_errors"), 0u);
+  }
+
+  TemporaryDirectory dir_;
+  std::vector<std::string> env_;
+  std::string ns_a_, ns_b_, address_a_, address_b_, gid_a_, gid_b_;
+  bool created_ = false;
+};
+
+TEST_F(TwoNamespaces, RcPingpong4KiBValidated) {
+  expect_pingpong("ibv_rc_pingpong", {"-s", "4096", "-c", "-n", "500"});
+}
+
+TEST_F(TwoNamespaces, RcPingpong1MiBValidated) {
+  expect_pingpong("ibv_rc_pingpong", {"-s", "1048576", "-c", "-n", "30"});
+}
+
+TEST_F(TwoNamespaces, RcPingpongWithEvents) {
+  expect_pingpong("ibv_rc_pingpong", {"-e", "-s", "65536", "-c", "-n", "100"});
+}
+
+TEST_F(TwoNamespaces, UcPingpongValidated) { expect_pingpong("ibv_uc_pingpong", {"-s", "8192", "-c", "-n", "200"}); }
+
+TEST_F(TwoNamespaces, UdPingpongValidated) {
+  // A UD message fits one packet: the veth's 1500-byte MTU gives RoCE 1024.
+  expect_pingpong("ibv_ud_pingpong", {"-s", "1000", "-c", "-n", "200"});
+}
+
+TEST_F(TwoNamespaces, RpingThroughTheRdmacmShim) {
+  auto runtime = dir_.path() + "/rt";
+  std::vector<std::string> server = {"rping", "-s", "-v", "-C", "100", "-a", address_a_, "-p", "7199"};
+  std::vector<std::string> client = {"rping", "-c", "-v", "-C", "100", "-a", address_a_, "-p", "7199"};
+  // The client starts once the server's listener is in the CM directory.
+  auto listening = [&] {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(runtime + "/cm", ec))
+      if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
+    return false;
+  };
+  Pair r = run_pair(server, client, listening);
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_NE(r.client.out.find("ping data: rdma-ping-99"), std::string::npos);
+  EXPECT_GT(counter("svb", "rx_packets"), 0u);
+}
+
+}  // namespace
+}  // namespace softverbs

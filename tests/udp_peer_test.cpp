@@ -1,0 +1,382 @@
+// Two processes connected by RC QPs over the UDP transport (ctest starts this
+// binary through `softverbs run` on a device brought up with --transport
+// udp): a peer killed in the middle of the traffic, and a soak of 1 GiB at
+// 10% packet loss with duplication and reordering. The child process is
+// forked before either opens the device, as two programs would be.
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct ConnectInfo {
+  uint32_t qpn = 0;
+  uint32_t psn = 0;
+  ibv_gid gid{};
+  uint64_t address = 0;
+  uint32_t rkey = 0;
+};
+
+bool write_all(int fd, const void* data, size_t size) { return ::write(fd, data, size) == static_cast<ssize_t>(size); }
+bool read_all(int fd, void* data, size_t size) {
+  auto* at = static_cast<char*>(data);
+  while (size > 0) {
+    ssize_t got = ::read(fd, at, size);
+    if (got <= 0) return false;
+    at += got;
+    size -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+// One side: device, PD, CQ, RC QP and a registered buffer.
+class Endpoint {
+ public:
+  ~Endpoint() {
+    if (qp_) ibv_destroy_qp(qp_);
+    if (mr_) ibv_dereg_mr(mr_);
+    if (cq_) ibv_destroy_cq(cq_);
+    if (pd_) ibv_dealloc_pd(pd_);
+    if (context_) ibv_close_device(context_);
+  }
+
+  bool open(size_t buffer_bytes, int depth) {
+    int count = 0;
+    ibv_device** list = ibv_get_device_list(&count);
+    for (int i = 0; list && i < count; ++i)
+      if (std::strcmp(ibv_get_device_name(list[i]), "softverbs0") == 0) context_ = ibv_open_device(list[i]);
+    if (list) ibv_free_device_list(list);
+    if (!context_) return false;
+    gid_index_ = -1;
+    for (int index = 0; index < 32 && gid_index_ < 0; ++index) {
+      ibv_gid_entry entry{};
+      if (ibv_query_gid_ex(context_, 1, static_cast<uint32_t>(index), &entry, 0) == 0 &&
+          entry.gid_type == IBV_GID_TYPE_ROCE_V2 && entry.gid.raw[10] == 0xff && entry.gid.raw[11] == 0xff) {
+        gid_index_ = index;
+        gid_ = entry.gid;
+      }
+    }
+    buffer_.assign(buffer_bytes, 0);
+    pd_ = ibv_alloc_pd(context_);
+    cq_ = ibv_create_cq(context_, depth * 2, nullptr, nullptr, 0);
+    if (!pd_ || !cq_ || gid_index_ < 0) return false;
+    mr_ = ibv_reg_mr(pd_, buffer_.data(), buffer_.size(),
+                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    ibv_qp_init_attr init{};
+    init.send_cq = init.recv_cq = cq_;
+    init.qp_type = IBV_QPT_RC;
+    init.cap = {static_cast<uint32_t>(depth), static_cast<uint32_t>(depth), 1, 1, 0};
+    qp_ = ibv_create_qp(pd_, &init);
+    return mr_ && qp_;
+  }
+
+  ConnectInfo info() const {
+    ConnectInfo info;
+    info.qpn = qp_->qp_num;
+    info.psn = 0xfffff0;  // near the wrap, so that PSNs roll over during the test
+    info.gid = gid_;
+    info.address = reinterpret_cast<uint64_t>(buffer_.data());
+    info.rkey = mr_->rkey;
+    return info;
+  }
+
+  bool connect(const ConnectInfo& peer, uint8_t timeout, uint8_t retry_count) {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_INIT;
+    attr.port_num = 1;
+    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    if (ibv_modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return false;
+    attr = {};
+    attr.qp_state = IBV_QPS_RTR;
+    attr.path_mtu = IBV_MTU_4096;
+    attr.dest_qp_num = peer.qpn;
+    attr.rq_psn = peer.psn;
+    attr.max_dest_rd_atomic = 4;
+    attr.min_rnr_timer = 1;  // 10 us
+    attr.ah_attr.is_global = 1;
+    attr.ah_attr.grh.dgid = peer.gid;
+    attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index_);
+    attr.ah_attr.grh.hop_limit = 64;
+    attr.ah_attr.port_num = 1;
+    if (ibv_modify_qp(qp_, &attr,
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+      return false;
+    attr = {};
+    attr.qp_state = IBV_QPS_RTS;
+    attr.sq_psn = info().psn;
+    attr.timeout = timeout;
+    attr.retry_cnt = retry_count;
+    attr.rnr_retry = 7;
+    attr.max_rd_atomic = 4;
+    return ibv_modify_qp(qp_, &attr,
+                         IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                             IBV_QP_MAX_QP_RD_ATOMIC) == 0;
+  }
+
+  int post_send(uint64_t wr_id, size_t offset, uint32_t length, ibv_wr_opcode opcode = IBV_WR_SEND,
+                const ConnectInfo* peer = nullptr) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_.data() + offset), length, mr_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = opcode;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    if (peer) {
+      wr.wr.rdma.remote_addr = peer->address + offset;
+      wr.wr.rdma.rkey = peer->rkey;
+    }
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(qp_, &wr, &bad);
+  }
+
+  int post_recv(uint64_t wr_id, size_t offset, uint32_t length) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_.data() + offset), length, mr_->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    return ibv_post_recv(qp_, &wr, &bad);
+  }
+
+  int poll(ibv_wc* out, int max) { return ibv_poll_cq(cq_, max, out); }
+  ibv_qp_state state() {
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    ibv_query_qp(qp_, &attr, IBV_QP_STATE, &init);
+    return attr.qp_state;
+  }
+  uint8_t* data() { return buffer_.data(); }
+
+ private:
+  ibv_context* context_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  ibv_mr* mr_ = nullptr;
+  std::vector<uint8_t> buffer_;
+  int gid_index_ = -1;
+  ibv_gid gid_{};
+};
+
+// A child process with an endpoint connected to the parent's; `body` runs
+// in the child once connected, with the socket to the parent.
+template <typename Body>
+pid_t spawn_peer(int socket_fd, size_t buffer_bytes, int depth, uint8_t timeout, uint8_t retry_count, Body body) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  Endpoint child;
+  ConnectInfo mine, theirs;
+  if (!child.open(buffer_bytes, depth)) _exit(10);
+  mine = child.info();
+  if (!write_all(socket_fd, &mine, sizeof mine) || !read_all(socket_fd, &theirs, sizeof theirs)) _exit(11);
+  if (!child.connect(theirs, timeout, retry_count)) _exit(12);
+  _exit(body(child, socket_fd));
+}
+
+// The parent's side of the connection.
+bool connect_to_peer(Endpoint& self, int socket_fd, uint8_t timeout, uint8_t retry_count, ConnectInfo& peer) {
+  ConnectInfo mine = self.info();
+  if (!read_all(socket_fd, &peer, sizeof peer) || !write_all(socket_fd, &mine, sizeof mine)) return false;
+  return self.connect(peer, timeout, retry_count);
+}
+
+std::vector<ibv_wc> poll_for(Endpoint& endpoint, size_t count, std::chrono::milliseconds patience) {
+  std::vector<ibv_wc> out;
+  auto deadline = Clock::now() + patience;
+  while (out.size() < count && Clock::now() < deadline) {
+    ibv_wc wc[16];
+    int got = endpoint.poll(wc, 16);
+    out.insert(out.end(), wc, wc + std::max(got, 0));
+  }
+  return out;
+}
+
+double implied_seconds(uint8_t timeout, uint8_t retry_count) {
+  return (retry_count + 1) * 4.096e-6 * static_cast<double>(uint64_t{1} << timeout);
+}
+
+TEST(UdpPeer, KilledPeerMakesPendingWorkFailWithRetryExceededInTheImpliedTime) {
+  constexpr uint8_t kTimeout = 12;  // 4.096 us * 2^12 = 16.8 ms per try
+  constexpr uint8_t kRetries = 3;
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], 1 << 20, 64, kTimeout, kRetries, [](Endpoint& peer, int fd) {
+    for (int i = 0; i < 32; ++i) peer.post_recv(i, 0, 1 << 20);
+    char ready = 'R';
+    write_all(fd, &ready, 1);
+    char never;
+    read_all(fd, &never, 1);  // until killed
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  Endpoint self;
+  ASSERT_TRUE(self.open(1 << 20, 256));
+  ConnectInfo peer;
+  ASSERT_TRUE(connect_to_peer(self, sockets[0], kTimeout, kRetries, peer));
+  char ready;
+  ASSERT_TRUE(read_all(sockets[0], &ready, 1));
+  // The connection works: a SEND and a WRITE complete.
+  ASSERT_EQ(self.post_send(1, 0, 4096), 0);
+  ASSERT_EQ(self.post_send(2, 0, 65536, IBV_WR_RDMA_WRITE, &peer), 0);
+  auto first = poll_for(self, 2, std::chrono::seconds(5));
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(first[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(first[1].status, IBV_WC_SUCCESS);
+
+  // Work in flight when the peer dies: a stream of 64 KiB WRITEs.
+  for (uint64_t id = 100; id < 300; ++id) ASSERT_EQ(self.post_send(id, 0, 65536, IBV_WR_RDMA_WRITE, &peer), 0);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  auto killed_at = Clock::now();
+  // And work posted after it died.
+  for (uint64_t id = 300; id < 303; ++id) ASSERT_EQ(self.post_send(id, 0, 4096), 0);
+
+  auto done = poll_for(self, 203, std::chrono::seconds(10));
+  double elapsed = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  ASSERT_EQ(done.size(), 203u) << "every work request completes, nothing hangs";
+  // In order: successes for what the peer acknowledged before it died,
+  // then one IBV_WC_RETRY_EXC_ERR, then flushes.
+  size_t index = 0;
+  while (index < done.size() && done[index].status == IBV_WC_SUCCESS) ++index;
+  ASSERT_LT(index, done.size());
+  EXPECT_EQ(done[index].status, IBV_WC_RETRY_EXC_ERR) << ibv_wc_status_str(done[index].status);
+  for (size_t i = index + 1; i < done.size(); ++i) EXPECT_EQ(done[i].status, IBV_WC_WR_FLUSH_ERR) << i;
+  for (size_t i = 0; i < done.size(); ++i) EXPECT_EQ(done[i].wr_id, 100 + i) << "each once, in order";
+  EXPECT_EQ(self.state(), IBV_QPS_ERR);
+  // (retry_cnt + 1) tries of 4.096 us x 2^timeout each.
+  double implied = implied_seconds(kTimeout, kRetries);
+  EXPECT_GE(elapsed, implied * 0.9) << "gave up early";
+  EXPECT_LE(elapsed, implied + 1.0) << "gave up late: implied " << implied << " s";
+  std::printf("RETRY_EXC_ERR %.3f s after the peer died (timeout %u, retry_cnt %u: %.3f s implied)\n", elapsed,
+              kTimeout, kRetries, implied);
+}
+
+// The pattern of message `sequence`: every 8-byte word differs, and the
+// first word names the message.
+void fill(uint8_t* at, size_t bytes, uint64_t sequence) {
+  auto* words = reinterpret_cast<uint64_t*>(at);
+  words[0] = sequence;
+  for (size_t i = 1; i < bytes / 8; ++i) words[i] = (sequence << 32) ^ (i * 0x9e3779b97f4a7c15ull);
+}
+bool matches(const uint8_t* at, size_t bytes, uint64_t sequence) {
+  const auto* words = reinterpret_cast<const uint64_t*>(at);
+  if (words[0] != sequence) return false;
+  for (size_t i = 1; i < bytes / 8; ++i)
+    if (words[i] != ((sequence << 32) ^ (i * 0x9e3779b97f4a7c15ull))) return false;
+  return true;
+}
+
+struct SoakReport {
+  uint64_t messages = 0;
+  uint64_t bytes = 0;
+  uint64_t bad_messages = 0;  // wrong content or out of order
+  uint64_t error_completions = 0;
+  uint64_t extra_completions = 0;  // after the last expected one
+};
+
+TEST(UdpPeer, SoakMovesOneGibibyteExactlyOnceAtTenPercentLoss) {
+  constexpr size_t kMessage = 64 * 1024;
+  constexpr uint64_t kMessages = (uint64_t{1} << 30) / kMessage;  // 1 GiB
+  constexpr int kSlots = 64;
+  constexpr int kInFlight = 32;
+  constexpr double kBoundSeconds = 300;  // the bound this test holds the transport to (~25 s here)
+  // Both processes' transports read the faults from the environment.
+  setenv("SOFTVERBS_FAULTS", "loss=0.1,duplicate=0.05,reorder=0.05,seed=2026", 1);
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], kMessage * kSlots, 2 * kSlots, 10, 7, [&](Endpoint& receiver, int fd) {
+    for (int slot = 0; slot < kSlots; ++slot) receiver.post_recv(slot, slot * kMessage, kMessage);
+    char ready = 'R';
+    write_all(fd, &ready, 1);
+    SoakReport report;
+    auto deadline = Clock::now() + std::chrono::duration<double>(kBoundSeconds);
+    while (report.messages < kMessages && Clock::now() < deadline) {
+      ibv_wc wc[16];
+      int got = receiver.poll(wc, 16);
+      for (int i = 0; i < got; ++i) {
+        if (wc[i].status != IBV_WC_SUCCESS) {
+          ++report.error_completions;
+          continue;
+        }
+        const size_t slot = wc[i].wr_id;
+        if (wc[i].byte_len != kMessage || !matches(receiver.data() + slot * kMessage, kMessage, report.messages))
+          ++report.bad_messages;
+        ++report.messages;
+        report.bytes += wc[i].byte_len;
+        receiver.post_recv(slot, slot * kMessage, kMessage);
+      }
+    }
+    // Nothing more may arrive.
+    report.extra_completions = poll_for(receiver, 1, std::chrono::milliseconds(300)).size();
+    write_all(fd, &report, sizeof report);
+    return 0;
+  });
+  unsetenv("SOFTVERBS_FAULTS");
+  ASSERT_GT(child, 0);
+  setenv("SOFTVERBS_FAULTS", "loss=0.1,duplicate=0.05,reorder=0.05,seed=2027", 1);
+  Endpoint sender;
+  bool opened = sender.open(kMessage * kSlots, 2 * kSlots);
+  ASSERT_TRUE(opened);
+  ConnectInfo peer;
+  ASSERT_TRUE(connect_to_peer(sender, sockets[0], 10, 7, peer));
+  char ready;
+  ASSERT_TRUE(read_all(sockets[0], &ready, 1));
+
+  auto start = Clock::now();
+  auto deadline = start + std::chrono::duration<double>(kBoundSeconds);
+  uint64_t posted = 0, completed = 0, failed = 0, out_of_order = 0;
+  while (completed < kMessages && Clock::now() < deadline) {
+    while (posted < kMessages && posted - completed < kInFlight) {
+      const size_t slot = posted % kSlots;
+      fill(sender.data() + slot * kMessage, kMessage, posted);
+      ASSERT_EQ(sender.post_send(posted, slot * kMessage, kMessage), 0);
+      ++posted;
+    }
+    ibv_wc wc[16];
+    int got = sender.poll(wc, 16);
+    for (int i = 0; i < got; ++i) {
+      if (wc[i].status != IBV_WC_SUCCESS) ++failed;
+      if (wc[i].wr_id != completed) ++out_of_order;
+      ++completed;
+    }
+    if (failed) break;
+  }
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  size_t extra = poll_for(sender, 1, std::chrono::milliseconds(300)).size();
+  SoakReport report;
+  ASSERT_TRUE(read_all(sockets[0], &report, sizeof report));
+  int status = 0;
+  waitpid(child, &status, 0);
+  unsetenv("SOFTVERBS_FAULTS");
+
+  EXPECT_EQ(failed, 0u);
+  EXPECT_EQ(completed, kMessages) << "send completions: none lost";
+  EXPECT_EQ(out_of_order, 0u);
+  EXPECT_EQ(extra, 0u) << "no send completion twice";
+  EXPECT_EQ(report.messages, kMessages) << "every message arrived";
+  EXPECT_EQ(report.bytes, uint64_t{1} << 30);
+  EXPECT_EQ(report.bad_messages, 0u) << "each byte exactly once, in order";
+  EXPECT_EQ(report.error_completions, 0u);
+  EXPECT_EQ(report.extra_completions, 0u) << "no receive completion twice";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_LT(seconds, kBoundSeconds);
+  std::printf("1 GiB in %.1f s (%.1f MB/s) at 10%% loss, 5%% duplication, 5%% reordering\n", seconds,
+              1073.741824 / seconds);
+}
+
+}  // namespace
