@@ -43,7 +43,7 @@ TEST_F(Cli, UnknownCommand) {
 }
 
 TEST_F(Cli, EveryVerbHasHelp) {
-  for (const char* verb : {"up", "down", "status", "env", "run"}) {
+  for (const char* verb : {"up", "down", "status", "env", "run", "stat", "faults", "capture"}) {
     auto r = softverbs({verb, "--help"});
     EXPECT_EQ(r.exit_code, 0) << verb;
     EXPECT_NE(r.out.find(std::string("usage: softverbs ") + verb), std::string::npos) << verb << ": " << r.out;
@@ -75,6 +75,66 @@ TEST_F(Cli, UpRejectsBadArguments) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("unexpected argument 'extra'"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(runtime_dir() + "/devices/softverbs0.conf")) << "a rejected call changes nothing";
+}
+
+TEST_F(Cli, TransportAndFaultSettingsPersistAndShow) {
+  ASSERT_EQ(softverbs({"up", "--transport", "udp", "--faults", "loss=10%,seed=3"}).exit_code, 0);
+  auto status = softverbs({"status"});
+  EXPECT_NE(status.out.find("transport udp"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("fault injection: loss=0.1,"), std::string::npos) << status.out;
+  auto shown = softverbs({"faults"});
+  EXPECT_EQ(shown.exit_code, 0);
+  EXPECT_NE(shown.out.find("softverbs0: loss=0.1,duplicate=0,"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find("seed=3"), std::string::npos) << shown.out;
+  // A refresh without the options keeps them.
+  ASSERT_EQ(softverbs({"up"}).exit_code, 0);
+  EXPECT_NE(softverbs({"status"}).out.find("transport udp"), std::string::npos);
+  EXPECT_NE(softverbs({"faults"}).out.find("loss=0.1"), std::string::npos);
+  ASSERT_EQ(softverbs({"faults", "softverbs0", "none"}).exit_code, 0);
+  EXPECT_EQ(softverbs({"faults"}).out, "softverbs0: none\n");
+  auto stat = softverbs({"stat"});
+  EXPECT_EQ(stat.exit_code, 0);
+  for (const char* name : {"tx_packets", "retransmissions", "icrc_errors", "faults_corrupted"})
+    EXPECT_NE(stat.out.find(name), std::string::npos) << name << " in\n" << stat.out;
+}
+
+TEST_F(Cli, TransportVerbsRejectBadArguments) {
+  ASSERT_EQ(softverbs({"up"}).exit_code, 0);
+  auto r = softverbs({"faults", "softverbs0", "loss=2"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("loss='2' is not a fraction"), std::string::npos) << r.err;
+  r = softverbs({"faults", "softverbs0", "drop=0.1"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unknown fault setting 'drop'"), std::string::npos) << r.err;
+  r = softverbs({"up", "--faults", "loss"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("not KEY=VALUE"), std::string::npos) << r.err;
+  r = softverbs({"up", "--transport", "tcp"});
+  EXPECT_EQ(r.exit_code, 2);
+  r = softverbs({"faults", "nosuchdevice"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("no device named 'nosuchdevice'"), std::string::npos) << r.err;
+  r = softverbs({"stat", "nosuchdevice"});
+  EXPECT_EQ(r.exit_code, 1);
+  r = softverbs({"capture"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("-w FILE"), std::string::npos) << r.err;
+  r = softverbs({"capture", "-w", dir_.path() + "/x.pcap", "--duration", "soon"});
+  EXPECT_EQ(r.exit_code, 2);
+  r = softverbs({"capture", "-w", "/nonexistent-dir/x.pcap", "--duration", "0.1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("cannot create /nonexistent-dir/x.pcap"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, CaptureWritesAPcapHeaderAndStopsAfterItsDuration) {
+  ASSERT_EQ(softverbs({"up"}).exit_code, 0);
+  std::string file = dir_.path() + "/empty.pcap";
+  auto r = softverbs({"capture", "-w", file, "--duration", "0.2"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("0 packets captured"), std::string::npos) << r.err;
+  EXPECT_EQ(fs::file_size(file), 24u) << "the pcap global header alone";
+  auto decoded = run_process({"tshark", "-r", file});
+  EXPECT_EQ(decoded.exit_code, 0) << decoded.err;
 }
 
 TEST_F(Cli, UpStatusDownLifecycle) {
