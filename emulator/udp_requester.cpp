@@ -18,7 +18,7 @@ using namespace wire;
 // How many PSNs may be sent beyond the last acknowledged one. Go-back-N
 // resends everything after a loss, so a window much larger than what the
 // receiving socket buffers hold only adds to what a loss costs.
-constexpr int32_t kWindow = 64;
+constexpr int32_t kWindow = 256;
 // An RC requester asks for an ACK at the end of each message and every so
 // many packets within a long one, so the window keeps moving.
 constexpr uint32_t kAckRequestInterval = 16;

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -39,15 +40,19 @@ namespace {
 using namespace wire;
 using udp::Clock;
 
-constexpr size_t kReceiveBatch = 32;
-constexpr size_t kMaxDatagram = 8192;  // path MTU 4096 plus headers, with room
+constexpr size_t kReceiveBatch = 16;
+// A GRO batch of datagrams (or one datagram of path MTU 4096 plus headers).
+constexpr size_t kMaxDatagram = 65536;
 constexpr int kSocketBuffer = 8 << 20;
 constexpr uint32_t kReadBudgetPerPass = 64;
 constexpr auto kReorderHold = std::chrono::milliseconds(1);
 // After this long without a verbs call the background thread takes over.
-constexpr auto kAppIdleAfter = std::chrono::microseconds(500);
+constexpr auto kAppIdleAfter = std::chrono::microseconds(200);
 constexpr uint64_t kBusyPollCalls = 8;
 constexpr uint32_t kForwardMagic = 0x53565246;  // "SVRF"
+// UDP GSO limits: the datagrams of one send fit one 64 KiB IP packet.
+constexpr size_t kMaxGsoBytes = 60000;
+constexpr size_t kMaxGsoSegments = 64;
 
 // A file descriptor that closes itself.
 class Fd {
@@ -150,6 +155,8 @@ int bind_udp(const IpAddress& address, uint16_t port, uint32_t scope_id) {
   }
   set_buffer(fd, SO_RCVBUF, SO_RCVBUFFORCE, kSocketBuffer);
   set_buffer(fd, SO_SNDBUF, SO_SNDBUFFORCE, kSocketBuffer);
+  // Datagrams of one flow may arrive together (see drain()).
+  setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof one);
   SocketAddressStorage where = to_sockaddr(address, port, is_link_local(address) ? scope_id : 0);
   if (::bind(fd, where.get(), where.length) != 0) {
     int saved = errno;
@@ -233,6 +240,7 @@ class UdpTransport::Engine : public udp::TransportPort {
     io_.stop();
     if (thread_.joinable()) thread_.join();
     watchers_.clear();
+    retired_watchers_.clear();
     if (capture_fd_ >= 0) ::close(capture_fd_);
   }
 
@@ -277,6 +285,11 @@ class UdpTransport::Engine : public udp::TransportPort {
     bool forward = false;
     std::optional<boost::asio::posix::stream_descriptor> waiter;
   };
+  uint64_t add_watcher_locked(Fd fd, const IpAddress& local, bool forward);
+  void connect_flow_locked(const udp::UdpQp& qp);
+  void forget_locked(uint32_t qpn);
+  void retire_watcher_locked(uint64_t id);
+  void drain_all_locked();
   struct Delayed {
     Clock::time_point due;
     int fd;
@@ -290,7 +303,7 @@ class UdpTransport::Engine : public udp::TransportPort {
   void io_check();
   void start_watching();
   void stop_watching();
-  void watch(size_t index);
+  void watch(uint64_t id);
   void arm_timer(Clock::time_point when);
   // Asks the io thread for an io_check() (from any thread).
   void wake_io_thread();
@@ -310,12 +323,17 @@ class UdpTransport::Engine : public udp::TransportPort {
   }
   Clock::time_point earliest_deadline_locked() const;
   // Reads and handles everything waiting on watcher `index`; mutex_ held.
-  void drain(size_t index);
+  void drain(Watcher& watcher);
   void handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded);
   void forward(uint16_t port, const FlowAddress& flow, std::span<const uint8_t> datagram);
   void after_work();  // mutex_ held: answers, due timers
   int send_socket(const IpAddress& local, uint16_t port);
+  // Queues a datagram for sending; consecutive datagrams of one flow and one
+  // size leave together in one UDP GSO send (flush_sends(), at the end of
+  // every engine pass).
   void send_bytes(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total);
+  void flush_sends();
+  void send_now(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total, size_t segment);
   void capture(const FlowAddress& flow, std::span<const iovec> parts, size_t total);
   FaultSettings fault_settings() const { return fault_override_ ? *fault_override_ : memory_->shared().faults.load(); }
   udp::UdpQp* find(uint32_t qpn) {
@@ -335,11 +353,29 @@ class UdpTransport::Engine : public udp::TransportPort {
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
   boost::asio::steady_timer timer_;
   std::thread thread_;
-  std::deque<Watcher> watchers_;  // receive sockets and the forward socket
-  std::vector<Fd> claims_;        // abstract names announcing our addresses
+  // Receive sockets: one per device address (the SO_REUSEPORT group), the
+  // forward socket, and one per connected RC/UC QP (bound to the same
+  // address and port 4791 but connected to the peer's flow, so that the
+  // kernel hands that flow to this process directly). The map changes under
+  // mutex_; waiters are made and destroyed on the io thread only.
+  std::map<uint64_t, std::unique_ptr<Watcher>> watchers_;
+  std::vector<std::unique_ptr<Watcher>> retired_watchers_;  // waiting for the io thread
+  std::unordered_map<uint32_t, uint64_t> qp_watchers_;      // QPN -> its connected socket
+  uint64_t next_watcher_ = 0;
+  std::vector<Fd> claims_;  // abstract names announcing our addresses
   std::map<std::pair<IpAddress, uint16_t>, Fd> send_sockets_;
   std::map<IpAddress, int> receive_fd_by_address_;
   int forward_fd_ = -1;
+  struct SendBatch {
+    int fd = -1;
+    SocketAddressStorage to;
+    size_t segment = 0;
+    size_t count = 0;
+    bool closed = false;
+    std::vector<uint8_t> bytes;
+  };
+  SendBatch batch_;
+  bool gso_ok_ = true;
   uint16_t forward_port_ = 0;
 
   std::mutex mutex_;  // everything below, and all protocol state
@@ -401,7 +437,7 @@ bool UdpTransport::Engine::start(std::string* error) {
       return false;
     }
     receive_fd_by_address_[address] = fd;
-    watchers_.push_back(Watcher{Fd(fd), address, false, std::nullopt});
+    add_watcher_locked(Fd(fd), address, false);
     socklen_t length;
     sockaddr_un claim =
         abstract_address(address_claim_prefix(address) + hex(instance_) + "/" + std::to_string(current_pid()), length);
@@ -427,7 +463,7 @@ bool UdpTransport::Engine::start(std::string* error) {
   getsockname(forward_fd, reinterpret_cast<sockaddr*>(&bound), &bound_length);
   forward_port_ = ntohs(bound.sin_port);
   forward_fd_ = forward_fd;
-  watchers_.push_back(Watcher{Fd(forward_fd), {}, true, std::nullopt});
+  add_watcher_locked(Fd(forward_fd), {}, true);
   boost::asio::post(io_, [this] { io_check(); });
   thread_ = std::thread([this] { run_thread(); });
   return true;
@@ -442,31 +478,110 @@ void UdpTransport::Engine::run_thread() {
   io_.run();
 }
 
+uint64_t UdpTransport::Engine::add_watcher_locked(Fd fd, const IpAddress& local, bool forward) {
+  uint64_t id = next_watcher_++;
+  auto watcher = std::make_unique<Watcher>();
+  watcher->fd = std::move(fd);
+  watcher->local = local;
+  watcher->forward = forward;
+  watchers_.emplace(id, std::move(watcher));
+  // Watch it too, if the io thread is watching (it decides on its thread).
+  if (thread_.joinable())
+    boost::asio::post(io_, [this, id] {
+      if (!watching_) return;
+      std::unique_lock guard(mutex_);
+      auto it = watchers_.find(id);
+      if (it == watchers_.end() || it->second->waiter) return;
+      int dup_fd = ::dup(it->second->fd.get());
+      if (dup_fd < 0) return;
+      it->second->waiter.emplace(io_, dup_fd);
+      guard.unlock();
+      watch(id);
+    });
+  return id;
+}
+
+void UdpTransport::Engine::connect_flow_locked(const udp::UdpQp& qp) {
+  // The peer sends from the port of its flow to us (see flow_source_port);
+  // a socket connected to that address and port gets exactly that flow.
+  int fd = bind_udp(qp.path.local, kRoceV2Port, qp.path.scope_id);
+  if (fd < 0) return;  // the reuseport group and forwarding still deliver
+  SocketAddressStorage peer = to_sockaddr(qp.path.remote, flow_source_port(qp.dest_qpn, qp.qpn), qp.path.scope_id);
+  if (::connect(fd, peer.get(), peer.length) != 0) {
+    ::close(fd);
+    return;
+  }
+  qp_watchers_[qp.qpn] = add_watcher_locked(Fd(fd), qp.path.local, false);
+}
+
+void UdpTransport::Engine::forget_locked(uint32_t qpn) {
+  qps_.erase(qpn);
+  held_.erase(qpn);
+  touched_.erase(qpn);
+  if (auto it = qp_watchers_.find(qpn); it != qp_watchers_.end()) {
+    retire_watcher_locked(it->second);
+    qp_watchers_.erase(it);
+  }
+}
+
+void UdpTransport::Engine::retire_watcher_locked(uint64_t id) {
+  auto it = watchers_.find(id);
+  if (it == watchers_.end()) return;
+  // The Asio waiter belongs to the io thread: it is destroyed there.
+  retired_watchers_.push_back(std::move(it->second));
+  watchers_.erase(it);
+  boost::asio::post(io_, [this] {
+    std::vector<std::unique_ptr<Watcher>> retired;
+    {
+      std::lock_guard guard(mutex_);
+      retired.swap(retired_watchers_);
+    }
+  });
+}
+
+void UdpTransport::Engine::drain_all_locked() {
+  for (auto& [id, watcher] : watchers_) drain(*watcher);
+}
+
 void UdpTransport::Engine::start_watching() {
-  for (size_t i = 0; i < watchers_.size(); ++i) {
-    // A duplicate descriptor for Asio, which deregisters and closes it when
-    // watching stops; the engine's own descriptor stays.
-    int fd = ::dup(watchers_[i].fd.get());
-    if (fd < 0) continue;
-    watchers_[i].waiter.emplace(io_, fd);
-    watch(i);
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard guard(mutex_);
+    for (auto& [id, watcher] : watchers_) {
+      if (watcher->waiter) continue;
+      // A duplicate descriptor for Asio, which deregisters and closes it
+      // when watching stops; the engine's own descriptor stays for drive().
+      int fd = ::dup(watcher->fd.get());
+      if (fd < 0) continue;
+      watcher->waiter.emplace(io_, fd);
+      ids.push_back(id);
+    }
   }
   watching_ = true;
+  for (uint64_t id : ids) watch(id);
 }
 
 void UdpTransport::Engine::stop_watching() {
-  for (Watcher& watcher : watchers_) watcher.waiter.reset();
+  std::lock_guard guard(mutex_);
+  for (auto& [id, watcher] : watchers_) watcher->waiter.reset();
   watching_ = false;
 }
 
-void UdpTransport::Engine::watch(size_t index) {
-  if (!watchers_[index].waiter) return;
-  watchers_[index].waiter->async_wait(boost::asio::posix::descriptor_base::wait_read,
-                                      [this, index](const boost::system::error_code& error) {
-                                        if (error) return;  // stopped watching
-                                        io_check();
-                                        watch(index);
-                                      });
+void UdpTransport::Engine::watch(uint64_t id) {
+  boost::asio::posix::stream_descriptor* waiter = nullptr;
+  {
+    std::lock_guard guard(mutex_);
+    auto it = watchers_.find(id);
+    if (it == watchers_.end() || !it->second->waiter) return;
+    waiter = &*it->second->waiter;
+  }
+  // Only this thread destroys waiters, so the pointer stays good.
+  waiter->async_wait(boost::asio::posix::descriptor_base::wait_read,
+                     [this, id](const boost::system::error_code& error) {
+                       if (error) return;  // stopped watching, or the socket went
+                       io_check();
+                       if (watching_) watch(id);
+                     });
 }
 
 void UdpTransport::Engine::arm_timer(Clock::time_point when) {
@@ -503,25 +618,27 @@ void UdpTransport::Engine::io_check() {
   Clock::time_point next;
   {
     std::lock_guard guard(mutex_);
-    for (size_t i = 0; i < watchers_.size(); ++i) drain(i);
+    drain_all_locked();
     after_work();
     next = earliest_deadline_locked();
   }
   arm_timer(next);
 }
 
-void UdpTransport::Engine::drain(size_t index) {
-  Watcher& watcher = watchers_[index];
+void UdpTransport::Engine::drain(Watcher& watcher) {
   const int fd = watcher.fd.get();
   for (;;) {
     mmsghdr messages[kReceiveBatch];
     iovec vectors[kReceiveBatch];
     sockaddr_storage sources[kReceiveBatch];
+    alignas(cmsghdr) char controls[kReceiveBatch][CMSG_SPACE(sizeof(int))];
     for (size_t i = 0; i < kReceiveBatch; ++i) {
       vectors[i] = {buffers_[i].data(), buffers_[i].size()};
       messages[i] = {};
       messages[i].msg_hdr.msg_iov = &vectors[i];
       messages[i].msg_hdr.msg_iovlen = 1;
+      messages[i].msg_hdr.msg_control = controls[i];
+      messages[i].msg_hdr.msg_controllen = sizeof controls[i];
       if (!watcher.forward) {
         messages[i].msg_hdr.msg_name = &sources[i];
         messages[i].msg_hdr.msg_namelen = sizeof sources[i];
@@ -534,6 +651,17 @@ void UdpTransport::Engine::drain(size_t index) {
       if (messages[i].msg_hdr.msg_flags & MSG_TRUNC) {
         counters().add(Counter::MalformedPackets);
         continue;
+      }
+      // With UDP_GRO the kernel hands over several datagrams of one flow at
+      // once, all `segment` bytes long but the last.
+      size_t segment = bytes.size();
+      for (cmsghdr* header = CMSG_FIRSTHDR(&messages[i].msg_hdr); header != nullptr;
+           header = CMSG_NXTHDR(&messages[i].msg_hdr, header)) {
+        if (header->cmsg_level == SOL_UDP && header->cmsg_type == UDP_GRO) {
+          int size = 0;
+          std::memcpy(&size, CMSG_DATA(header), sizeof size);
+          if (size > 0) segment = static_cast<size_t>(size);
+        }
       }
       FlowAddress flow;
       if (watcher.forward) {
@@ -551,7 +679,8 @@ void UdpTransport::Engine::drain(size_t index) {
       if (!from_sockaddr(sources[i], flow.source, flow.source_port)) continue;
       flow.destination = watcher.local;
       flow.destination_port = kRoceV2Port;
-      handle_datagram(flow, bytes, false);
+      for (size_t at = 0; at < bytes.size(); at += segment)
+        handle_datagram(flow, bytes.subspan(at, std::min(segment, bytes.size() - at)), false);
     }
     if (static_cast<size_t>(count) < kReceiveBatch) return;
   }
@@ -683,6 +812,7 @@ void UdpTransport::Engine::after_work() {
       after_work();
     });
   }
+  flush_sends();
   // The io thread must know of a new deadline if it would sleep past it.
   Clock::rep earliest = earliest_deadline_locked().time_since_epoch().count();
   if (earliest < armed_.load(std::memory_order_relaxed)) wake_io_thread();
@@ -715,17 +845,68 @@ int UdpTransport::Engine::send_socket(const IpAddress& local, uint16_t port) {
 
 void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, std::span<const iovec> parts,
                                       size_t total) {
+  SendBatch& b = batch_;
+  const bool joins = b.count > 0 && fd == b.fd && to.length == b.to.length &&
+                     std::memcmp(&to.storage, &b.to.storage, to.length) == 0 && !b.closed && total <= b.segment &&
+                     b.bytes.size() + total <= kMaxGsoBytes && b.count < kMaxGsoSegments && gso_ok_;
+  if (!joins) flush_sends();
+  if (b.count == 0) {
+    b.fd = fd;
+    b.to = to;
+    b.segment = total;
+  }
+  for (const iovec& part : parts) {
+    const auto* bytes = static_cast<const uint8_t*>(part.iov_base);
+    b.bytes.insert(b.bytes.end(), bytes, bytes + part.iov_len);
+  }
+  ++b.count;
+  if (total < b.segment) b.closed = true;  // only the last segment may be shorter
+}
+
+void UdpTransport::Engine::flush_sends() {
+  SendBatch& b = batch_;
+  if (b.count == 0) return;
+  iovec whole{b.bytes.data(), b.bytes.size()};
+  send_now(b.fd, b.to, std::span(&whole, 1), b.bytes.size(), b.count > 1 ? b.segment : 0);
+  counters().add(Counter::TxPackets, b.count);
+  counters().add(Counter::TxBytes, b.bytes.size());
+  b.count = 0;
+  b.closed = false;
+  b.bytes.clear();
+}
+
+void UdpTransport::Engine::send_now(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total,
+                                    size_t segment) {
   msghdr message{};
   message.msg_name = const_cast<sockaddr*>(to.get());
   message.msg_namelen = to.length;
   message.msg_iov = const_cast<iovec*>(parts.data());
   message.msg_iovlen = parts.size();
-  if (fd < 0 || ::sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-    counters().add(Counter::SendErrors);
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(uint16_t))] = {};
+  if (segment != 0) {
+    // UDP GSO: the kernel cuts the buffer into datagrams of `segment` bytes.
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_UDP;
+    header->cmsg_type = UDP_SEGMENT;
+    header->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    uint16_t size = static_cast<uint16_t>(segment);
+    std::memcpy(CMSG_DATA(header), &size, sizeof size);
+  }
+  if (fd >= 0 && ::sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return;
+  if (segment != 0 && (errno == EINVAL || errno == EIO || errno == ENOPROTOOPT || errno == EOPNOTSUPP)) {
+    // No GSO here (an old kernel, a device without checksum offload): one
+    // datagram at a time from now on.
+    gso_ok_ = false;
+    const auto* bytes = static_cast<const uint8_t*>(parts[0].iov_base);
+    for (size_t at = 0; at < total; at += segment) {
+      iovec one{const_cast<uint8_t*>(bytes) + at, std::min(segment, total - at)};
+      send_now(fd, to, std::span(&one, 1), one.iov_len, 0);
+    }
     return;
   }
-  counters().add(Counter::TxPackets);
-  counters().add(Counter::TxBytes, total);
+  counters().add(Counter::SendErrors);
 }
 
 void UdpTransport::Engine::capture(const FlowAddress& flow, std::span<const iovec> parts, size_t total) {
@@ -893,8 +1074,7 @@ int UdpTransport::Engine::sync_qp(int qp_index) {
   }
   std::lock_guard guard(mutex_);
   if (state == QpState::Reset || state == QpState::Init) {
-    qps_.erase(qpn);
-    held_.erase(qpn);
+    forget_locked(qpn);
     return 0;
   }
   udp::UdpQp* qp = find(qpn);
@@ -926,6 +1106,7 @@ int UdpTransport::Engine::sync_qp(int qp_index) {
     }
     qp = &qps_.emplace(qpn, std::move(fresh)).first->second;
     qp->connected = true;
+    if (type != QpType::Ud) connect_flow_locked(*qp);
     SharedLock lock(record.lock);
     if (record.live && record.qpn == qpn) record.forward_port = forward_port_;
   }
@@ -959,9 +1140,7 @@ int UdpTransport::Engine::sync_qp(int qp_index) {
 
 void UdpTransport::Engine::forget_qp(uint32_t qpn) {
   std::lock_guard guard(mutex_);
-  qps_.erase(qpn);
-  held_.erase(qpn);
-  touched_.erase(qpn);
+  forget_locked(qpn);
 }
 
 int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe wqe) {
@@ -978,7 +1157,7 @@ void UdpTransport::Engine::drive() {
   note_app_active();
   std::unique_lock guard(mutex_, std::try_to_lock);
   if (!guard.owns_lock()) return;  // the background thread is at it
-  for (size_t i = 0; i < watchers_.size(); ++i) drain(i);
+  drain_all_locked();
   after_work();
 }
 
