@@ -21,8 +21,8 @@ void MrKeyLookup(benchmark::State& state) {
   auto table = std::make_unique<MemoryRegionTable>(1);
   std::vector<uint32_t> keys;
   for (int i = 0; i < 1000; ++i)
-    keys.push_back(*table->register_region(1, 1, 0x10000 * (i + 1), 0x10000 * (i + 1), 4096, access::kRemoteWrite |
-                                                                                                   access::kLocalWrite));
+    keys.push_back(*table->register_region(1, 1, 0x10000 * (i + 1), 0x10000 * (i + 1), 4096,
+                                           access::kRemoteWrite | access::kLocalWrite));
   size_t i = 0;
   ResolvedRange where;
   for (auto _ : state) {

@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
       }
     }
     double seconds = std::chrono::duration<double>(last - first).count();
-    std::printf("udp_throughput_GBps value=%.3f\n", received > 1 ? (received - 1) * static_cast<double>(size) / seconds / 1e9 : 0.0);
+    std::printf("udp_throughput_GBps value=%.3f\n",
+                received > 1 ? (received - 1) * static_cast<double>(size) / seconds / 1e9 : 0.0);
     std::fflush(stdout);
     _exit(0);
   }
