@@ -20,6 +20,7 @@
 #include "device_memory.h"
 #include "event_socket.h"
 #include "process_id.h"
+#include "shared_regions.h"
 #include "small_vector.h"
 
 namespace softverbs {
@@ -288,6 +289,29 @@ int copy(DeviceMemory& memory, pid_t pid, bool write, std::span<const iovec> loc
     else
       copy_vectors(local, remote_vectors);
     return 0;
+  }
+  // Regions the owner shared are mapped here: a memcpy, no system call. The
+  // caller holds memory_lock, so the keys stay what the table says.
+  if (SmallVector<iovec, 64> mapped; remote.size() <= 64 && configured_copy_method() == CopyMethod::Auto) {
+    bool all = true;
+    for (const RemoteRange& range : remote) {
+      auto region = memory.shared().mrs.find(range.key);
+      uint8_t* view = region && region->owner_pid == pid
+                          ? peer_view(pid, region->backing, range.address, range.length)
+                          : nullptr;
+      if (view == nullptr) {
+        all = false;
+        break;
+      }
+      mapped.push_back({view, range.length});
+    }
+    if (all) {
+      if (write)
+        copy_vectors(mapped, local);
+      else
+        copy_vectors(local, mapped);
+      return 0;
+    }
   }
   CopyMethod method = configured_copy_method();
   if (method != CopyMethod::AgentOnly) {

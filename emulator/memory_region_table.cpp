@@ -25,7 +25,8 @@ const MemoryRegionTable::Slot* MemoryRegionTable::slot_of(uint32_t key) const {
 }
 
 std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, int32_t owner_pid, uint64_t address,
-                                                           uint64_t iova, uint64_t length, uint32_t access_flags) {
+                                                           uint64_t iova, uint64_t length, uint32_t access_flags,
+                                                           const SharedBacking& backing) {
   for (uint32_t probe = 0; probe < kCapacity; ++probe) {
     uint32_t index = (next_free_hint_ + probe) % kCapacity;
     Slot& slot = slots_[index];
@@ -34,7 +35,8 @@ std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, i
     // Key 0 is never handed out: a zeroed SGE must not name a region.
     if (index == 0 && slot.variant == 0) ++slot.variant;
     slot.live = true;
-    slot.region = MemoryRegion{(index << 8) | slot.variant, pd_handle, access_flags, owner_pid, address, iova, length};
+    slot.region =
+        MemoryRegion{(index << 8) | slot.variant, pd_handle, access_flags, owner_pid, address, iova, length, backing};
     next_free_hint_ = (index + 1) % kCapacity;
     ++live_;
     return slot.region.key;

@@ -37,6 +37,17 @@ enum class KeyCheck : uint8_t {
   AccessDenied,  // the region does not grant the access asked for
 };
 
+// Where the owner's pages of a region can be mapped by peers (see
+// shared_regions.h): descriptor `fd` in the owner maps owner addresses
+// [base, base + length) from offset 0. fd -1: not shareable.
+struct SharedBacking {
+  int32_t fd = -1;
+  uint32_t reserved = 0;
+  uint64_t base = 0;
+  uint64_t length = 0;
+  uint64_t id = 0;  // names the backing in memfd's name and peers' caches
+};
+
 struct MemoryRegion {
   uint32_t key = 0;
   uint32_t pd_handle = 0;
@@ -45,6 +56,7 @@ struct MemoryRegion {
   uint64_t address = 0;  // the process-virtual start of the registered range
   uint64_t iova = 0;     // where the range starts in the key's address space
   uint64_t length = 0;
+  SharedBacking backing;
 };
 
 // Where a checked access lands in the owner's address space.
@@ -63,7 +75,8 @@ class MemoryRegionTable {
 
   // Registers and returns the key (lkey == rkey), or nullopt when full.
   std::optional<uint32_t> register_region(uint32_t pd_handle, int32_t owner_pid, uint64_t address, uint64_t iova,
-                                          uint64_t length, uint32_t access_flags);
+                                          uint64_t length, uint32_t access_flags,
+                                          const SharedBacking& backing = SharedBacking{});
   // False if `key` names no live region.
   bool deregister(uint32_t key);
   // Re-registration in place (ibv_rereg_mr): the key stays, what it names

@@ -23,6 +23,7 @@
 #include "progress_thread.h"
 #include "provider_context.h"
 #include "qp_state_machine.h"
+#include "shared_regions.h"
 #include "udp_transport.h"
 
 namespace softverbs::provider {
@@ -83,13 +84,25 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
   }
   DeviceMemory& memory = memory_of(pd->context);
   uint64_t iova = (access_flags & IBV_ACCESS_ZERO_BASED) ? 0 : hca_va;
+  // Memory that other processes write or read (receive buffers, remote
+  // access) becomes mappable by them, where it qualifies.
+  SharedBacking backing;
+  if (access_flags & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE |
+                      IBV_ACCESS_REMOTE_ATOMIC)) {
+    const char* why = "";
+    if (auto shared = share_pages(reinterpret_cast<uint64_t>(addr), length, &why))
+      backing = *shared;
+    else
+      debug_log("MR at %p, %zu bytes: peers copy with system calls (%s)", addr, length, why);
+  }
   std::optional<uint32_t> key;
   {
     SharedLock lock(memory.shared().memory_lock);
     key = memory.shared().mrs.register_region(pd->handle, getpid(), reinterpret_cast<uint64_t>(addr), iova, length,
-                                              static_cast<uint32_t>(access_flags));
+                                              static_cast<uint32_t>(access_flags), backing);
   }
   if (!key) {
+    release_pages(backing);
     errno = ENOMEM;
     return nullptr;
   }
@@ -127,23 +140,33 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
   }
   if (flags & IBV_REREG_MR_CHANGE_PD) region->pd_handle = pd->handle;
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) region->access = static_cast<uint32_t>(access_flags);
+  SharedBacking dropped;
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     region->address = reinterpret_cast<uint64_t>(addr);
     region->length = length;
+    // The new range is reached with system calls (not worth moving pages
+    // under the table's lock).
+    dropped = region->backing;
+    region->backing = SharedBacking{};
   }
   if (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS))
     region->iova = (region->access & IBV_ACCESS_ZERO_BASED) ? 0 : region->address;
   memory.shared().mrs.reregister(mr.lkey, *region);
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access_flags;
+  release_pages(dropped);
   return 0;
 }
 
 int dereg_mr(abi::verbs_mr* vmr) {
   DeviceMemory& memory = memory_of(vmr->ibv_mr.context);
+  SharedBacking backing;
   {
     SharedLock lock(memory.shared().memory_lock);
-    if (!memory.shared().mrs.deregister(vmr->ibv_mr.lkey)) return EINVAL;
+    auto region = memory.shared().mrs.find(vmr->ibv_mr.lkey);
+    if (!region || !memory.shared().mrs.deregister(vmr->ibv_mr.lkey)) return EINVAL;
+    backing = region->backing;
   }
+  release_pages(backing);
   std::unique_ptr<abi::verbs_mr> owner(vmr);
   return 0;
 }

@@ -1,0 +1,213 @@
+#include "shared_regions.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+
+#include "debug_log.h"
+
+namespace softverbs {
+
+namespace {
+
+constexpr size_t kMaxPeerViews = 256;
+
+uint64_t page_size() {
+  static const uint64_t size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+std::string memfd_name(uint64_t id) {
+  char name[64];
+  std::snprintf(name, sizeof name, "softverbs-mr-%016llx", static_cast<unsigned long long>(id));
+  return name;
+}
+
+// Is every byte of [start, end) private, anonymous, readable and writable
+// memory (and nothing else: no file, no hugetlb, no special mapping)?
+bool private_anonymous(uint64_t start, uint64_t end) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  uint64_t covered = start;
+  while (std::getline(maps, line) && covered < end) {
+    std::istringstream fields(line);
+    std::string range, permissions, offset, device, inode, path;
+    fields >> range >> permissions >> offset >> device >> inode;
+    std::getline(fields >> std::ws, path);
+    uint64_t low = std::stoull(range.substr(0, range.find('-')), nullptr, 16);
+    uint64_t high = std::stoull(range.substr(range.find('-') + 1), nullptr, 16);
+    if (high <= covered) continue;
+    if (low > covered) return false;  // a hole
+    if (permissions != "rw-p" || inode != "0" || !(path.empty() || path == "[heap]")) return false;
+    covered = high;
+  }
+  return covered >= end;
+}
+
+struct OwnedBacking {
+  SharedBacking backing;
+  int holds = 0;
+};
+
+std::mutex owned_mutex;
+std::map<uint64_t, OwnedBacking> owned;  // by base address
+
+struct PeerView {
+  uint8_t* mapping = nullptr;  // nullptr: could not be mapped (not retried)
+  uint64_t length = 0;
+  uint64_t last_use = 0;
+};
+
+std::mutex peer_mutex;
+std::unordered_map<uint64_t, PeerView> peer_views;  // by backing id (random, unique per backing)
+uint64_t peer_clock = 0;
+
+long pidfd_open(pid_t pid) { return syscall(SYS_pidfd_open, pid, 0); }
+long pidfd_getfd(int pidfd, int fd) { return syscall(SYS_pidfd_getfd, pidfd, fd, 0); }
+
+// Maps the owner's memfd, after checking that the descriptor it names is
+// the backing the MR table says (descriptor numbers can be reused).
+uint8_t* map_peer(pid_t owner, const SharedBacking& backing) {
+  int pidfd = static_cast<int>(pidfd_open(owner));
+  if (pidfd < 0) return nullptr;
+  int fd = static_cast<int>(pidfd_getfd(pidfd, backing.fd));
+  int error = errno;
+  close(pidfd);
+  if (fd < 0) {
+    debug_log("cannot take the memory of process %d (%s): copies into it take the system-call path", owner,
+              std::strerror(error));
+    return nullptr;
+  }
+  char link[128] = {};
+  std::string self = "/proc/self/fd/" + std::to_string(fd);
+  ssize_t n = readlink(self.c_str(), link, sizeof link - 1);
+  struct stat info {};
+  bool ours = n > 0 && std::strstr(link, memfd_name(backing.id).c_str()) != nullptr && fstat(fd, &info) == 0 &&
+              static_cast<uint64_t>(info.st_size) == backing.length;
+  void* mapping = MAP_FAILED;
+  if (ours) mapping = mmap(nullptr, backing.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  return mapping == MAP_FAILED ? nullptr : static_cast<uint8_t*>(mapping);
+}
+
+}  // namespace
+
+bool region_sharing_enabled() {
+  static const bool enabled = [] {
+    const char* text = std::getenv("SOFTVERBS_SHARE_MR");
+    return text == nullptr || std::strcmp(text, "0") != 0;
+  }();
+  return enabled;
+}
+
+std::optional<SharedBacking> share_pages(uint64_t address, uint64_t length, const char** why) {
+  auto refuse = [&](const char* reason) -> std::optional<SharedBacking> {
+    if (why) *why = reason;
+    return std::nullopt;
+  };
+  if (!region_sharing_enabled()) return refuse("SOFTVERBS_SHARE_MR=0");
+  const uint64_t page = page_size();
+  if (length == 0 || address % page != 0 || length % page != 0)
+    return refuse("not whole pages: pages shared with other data are never moved");
+  std::lock_guard guard(owned_mutex);
+  // Inside a backing made before (a second registration of the same buffer)?
+  auto it = owned.upper_bound(address);
+  if (it != owned.begin()) {
+    --it;
+    OwnedBacking& existing = it->second;
+    if (address >= existing.backing.base && address + length <= existing.backing.base + existing.backing.length) {
+      ++existing.holds;
+      return existing.backing;
+    }
+  }
+  if (!private_anonymous(address, address + length)) return refuse("not private anonymous writable memory");
+  static std::mt19937_64 random{std::random_device{}()};
+  SharedBacking backing;
+  backing.id = random();
+  backing.base = address;
+  backing.length = length;
+  int fd = memfd_create(memfd_name(backing.id).c_str(), MFD_CLOEXEC);
+  if (fd < 0) return refuse("memfd_create failed");
+  if (ftruncate(fd, static_cast<off_t>(length)) != 0) {
+    close(fd);
+    return refuse("ftruncate failed");
+  }
+  void* staging = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (staging == MAP_FAILED) {
+    close(fd);
+    return refuse("mmap failed");
+  }
+  // The contents move to the memfd, which then takes the pages' place.
+  std::memcpy(staging, reinterpret_cast<void*>(address), length);
+  void* placed = mmap(reinterpret_cast<void*>(address), length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  munmap(staging, length);
+  if (placed == MAP_FAILED) {
+    // MAP_FIXED failed before replacing anything: the original pages stay.
+    close(fd);
+    return refuse("mmap over the region failed");
+  }
+  madvise(reinterpret_cast<void*>(address), length, MADV_DONTFORK);
+  backing.fd = fd;
+  owned[address] = OwnedBacking{backing, 1};
+  return backing;
+}
+
+void release_pages(const SharedBacking& backing) {
+  if (backing.fd < 0) return;
+  std::lock_guard guard(owned_mutex);
+  auto it = owned.find(backing.base);
+  if (it == owned.end() || it->second.backing.id != backing.id) return;
+  if (--it->second.holds > 0) return;
+  // The pages stay memfd pages (moving them back would copy again); a later
+  // registration of the same buffer takes the system-call path.
+  close(it->second.backing.fd);
+  owned.erase(it);
+}
+
+uint8_t* peer_view(pid_t owner, const SharedBacking& backing, uint64_t address, uint64_t length) {
+  if (backing.fd < 0 || address < backing.base || length > backing.length ||
+      address - backing.base > backing.length - length)
+    return nullptr;
+  std::lock_guard guard(peer_mutex);
+  auto it = peer_views.find(backing.id);
+  if (it == peer_views.end()) {
+    if (peer_views.size() >= kMaxPeerViews) {
+      // Forget the least recently used mapping.
+      auto oldest = peer_views.begin();
+      for (auto at = peer_views.begin(); at != peer_views.end(); ++at)
+        if (at->second.last_use < oldest->second.last_use) oldest = at;
+      if (oldest->second.mapping) munmap(oldest->second.mapping, oldest->second.length);
+      peer_views.erase(oldest);
+    }
+    PeerView view;
+    view.mapping = map_peer(owner, backing);
+    view.length = backing.length;
+    it = peer_views.emplace(backing.id, view).first;
+  }
+  it->second.last_use = ++peer_clock;
+  if (it->second.mapping == nullptr) return nullptr;
+  return it->second.mapping + (address - backing.base);
+}
+
+size_t peer_view_count() {
+  std::lock_guard guard(peer_mutex);
+  size_t count = 0;
+  for (const auto& [id, view] : peer_views) count += view.mapping != nullptr;
+  return count;
+}
+
+}  // namespace softverbs
