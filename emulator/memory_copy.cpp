@@ -296,9 +296,8 @@ int copy(DeviceMemory& memory, pid_t pid, bool write, std::span<const iovec> loc
     bool all = true;
     for (const RemoteRange& range : remote) {
       auto region = memory.shared().mrs.find(range.key);
-      uint8_t* view = region && region->owner_pid == pid
-                          ? peer_view(pid, region->backing, range.address, range.length)
-                          : nullptr;
+      uint8_t* view =
+          region && region->owner_pid == pid ? peer_view(pid, region->backing, range.address, range.length) : nullptr;
       if (view == nullptr) {
         all = false;
         break;

@@ -87,8 +87,8 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
   // Memory that other processes write or read (receive buffers, remote
   // access) becomes mappable by them, where it qualifies.
   SharedBacking backing;
-  if (access_flags & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE |
-                      IBV_ACCESS_REMOTE_ATOMIC)) {
+  if (access_flags &
+      (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) {
     const char* why = "";
     if (auto shared = share_pages(reinterpret_cast<uint64_t>(addr), length, &why))
       backing = *shared;

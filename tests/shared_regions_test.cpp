@@ -1,0 +1,157 @@
+// Registered memory made mappable by peers (emulator/shared_regions): which
+// memory qualifies, that the application's bytes and pointers survive the
+// move into the memfd, and that another process maps exactly the owner's
+// pages (and only through a descriptor the MR table names).
+#include "shared_regions.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "process_runner.h"
+
+namespace softverbs {
+namespace {
+
+const uint64_t kPage = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+
+struct Pages {
+  explicit Pages(size_t count) : length(count * kPage) {
+    void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    base = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  }
+  ~Pages() {
+    if (base) munmap(base, length);
+  }
+  uint64_t address() const { return reinterpret_cast<uint64_t>(base); }
+  uint8_t* base = nullptr;
+  size_t length;
+};
+
+bool is_memfd_mapping(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  auto wanted = reinterpret_cast<uint64_t>(address);
+  while (std::getline(maps, line)) {
+    uint64_t low = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+    uint64_t high = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
+    if (wanted >= low && wanted < high) return line.find("memfd:softverbs-mr") != std::string::npos;
+  }
+  return false;
+}
+
+TEST(SharedRegions, WholeAnonymousPagesMoveInPlaceWithTheirBytes) {
+  Pages pages(4);
+  ASSERT_NE(pages.base, nullptr);
+  for (size_t i = 0; i < pages.length; ++i) pages.base[i] = static_cast<uint8_t>(i * 13);
+  auto backing = share_pages(pages.address(), pages.length);
+  ASSERT_TRUE(backing);
+  EXPECT_GE(backing->fd, 0);
+  EXPECT_EQ(backing->base, pages.address());
+  EXPECT_EQ(backing->length, pages.length);
+  EXPECT_TRUE(is_memfd_mapping(pages.base)) << "the pages are the memfd's now";
+  for (size_t i = 0; i < pages.length; ++i) ASSERT_EQ(pages.base[i], static_cast<uint8_t>(i * 13)) << i;
+  pages.base[5] = 0xee;  // still ordinary, writable memory for the application
+  EXPECT_EQ(pages.base[5], 0xee);
+  // A second registration inside the same pages shares the same backing.
+  auto inner = share_pages(pages.address() + kPage, kPage);
+  ASSERT_TRUE(inner);
+  EXPECT_EQ(inner->id, backing->id);
+  release_pages(*inner);
+  EXPECT_EQ(fcntl(backing->fd, F_GETFD), FD_CLOEXEC) << "one hold left: the descriptor stays open";
+  release_pages(*backing);
+  EXPECT_EQ(fcntl(backing->fd, F_GETFD), -1) << "the last hold closes it";
+  EXPECT_EQ(pages.base[5], 0xee) << "the bytes stay where they were";
+}
+
+TEST(SharedRegions, MemoryThatMustNotMoveIsRefused) {
+  const char* why = nullptr;
+  Pages pages(2);
+  // Not whole pages: the rest of the page may belong to other data.
+  EXPECT_FALSE(share_pages(pages.address() + 64, kPage, &why));
+  EXPECT_NE(std::string(why).find("whole pages"), std::string::npos);
+  EXPECT_FALSE(share_pages(pages.address(), kPage + 8));
+  // Read-only memory.
+  mprotect(pages.base, pages.length, PROT_READ);
+  EXPECT_FALSE(share_pages(pages.address(), pages.length, &why));
+  EXPECT_NE(std::string(why).find("private anonymous"), std::string::npos);
+  mprotect(pages.base, pages.length, PROT_READ | PROT_WRITE);
+  // A file mapping: its pages belong to the file.
+  test::TemporaryDirectory dir;
+  std::string path = dir.path() + "/file";
+  int fd = open(path.c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(kPage)), 0);
+  void* file = mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(file, MAP_FAILED);
+  EXPECT_FALSE(share_pages(reinterpret_cast<uint64_t>(file), kPage));
+  munmap(file, kPage);
+  close(fd);
+  // Memory that is not mapped at all.
+  Pages gone(1);
+  uint64_t address = gone.address();
+  munmap(gone.base, gone.length);
+  gone.base = nullptr;
+  EXPECT_FALSE(share_pages(address, kPage));
+}
+
+TEST(SharedRegions, APeerMapsExactlyTheOwnersPages) {
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // as the provider does
+  Pages pages(2);
+  std::memset(pages.base, 0x11, pages.length);
+  auto backing = share_pages(pages.address(), pages.length);
+  ASSERT_TRUE(backing);
+  const pid_t owner = getpid();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    // The peer writes through its own mapping of the owner's memfd.
+    uint8_t* view = peer_view(owner, *backing, pages.address() + 100, 50);
+    if (view == nullptr) _exit(1);
+    std::memset(view, 0x22, 50);
+    // Ranges outside the backing get no view.
+    if (peer_view(owner, *backing, pages.address() + pages.length - 10, 11) != nullptr) _exit(2);
+    if (peer_view(owner, *backing, pages.address() - 1, 1) != nullptr) _exit(3);
+    // A descriptor that is not this backing is refused (a reused number).
+    SharedBacking wrong = *backing;
+    wrong.id ^= 1;
+    if (peer_view(owner, wrong, pages.address(), 1) != nullptr) _exit(4);
+    if (peer_view_count() != 1) _exit(5);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  for (size_t i = 0; i < pages.length; ++i)
+    ASSERT_EQ(pages.base[i], (i >= 100 && i < 150) ? 0x22 : 0x11) << "byte " << i;
+  release_pages(*backing);
+  close(ready[0]);
+  close(ready[1]);
+}
+
+TEST(SharedRegions, ForkedChildrenDoNotInheritRegisteredPages) {
+  Pages pages(1);
+  auto backing = share_pages(pages.address(), pages.length);
+  ASSERT_TRUE(backing);
+  pid_t child = fork();
+  if (child == 0) {
+    // MADV_DONTFORK, as rdma-core's fork support: the page is not there.
+    _exit(is_memfd_mapping(pages.base) ? 1 : 0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  release_pages(*backing);
+}
+
+}  // namespace
+}  // namespace softverbs
