@@ -1,6 +1,7 @@
 #include "completion_ring.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace softverbs {
 
@@ -18,8 +19,14 @@ bool CompletionRing::push(const Completion& completion) {
     return false;
   }
   entries_[header_.produced % entries_.size()] = completion;
-  ++header_.produced;
+  // Published with release order: a poller may look without the lock.
+  std::atomic_ref<uint64_t>(header_.produced).store(header_.produced + 1, std::memory_order_release);
   return true;
+}
+
+bool CompletionRing::looks_empty(CompletionRingHeader& header) {
+  return std::atomic_ref<uint64_t>(header.produced).load(std::memory_order_acquire) ==
+         std::atomic_ref<uint64_t>(header.consumed).load(std::memory_order_relaxed);
 }
 
 size_t CompletionRing::pop(std::span<Completion> out) {

@@ -4,6 +4,7 @@
 // a time under the CQ's lock and one consumer (the owner's poll).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -75,6 +76,11 @@ class CompletionRing {
   // False (and the ring marked overflowed, as an HCA raises a CQ error) when
   // full: a completion is never silently overwritten.
   bool push(const Completion& completion);
+  // Without the lock, for the consumer's polling: true if nothing was
+  // pushed since it last popped (a push in flight may be missed, never a
+  // push that completed: push() publishes with release order).
+  static bool looks_empty(CompletionRingHeader& header);
+
   // Copies up to out.size() oldest entries; returns how many.
   size_t pop(std::span<Completion> out);
 
@@ -88,7 +94,7 @@ class CompletionRing {
       if (!matches(entry)) entries_[kept++ % entries_.size()] = entry;
     }
     size_t dropped = static_cast<size_t>(header_.produced - kept);
-    header_.produced = kept;
+    std::atomic_ref<uint64_t>(header_.produced).store(kept, std::memory_order_release);
     return dropped;
   }
 

@@ -238,6 +238,7 @@ ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel, int 
 bool pop_completion(ProviderCq* cq, Completion& out) {
   ContextState& state = state_of(cq->verbs.cq.context);
   CqRecord& record = state.memory->shared().cqs[cq->index];
+  if (CompletionRing::looks_empty(record.ring)) return false;
   SharedLock lock(record.lock);
   CompletionRing ring(record.ring, std::span(state.memory->at<Completion>(record.ring_offset), record.ring.capacity));
   return ring.pop(std::span(&out, 1)) == 1;
@@ -393,6 +394,9 @@ int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
   progress_deferred_sends(state);
   if (UdpTransport* udp = state.udp_running.load(std::memory_order_acquire)) udp->drive();
   CqRecord& record = state.memory->shared().cqs[to_cq(ibv)->index];
+  // An empty CQ is seen without its lock, which producers in other
+  // processes would otherwise fight a busy poller for.
+  if (CompletionRing::looks_empty(record.ring)) return 0;
   Completion batch[16];
   int polled = 0;
   while (polled < num_entries) {
@@ -1185,6 +1189,7 @@ Clock::time_point progress_qp(DeviceMemory& memory, ProviderQp* qp) {
 }  // namespace
 
 Clock::time_point progress_deferred_sends(ContextState& state) {
+  if (state.deferred_sends.load(std::memory_order_acquire) == 0) return Clock::time_point::max();
   // Holding qps_mutex keeps every QP alive (destroy_qp takes it too).
   std::lock_guard guard(state.qps_mutex);
   if (state.deferred_sends.load(std::memory_order_acquire) == 0) return Clock::time_point::max();

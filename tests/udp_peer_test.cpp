@@ -1,7 +1,7 @@
 // Two processes connected by RC QPs over the UDP transport (ctest starts this
 // binary through `softverbs run` on a device brought up with --transport
 // udp): a peer killed in the middle of the traffic, and a soak of 1 GiB at
-// 10% packet loss with duplication and reordering. The child process is
+// 10% packet loss with duplication, reordering and corruption. The child process is
 // forked before either opens the device, as two programs would be.
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
@@ -296,7 +296,7 @@ TEST(UdpPeer, SoakMovesOneGibibyteExactlyOnceAtTenPercentLoss) {
   constexpr int kInFlight = 32;
   constexpr double kBoundSeconds = 300;  // the bound this test holds the transport to (~25 s here)
   // Both processes' transports read the faults from the environment.
-  setenv("SOFTVERBS_FAULTS", "loss=0.1,duplicate=0.05,reorder=0.05,seed=2026", 1);
+  setenv("SOFTVERBS_FAULTS", "loss=0.1,duplicate=0.05,reorder=0.05,corrupt=0.01,seed=2026", 1);
   int sockets[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
   pid_t child = spawn_peer(sockets[1], kMessage * kSlots, 2 * kSlots, 10, 7, [&](Endpoint& receiver, int fd) {
@@ -328,7 +328,7 @@ TEST(UdpPeer, SoakMovesOneGibibyteExactlyOnceAtTenPercentLoss) {
   });
   unsetenv("SOFTVERBS_FAULTS");
   ASSERT_GT(child, 0);
-  setenv("SOFTVERBS_FAULTS", "loss=0.1,duplicate=0.05,reorder=0.05,seed=2027", 1);
+  setenv("SOFTVERBS_FAULTS", "loss=0.1,duplicate=0.05,reorder=0.05,corrupt=0.01,seed=2027", 1);
   Endpoint sender;
   bool opened = sender.open(kMessage * kSlots, 2 * kSlots);
   ASSERT_TRUE(opened);
@@ -375,7 +375,7 @@ TEST(UdpPeer, SoakMovesOneGibibyteExactlyOnceAtTenPercentLoss) {
   EXPECT_EQ(report.extra_completions, 0u) << "no receive completion twice";
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_LT(seconds, kBoundSeconds);
-  std::printf("1 GiB in %.1f s (%.1f MB/s) at 10%% loss, 5%% duplication, 5%% reordering\n", seconds,
+  std::printf("1 GiB in %.1f s (%.1f MB/s) at 10%% loss, 5%% duplication, 5%% reordering, 1%% corruption\n", seconds,
               1073.741824 / seconds);
 }
 
