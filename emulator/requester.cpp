@@ -24,24 +24,6 @@ namespace {
 
 constexpr size_t kGrhBytes = 40;
 
-WcOpcode requester_opcode(SendOpcode opcode) {
-  switch (opcode) {
-    case SendOpcode::RdmaWrite:
-    case SendOpcode::RdmaWriteWithImm:
-      return WcOpcode::RdmaWrite;
-    case SendOpcode::RdmaRead:
-      return WcOpcode::RdmaRead;
-    case SendOpcode::AtomicCompareSwap:
-      return WcOpcode::CompareSwap;
-    case SendOpcode::AtomicFetchAdd:
-      return WcOpcode::FetchAdd;
-    case SendOpcode::Send:
-    case SendOpcode::SendWithImm:
-      break;
-  }
-  return WcOpcode::Send;
-}
-
 bool carries_immediate(SendOpcode opcode) {
   return opcode == SendOpcode::SendWithImm || opcode == SendOpcode::RdmaWriteWithImm;
 }
@@ -214,7 +196,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
 SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, Completion& completion) {
   completion = {};
   completion.wr_id = request.wr_id;
-  completion.opcode = requester_opcode(request.opcode);
+  completion.opcode = completion_opcode(request.opcode);
   completion.qp_num = qp.qpn;
 
   DeviceShared& device = memory.shared();

@@ -36,8 +36,8 @@ bool was_sent(const RequesterState& r, uint32_t psn) {
 }
 
 void reset_budgets(UdpQp& qp) {
-  qp.requester.retries_left = qp.retry_count;
-  qp.requester.rnr_retries_left = qp.rnr_retry == 7 ? -1 : qp.rnr_retry;
+  qp.requester.retries_left = qp.attributes.retry_count;
+  qp.requester.rnr_retries_left = qp.attributes.rnr_retry == 7 ? -1 : qp.attributes.rnr_retry;
 }
 
 // Every request up to `psn` is acknowledged. Progress restarts the timer
@@ -134,19 +134,30 @@ void on_acknowledge(TransportPort& port, UdpQp& qp, const TransportPacket& packe
   }
 }
 
+// The READ or atomic that a response with this PSN answers, if it still
+// waits for it and no earlier one lost its response (then that one is asked
+// again instead).
+SendWqe* awaiting_response(TransportPort& port, UdpQp& qp, uint32_t psn, bool read) {
+  RequesterState& r = qp.requester;
+  if (!was_sent(r, psn)) return nullptr;
+  ptrdiff_t found = find_wqe(r, psn);
+  if (found < 0) return nullptr;
+  const size_t index = static_cast<size_t>(found);
+  SendWqe& wqe = r.queue[index];
+  if ((read ? !wqe.is_read() : !wqe.is_atomic()) || wqe.finished) {
+    port.counters().add(Counter::DuplicatesReceived);
+    return nullptr;
+  }
+  if (resend_lost_response(port, qp, index)) return nullptr;
+  return &wqe;
+}
+
 void on_read_response(TransportPort& port, UdpQp& qp, const TransportPacket& packet) {
   RequesterState& r = qp.requester;
   const uint32_t psn = packet.bth.psn;
-  if (!was_sent(r, psn)) return;
-  ptrdiff_t found = find_wqe(r, psn);
-  if (found < 0) return;
-  const size_t index = static_cast<size_t>(found);
-  SendWqe& wqe = r.queue[index];
-  if (!wqe.is_read() || wqe.finished) {
-    port.counters().add(Counter::DuplicatesReceived);
-    return;
-  }
-  if (resend_lost_response(port, qp, index)) return;
+  SendWqe* waiting = awaiting_response(port, qp, psn, true);
+  if (waiting == nullptr) return;
+  SendWqe& wqe = *waiting;
   advance(port, qp, psn_add(wqe.first_psn, kPsnMask));  // everything before the READ
   if (psn != wqe.read_next_psn) {
     if (psn_distance(psn, wqe.read_next_psn) < 0) {
@@ -190,18 +201,10 @@ void on_read_response(TransportPort& port, UdpQp& qp, const TransportPacket& pac
 }
 
 void on_atomic_acknowledge(TransportPort& port, UdpQp& qp, const TransportPacket& packet) {
-  RequesterState& r = qp.requester;
   const uint32_t psn = packet.bth.psn;
-  if (!was_sent(r, psn)) return;
-  ptrdiff_t found = find_wqe(r, psn);
-  if (found < 0) return;
-  const size_t index = static_cast<size_t>(found);
-  SendWqe& wqe = r.queue[index];
-  if (!wqe.is_atomic() || wqe.finished) {
-    port.counters().add(Counter::DuplicatesReceived);
-    return;
-  }
-  if (resend_lost_response(port, qp, index)) return;
+  SendWqe* waiting = awaiting_response(port, qp, psn, false);
+  if (waiting == nullptr) return;
+  SendWqe& wqe = *waiting;
   if (aeth::kind(packet.aeth.syndrome) != 0) {
     wqe.error = WcStatus::BadResponseError;
     return;
@@ -225,7 +228,7 @@ Completion completion_of(const UdpQp& qp, const SendWqe& wqe, WcStatus status) {
   Completion c;
   c.wr_id = wqe.wr_id;
   c.status = status;
-  c.opcode = requester_wc_opcode(wqe.opcode);
+  c.opcode = completion_opcode(wqe.opcode);
   c.qp_num = qp.qpn;
   c.byte_len = status == WcStatus::Success ? static_cast<uint32_t>(wqe.length) : 0;
   return c;
@@ -243,29 +246,12 @@ void scatter(std::span<const iovec> to, std::span<const uint8_t> from) {
   }
 }
 
-WcOpcode requester_wc_opcode(SendOpcode opcode) {
-  switch (opcode) {
-    case SendOpcode::RdmaWrite:
-    case SendOpcode::RdmaWriteWithImm:
-      return WcOpcode::RdmaWrite;
-    case SendOpcode::RdmaRead:
-      return WcOpcode::RdmaRead;
-    case SendOpcode::AtomicCompareSwap:
-      return WcOpcode::CompareSwap;
-    case SendOpcode::AtomicFetchAdd:
-      return WcOpcode::FetchAdd;
-    case SendOpcode::Send:
-    case SendOpcode::SendWithImm:
-      break;
-  }
-  return WcOpcode::Send;
-}
-
 Clock::duration ack_timeout(const UdpQp& qp) {
   // timeout 0 means "infinite" (IBA 9.7.6.1.3): never give up, but still
   // resend now and then, since a lost packet would otherwise stall forever.
-  if (qp.timeout == 0) return std::chrono::seconds(1);
-  auto exact = std::chrono::nanoseconds(static_cast<int64_t>(4096.0 * static_cast<double>(uint64_t{1} << qp.timeout)));
+  if (qp.attributes.timeout == 0) return std::chrono::seconds(1);
+  auto exact = std::chrono::nanoseconds(
+      static_cast<int64_t>(4096.0 * static_cast<double>(uint64_t{1} << qp.attributes.timeout)));
   // Below a millisecond a timer only measures scheduling noise.
   return std::max<Clock::duration>(exact, std::chrono::milliseconds(1));
 }
@@ -352,9 +338,9 @@ void completer_tick(TransportPort& port, UdpQp& qp) {
     r.ack_deadline = Clock::time_point::max();
     return;
   }
-  if (qp.timeout != 0) {
+  if (qp.attributes.timeout != 0) {
     if (r.retries_left <= 0) {
-      debug_log("QP %#x: no ACK after %d retries of %lld us: IBV_WC_RETRY_EXC_ERR", qp.qpn, qp.retry_count,
+      debug_log("QP %#x: no ACK after %d retries of %lld us: IBV_WC_RETRY_EXC_ERR", qp.qpn, qp.attributes.retry_count,
                 static_cast<long long>(std::chrono::duration_cast<std::chrono::microseconds>(ack_timeout(qp)).count()));
       if (r.queue.front().error == WcStatus::Success) r.queue.front().error = WcStatus::RetryExceededError;
       complete_in_order(port, qp);

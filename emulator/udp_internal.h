@@ -4,6 +4,8 @@
 #include <endian.h>
 #include <sys/uio.h>
 
+#include <algorithm>
+
 #include "udp_qp.h"
 
 namespace softverbs::udp {
@@ -20,7 +22,9 @@ bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uin
 // Copies `from` into the byte ranges `to` of this process.
 void scatter(std::span<const iovec> to, std::span<const uint8_t> from);
 
-// The work completion opcode of a send work request.
-WcOpcode requester_wc_opcode(SendOpcode opcode);
+// Packets (and PSNs) a message of `length` bytes takes at path MTU `mtu`.
+inline uint32_t packets_for(uint64_t length, uint32_t mtu) {
+  return std::max<uint32_t>(1, static_cast<uint32_t>((length + mtu - 1) / mtu));
+}
 
 }  // namespace softverbs::udp

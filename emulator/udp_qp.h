@@ -183,15 +183,8 @@ struct UdpQp {
   uint32_t dest_qpn = 0;
   Path path;
   uint32_t mtu = 1024;
-  uint32_t qkey = 0;
-  uint32_t access_flags = 0;
-  uint8_t timeout = 0;
-  uint8_t retry_count = 0;
-  uint8_t rnr_retry = 0;
-  uint8_t min_rnr_timer = 0;
-  uint8_t max_rd_atomic = 0;
-  uint8_t max_dest_rd_atomic = 0;
-  bool draining = false;  // SQD: sends queue but do not start
+  QpAttributes attributes;  // qkey, access flags, timeout, retry counts, RD/atomic limits, as last set
+  bool draining = false;    // SQD: sends queue but do not start
   FaultGenerator faults{1, 0};
   RequesterState requester;
   ResponderState responder;

@@ -23,10 +23,6 @@ constexpr int32_t kWindow = 256;
 // many packets within a long one, so the window keeps moving.
 constexpr uint32_t kAckRequestInterval = 16;
 
-uint32_t packets_for(uint64_t length, uint32_t mtu) {
-  return std::max<uint32_t>(1, static_cast<uint32_t>((length + mtu - 1) / mtu));
-}
-
 Service service_of(QpType type) {
   switch (type) {
     case QpType::Uc:
@@ -145,7 +141,7 @@ bool send_ud(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
   packet.bth.psn = wqe.first_psn;
   packet.bth.solicited = wqe.flags & send_flag::kSolicited;
   // A qkey with the high bit set means "the QP's own qkey" (IBA 10.2.5).
-  packet.deth.qkey = (wqe.remote_qkey & 0x80000000u) ? qp.qkey : wqe.remote_qkey;
+  packet.deth.qkey = (wqe.remote_qkey & 0x80000000u) ? qp.attributes.qkey : wqe.remote_qkey;
   packet.deth.source_qp = qp.qpn;
   packet.immediate = be32toh(wqe.imm_data);
   DeviceMemory& memory = port.memory();
@@ -200,7 +196,7 @@ void requester_post(TransportPort& port, UdpQp& qp, SendWqe wqe) {
 void requester_run(TransportPort& port, UdpQp& qp) {
   RequesterState& r = qp.requester;
   if (!qp.sending || port.now() < r.resume_at) return;
-  const uint32_t rd_atomic_limit = std::max<uint32_t>(1, qp.max_rd_atomic);
+  const uint32_t rd_atomic_limit = std::max<uint32_t>(1, qp.attributes.max_rd_atomic);
   while (r.cursor < r.queue.size()) {
     SendWqe& wqe = r.queue[r.cursor];
     if (wqe.error != WcStatus::Success) break;

@@ -73,10 +73,6 @@ Classified classify(uint8_t operation) {
 bool starts_message(Position p) { return p == Position::First || p == Position::Only; }
 bool ends_message(Position p) { return p == Position::Last || p == Position::Only; }
 
-uint32_t packets_for(uint64_t length, uint32_t mtu) {
-  return std::max<uint32_t>(1, static_cast<uint32_t>((length + mtu - 1) / mtu));
-}
-
 QpRecord& record_of(TransportPort& port, const UdpQp& qp) { return port.memory().shared().qps[qp.index]; }
 
 // ---- answers -------------------------------------------------------------------
@@ -208,14 +204,14 @@ Verdict check_op_valid(TransportPort& port, UdpQp& qp, const TransportPacket& pa
   const uint8_t operation = packet.bth.opcode & 0x1f;
   // Send with invalidate needs memory windows, which softverbs lacks.
   const bool unsupported = operation == op::kSendLastInvalidate || operation == op::kSendOnlyInvalidate;
-  if (!unsupported && (qp.access_flags & needed) == needed) return Verdict::Continue;
+  if (!unsupported && (qp.attributes.access_flags & needed) == needed) return Verdict::Continue;
   if (qp.type == QpType::Uc) {
     drop_message(qp, what);
     qp.responder.expected_psn = psn_add(packet.bth.psn, 1);
     return Verdict::Done;
   }
   debug_log("QP %#x: %s refused by the QP's access flags %#x", qp.qpn, opcode_info(packet.bth.opcode).name,
-            qp.access_flags);
+            qp.attributes.access_flags);
   // An operation the QP does not allow is a remote access error, as HCAs
   // report it; one softverbs cannot do at all is an invalid request.
   fail_request(port, qp, packet.bth.psn, unsupported ? aeth::kNakInvalidRequest : aeth::kNakRemoteAccessError,
@@ -244,7 +240,7 @@ Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& pa
       return Verdict::Done;
     }
     port.counters().add(Counter::RnrNaksSent);
-    queue_nak(qp, packet.bth.psn, static_cast<uint8_t>(aeth::kRnrNak | (qp.min_rnr_timer & 0x1f)));
+    queue_nak(qp, packet.bth.psn, static_cast<uint8_t>(aeth::kRnrNak | (qp.attributes.min_rnr_timer & 0x1f)));
     return Verdict::Done;
   }
   s.have_receive = true;
@@ -462,7 +458,7 @@ void execute_write(TransportPort& port, UdpQp& qp, const TransportPacket& packet
 void remember(UdpQp& qp, const ReplayEntry& entry) {
   auto& replay = qp.responder.replay;
   replay.push_back(entry);
-  while (replay.size() > std::max<size_t>(kReplayEntries, qp.max_dest_rd_atomic)) replay.pop_front();
+  while (replay.size() > std::max<size_t>(kReplayEntries, qp.attributes.max_dest_rd_atomic)) replay.pop_front();
 }
 
 void queue_read_response(UdpQp& qp, uint32_t psn, const Reth& reth) {
@@ -704,9 +700,9 @@ void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, c
     port.counters().add(Counter::UnknownQp);
     return;
   }
-  if (packet.deth.qkey != qp.qkey) {
+  if (packet.deth.qkey != qp.attributes.qkey) {
     debug_log("UD QP %#x: packet from QP %#x with qkey %#x dropped (QP qkey %#x)", qp.qpn, packet.deth.source_qp,
-              packet.deth.qkey, qp.qkey);
+              packet.deth.qkey, qp.attributes.qkey);
     port.counters().add(Counter::UnknownQp);
     return;
   }

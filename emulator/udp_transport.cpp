@@ -1116,21 +1116,14 @@ int UdpTransport::Engine::sync_qp(int qp_index) {
   // Never above what the netdev carries (packets leave with DF set).
   const uint32_t port_mtu = mtu_bytes(port_attributes(config_).active_mtu);
   qp->mtu = std::min(attributes.path_mtu != 0 ? mtu_bytes(static_cast<Mtu>(attributes.path_mtu)) : 1024, port_mtu);
-  qp->qkey = attributes.qkey;
-  qp->access_flags = attributes.access_flags;
-  qp->timeout = attributes.timeout;
-  qp->retry_count = attributes.retry_count;
-  qp->rnr_retry = attributes.rnr_retry;
-  qp->min_rnr_timer = attributes.min_rnr_timer;
-  qp->max_rd_atomic = attributes.max_rd_atomic;
-  qp->max_dest_rd_atomic = attributes.max_dest_rd_atomic;
+  qp->attributes = attributes;
   if ((state == QpState::Rts || state == QpState::Sqd) && !qp->sending) {
     qp->sending = true;
     udp::RequesterState& r = qp->requester;
     r.next_psn = attributes.sq_psn & udp::kPsnMask;
     r.acked_psn = udp::psn_add(r.next_psn, udp::kPsnMask);
-    r.retries_left = qp->retry_count;
-    r.rnr_retries_left = qp->rnr_retry == 7 ? -1 : qp->rnr_retry;
+    r.retries_left = qp->attributes.retry_count;
+    r.rnr_retries_left = qp->attributes.rnr_retry == 7 ? -1 : qp->attributes.rnr_retry;
   }
   qp->draining = state == QpState::Sqd;
   if (qp->sending) udp::requester_run(*this, *qp);

@@ -32,6 +32,25 @@ inline constexpr uint32_t kSolicited = 1u << 2;
 inline constexpr uint32_t kInline = 1u << 3;
 }  // namespace send_flag
 
+// The work completion opcode a send work request completes with.
+inline WcOpcode completion_opcode(SendOpcode opcode) {
+  switch (opcode) {
+    case SendOpcode::RdmaWrite:
+    case SendOpcode::RdmaWriteWithImm:
+      return WcOpcode::RdmaWrite;
+    case SendOpcode::RdmaRead:
+      return WcOpcode::RdmaRead;
+    case SendOpcode::AtomicCompareSwap:
+      return WcOpcode::CompareSwap;
+    case SendOpcode::AtomicFetchAdd:
+      return WcOpcode::FetchAdd;
+    case SendOpcode::Send:
+    case SendOpcode::SendWithImm:
+      break;
+  }
+  return WcOpcode::Send;
+}
+
 // A receive queue entry, stored in shared memory with its SGEs after it.
 struct RecvWqe {
   uint64_t wr_id = 0;
