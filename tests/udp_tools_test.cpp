@@ -174,6 +174,31 @@ const PerftestCase kPerftests[] = {
 INSTANTIATE_TEST_SUITE_P(Tools, UdpPerftest, ::testing::ValuesIn(kPerftests),
                          [](const ::testing::TestParamInfo<PerftestCase>& info) { return info.param.name; });
 
+TEST_F(UdpOnLoopback, RcAndUdOverIpv6Gids) {
+  // ::1's RoCE v2 GID: the packets travel as IPv6/UDP, the ICRC over the
+  // masked IPv6 header. Both ends name that GID index, so the address each
+  // end learns of its peer is ::1.
+  auto status = run_process({SOFTVERBS_CLI, "status"}, env_);
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(status.out, match,
+                                std::regex("GID\\[(\\d+)\\] 0000:0000:0000:0000:0000:0000:0000:0001  RoCE v2")))
+      << status.out;
+  const std::string gid = match[1].str();
+  for (const char* tool : {"ibv_rc_pingpong", "ibv_ud_pingpong"}) {
+    std::vector<std::string> command = {
+        tool, "-d", "softverbs0", "-g", gid, "-p", port_for(std::string("v6") + tool), "-s", "1024", "-c", "-n", "100"};
+    std::vector<std::string> client = command;
+    client.push_back("127.0.0.1");  // the tools' TCP exchange of QP numbers listens on IPv4
+    Pair r = run_pair(command, client);
+    EXPECT_EQ(r.client.exit_code, 0) << tool << ": " << r.client.out << r.client.err;
+    EXPECT_EQ(r.server.exit_code, 0) << tool << ": " << r.server.out << r.server.err;
+    EXPECT_NE(r.client.out.find("GID ::1"), std::string::npos) << r.client.out;
+  }
+  auto count = counters();
+  EXPECT_GT(count["rx_packets"], 400u);
+  EXPECT_EQ(count["icrc_errors"], 0u);
+}
+
 TEST_F(UdpOnLoopback, RpingThroughTheRdmacmShim) {
   auto runtime = dir_.path() + "/rt";
   auto background = std::async(std::launch::async, [&] {
