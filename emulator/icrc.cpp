@@ -1,6 +1,9 @@
 #include "icrc.h"
 
 #include <zlib.h>
+#ifdef SOFTVERBS_HAVE_ISAL
+#include <isa-l/crc.h>
+#endif
 
 #include <array>
 #include <bit>
@@ -32,7 +35,7 @@ size_t header_length(std::span<const uint8_t> packet) {
 namespace {
 
 // Slicing-by-8 tables: eight bytes per step, for the short spans (headers,
-// small packets) where a call into zlib costs more than the work.
+// small packets) where a call into a library costs more than the work.
 constexpr std::array<std::array<uint32_t, 256>, 8> make_tables() {
   std::array<std::array<uint32_t, 256>, 8> tables{};
   for (uint32_t i = 0; i < 256; ++i) {
@@ -46,7 +49,11 @@ constexpr std::array<std::array<uint32_t, 256>, 8> make_tables() {
 }
 
 constexpr auto kTables = make_tables();
-constexpr size_t kZlibFrom = 512;  // zlib's braided code wins above this
+#ifdef SOFTVERBS_HAVE_ISAL
+constexpr size_t kLibraryFrom = 64;  // ISA-L's folding wins above this
+#else
+constexpr size_t kLibraryFrom = 512;  // zlib's braided code wins above this
+#endif
 
 uint32_t crc32_sliced(uint32_t crc, const uint8_t* data, size_t length) {
   while (length >= 8) {
@@ -69,9 +76,14 @@ uint32_t crc32_sliced(uint32_t crc, const uint8_t* data, size_t length) {
 static_assert(std::endian::native == std::endian::little, "crc32_sliced reads words little-endian");
 
 uint32_t crc32(uint32_t crc, std::span<const uint8_t> bytes) {
-  if (bytes.size() < kZlibFrom) return crc32_sliced(crc, bytes.data(), bytes.size());
-  // zlib inverts before and after; undo both to continue a raw register.
+  if (bytes.size() < kLibraryFrom) return crc32_sliced(crc, bytes.data(), bytes.size());
+    // Both libraries invert before and after (gzip's convention); undo both
+    // to continue a raw register.
+#ifdef SOFTVERBS_HAVE_ISAL
+  return ~crc32_gzip_refl(~crc, bytes.data(), bytes.size());
+#else
   return ~static_cast<uint32_t>(::crc32_z(~crc & 0xffffffffu, bytes.data(), bytes.size()));
+#endif
 }
 
 uint32_t icrc_start(std::span<const uint8_t> headers, std::span<const uint8_t> bth) {
