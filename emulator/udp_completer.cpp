@@ -185,10 +185,8 @@ void on_read_response(TransportPort& port, UdpQp& qp, const TransportPacket& pac
     return;
   }
   {
-    DeviceMemory& memory = port.memory();
-    SharedLock memory_lock(memory.shared().memory_lock);
     LocalVectors into;
-    if (!gather_local(memory, qp, wqe, wqe.read_done, packet.payload.size(), access::kLocalWrite, into)) {
+    if (!gather_local(port.memory(), qp, wqe, wqe.read_done, packet.payload.size(), access::kLocalWrite, into)) {
       wqe.error = WcStatus::LocalProtectionError;
       return;
     }
@@ -210,10 +208,8 @@ void on_atomic_acknowledge(TransportPort& port, UdpQp& qp, const TransportPacket
     return;
   }
   {
-    DeviceMemory& memory = port.memory();
-    SharedLock memory_lock(memory.shared().memory_lock);
     LocalVectors into;
-    if (!gather_local(memory, qp, wqe, 0, 8, access::kLocalWrite, into)) {
+    if (!gather_local(port.memory(), qp, wqe, 0, 8, access::kLocalWrite, into)) {
       wqe.error = WcStatus::LocalProtectionError;
       return;
     }

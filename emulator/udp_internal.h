@@ -14,8 +14,14 @@ using LocalVectors = SmallVector<iovec, limits::kMaxSge + 1>;
 
 // Resolves bytes [offset, offset + length) of a WQE's local data to this
 // process's addresses, checking every lkey piece for `access` (0 to read,
-// access::kLocalWrite to write). The caller holds the device's memory_lock
-// until it is done with the vectors. False if a check fails.
+// access::kLocalWrite to write). False if a check fails.
+//
+// The keys are looked up under the device's memory_lock, which is released
+// at once: the device-wide lock is not held while bytes are checksummed and
+// sent, so that processes do not take turns. The addresses stay good for as
+// long as the caller holds the engine's mutex, because they lie in this
+// process's own regions and this process's dereg_mr and rereg_mr wait for
+// that mutex (UdpTransport::hold_data_paths).
 bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uint64_t offset, uint64_t length,
                   uint32_t access, LocalVectors& out);
 

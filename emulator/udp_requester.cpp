@@ -94,10 +94,8 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) 
   packet.reth = {wqe.remote_address, wqe.rkey, static_cast<uint32_t>(wqe.length)};
   packet.immediate = be32toh(wqe.imm_data);
 
-  DeviceMemory& memory = port.memory();
-  SharedLock memory_lock(memory.shared().memory_lock);  // the buffers stay registered while they are read
   LocalVectors payload;
-  if (!gather_local(memory, qp, wqe, offset, length, 0, payload)) {
+  if (!gather_local(port.memory(), qp, wqe, offset, length, 0, payload)) {
     wqe.error = WcStatus::LocalProtectionError;
     return false;
   }
@@ -144,10 +142,8 @@ bool send_ud(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
   packet.deth.qkey = (wqe.remote_qkey & 0x80000000u) ? qp.attributes.qkey : wqe.remote_qkey;
   packet.deth.source_qp = qp.qpn;
   packet.immediate = be32toh(wqe.imm_data);
-  DeviceMemory& memory = port.memory();
-  SharedLock memory_lock(memory.shared().memory_lock);
   LocalVectors payload;
-  if (!gather_local(memory, qp, wqe, 0, wqe.length, 0, payload)) {
+  if (!gather_local(port.memory(), qp, wqe, 0, wqe.length, 0, payload)) {
     wqe.error = WcStatus::LocalProtectionError;
     return false;
   }
@@ -165,6 +161,7 @@ bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uin
     out.push_back({const_cast<uint8_t*>(wqe.inline_bytes.data()) + offset, length});
     return true;
   }
+  SharedLock memory_lock(memory.shared().memory_lock);
   for (const Sge& sge : wqe.sges) {
     if (offset >= sge.length) {
       offset -= sge.length;

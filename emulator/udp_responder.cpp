@@ -311,11 +311,20 @@ Verdict check_length(TransportPort& port, UdpQp& qp, const TransportPacket& pack
   return Verdict::Done;
 }
 
-KeyCheck check_remote(TransportPort& port, const UdpQp& qp, uint32_t rkey, uint64_t iova, uint64_t length,
-                      uint32_t needed, ResolvedRange& where) {
+// The caller holds the device's memory_lock.
+KeyCheck check_remote_locked(TransportPort& port, const UdpQp& qp, uint32_t rkey, uint64_t iova, uint64_t length,
+                             uint32_t needed, ResolvedRange& where) {
   KeyCheck verdict = port.memory().shared().mrs.check_remote(rkey, qp.pd_handle, iova, length, needed, &where);
   if (verdict == KeyCheck::Ok && where.owner_pid != current_pid()) verdict = KeyCheck::InvalidKey;
   return verdict;
+}
+
+// Looks the key up under the device's memory_lock and lets go of it: the
+// range found stays good while the engine's mutex is held (see gather_local).
+KeyCheck check_remote(TransportPort& port, const UdpQp& qp, uint32_t rkey, uint64_t iova, uint64_t length,
+                      uint32_t needed, ResolvedRange& where) {
+  SharedLock memory_lock(port.memory().shared().memory_lock);
+  return check_remote_locked(port, qp, rkey, iova, length, needed, where);
 }
 
 Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
@@ -341,8 +350,6 @@ Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet
   }
   // A zero-length RDMA operation touches no memory and checks no key (IBA 9.4.4).
   if (length == 0) return Verdict::Continue;
-  DeviceMemory& memory = port.memory();
-  SharedLock memory_lock(memory.shared().memory_lock);
   ResolvedRange where;
   KeyCheck verdict = check_remote(port, qp, rkey, iova, length, needed, where);
   if (verdict == KeyCheck::Ok) return Verdict::Continue;
@@ -424,8 +431,6 @@ void execute_write(TransportPort& port, UdpQp& qp, const TransportPacket& packet
   // the first one.
   auto place = [&]() {
     if (packet.payload.empty()) return true;
-    DeviceMemory& memory = port.memory();
-    SharedLock memory_lock(memory.shared().memory_lock);
     ResolvedRange where;
     if (check_remote(port, qp, s.write_rkey, s.write_iova + s.written, packet.payload.size(), access::kRemoteWrite,
                      where) != KeyCheck::Ok)
@@ -490,8 +495,8 @@ void execute_atomic(TransportPort& port, UdpQp& qp, const TransportPacket& packe
     SharedLock memory_lock(memory.shared().memory_lock);
     SharedLock atomics(memory.shared().atomics_lock);
     ResolvedRange where;
-    if (check_remote(port, qp, packet.atomic.rkey, packet.atomic.virtual_address, 8, access::kRemoteAtomic, where) !=
-        KeyCheck::Ok) {
+    if (check_remote_locked(port, qp, packet.atomic.rkey, packet.atomic.virtual_address, 8, access::kRemoteAtomic,
+                            where) != KeyCheck::Ok) {
       original = 0;  // checked in check_rkey; cannot change under memory_lock
     } else if (where.address % 8 == 0) {
       auto* target = reinterpret_cast<uint64_t*>(where.address);
@@ -555,8 +560,6 @@ Verdict handle_duplicate(TransportPort& port, UdpQp& qp, const TransportPacket& 
     if (packets_for(packet.reth.dma_length, qp.mtu) > entry->psn_count - static_cast<uint32_t>(into))
       return Verdict::Done;
     if (packet.reth.dma_length != 0) {
-      DeviceMemory& memory = port.memory();
-      SharedLock memory_lock(memory.shared().memory_lock);
       ResolvedRange where;
       if (check_remote(port, qp, packet.reth.rkey, packet.reth.virtual_address, packet.reth.dma_length,
                        access::kRemoteRead, where) != KeyCheck::Ok)
@@ -589,7 +592,6 @@ void send_control(TransportPort& port, UdpQp& qp, const Response& r) {
 // Sends read response packets of `r`; false if its region went away (the
 // rest becomes a remote access NAK).
 bool send_read_data(TransportPort& port, UdpQp& qp, Response& r, uint32_t& budget) {
-  DeviceMemory& memory = port.memory();
   while (r.packets_sent < r.packets && budget > 0) {
     const uint32_t index = r.packets_sent;
     const uint64_t length = std::min<uint64_t>(qp.mtu, r.length - r.sent);
@@ -607,7 +609,6 @@ bool send_read_data(TransportPort& port, UdpQp& qp, Response& r, uint32_t& budge
     packet.bth.dest_qp = qp.dest_qpn;
     packet.bth.psn = psn_add(r.psn, index);
     packet.aeth = {aeth::kAck, r.msn};
-    SharedLock memory_lock(memory.shared().memory_lock);
     iovec piece{nullptr, 0};
     if (length != 0) {
       ResolvedRange where;

@@ -274,6 +274,10 @@ class UdpTransport::Engine : public udp::TransportPort {
     last_drive_.store(0, std::memory_order_relaxed);
     wake_io_thread();
   }
+  void hold_data_paths(const std::function<void()>& change) {
+    std::lock_guard guard(mutex_);
+    change();
+  }
   // (drive() after application_waits() counts one call: still idle.)
 
  private:
@@ -1159,18 +1163,47 @@ void UdpTransport::Engine::drive() {
 UdpTransport::UdpTransport(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
 UdpTransport::~UdpTransport() = default;
 
+namespace {
+
+// This process's transports, one per device memory.
+struct TransportDirectory {
+  std::mutex mutex;
+  std::map<const DeviceMemory*, std::weak_ptr<UdpTransport>> transports;
+};
+
+TransportDirectory& transport_directory() {
+  static TransportDirectory directory;
+  return directory;
+}
+
+}  // namespace
+
 std::shared_ptr<UdpTransport> UdpTransport::acquire(const std::shared_ptr<DeviceMemory>& memory,
                                                     const DeviceConfig& config, const std::vector<GidEntry>& gids,
                                                     std::string* error) {
-  static std::mutex mutex;
-  static std::map<DeviceMemory*, std::weak_ptr<UdpTransport>> transports;
-  std::lock_guard guard(mutex);
-  if (auto existing = transports[memory.get()].lock()) return existing;
+  TransportDirectory& directory = transport_directory();
+  std::lock_guard guard(directory.mutex);
+  if (auto existing = directory.transports[memory.get()].lock()) return existing;
   auto engine = std::make_unique<Engine>(memory, config, gids);
   if (!engine->start(error)) return nullptr;
   std::shared_ptr<UdpTransport> transport(new UdpTransport(std::move(engine)));
-  transports[memory.get()] = transport;
+  directory.transports[memory.get()] = transport;
   return transport;
+}
+
+void UdpTransport::hold_data_paths(const DeviceMemory& memory, const std::function<void()>& change) {
+  std::shared_ptr<UdpTransport> transport;
+  {
+    TransportDirectory& directory = transport_directory();
+    std::lock_guard guard(directory.mutex);
+    auto it = directory.transports.find(&memory);
+    if (it != directory.transports.end()) transport = it->second.lock();
+  }
+  if (!transport) {
+    change();
+    return;
+  }
+  transport->engine_->hold_data_paths(change);
 }
 
 bool UdpTransport::is_local_gid(const Gid& gid) const { return engine_->is_local_gid(gid); }

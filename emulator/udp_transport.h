@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -67,6 +68,13 @@ class UdpTransport {
   // The application is about to block (it armed a CQ for an event): the
   // background thread takes over at once.
   void application_waits();
+
+  // Runs `change` (a deregistration or reregistration of this process's
+  // memory) while no engine of this process for the device is using
+  // registered memory: the engines look keys up briefly under the device's
+  // memory_lock and then use the addresses under their own mutex, which this
+  // holds.
+  static void hold_data_paths(const DeviceMemory& memory, const std::function<void()>& change);
 
   class Engine;
 

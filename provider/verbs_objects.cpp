@@ -132,26 +132,33 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
     errno = EINVAL;
     return EINVAL;
   }
-  SharedLock lock(memory.shared().memory_lock);
-  std::optional<MemoryRegion> region = memory.shared().mrs.find(mr.lkey);
-  if (!region) {
+  SharedBacking dropped;
+  bool found = false;
+  // The UDP engines of this process use the old range without the table's
+  // lock: they are held off while it changes.
+  UdpTransport::hold_data_paths(memory, [&] {
+    SharedLock lock(memory.shared().memory_lock);
+    std::optional<MemoryRegion> region = memory.shared().mrs.find(mr.lkey);
+    if (!region) return;
+    found = true;
+    if (flags & IBV_REREG_MR_CHANGE_PD) region->pd_handle = pd->handle;
+    if (flags & IBV_REREG_MR_CHANGE_ACCESS) region->access = static_cast<uint32_t>(access_flags);
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+      region->address = reinterpret_cast<uint64_t>(addr);
+      region->length = length;
+      // The new range is reached with system calls (not worth moving pages
+      // under the table's lock).
+      dropped = region->backing;
+      region->backing = SharedBacking{};
+    }
+    if (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS))
+      region->iova = (region->access & IBV_ACCESS_ZERO_BASED) ? 0 : region->address;
+    memory.shared().mrs.reregister(mr.lkey, *region);
+  });
+  if (!found) {
     errno = EINVAL;
     return EINVAL;
   }
-  if (flags & IBV_REREG_MR_CHANGE_PD) region->pd_handle = pd->handle;
-  if (flags & IBV_REREG_MR_CHANGE_ACCESS) region->access = static_cast<uint32_t>(access_flags);
-  SharedBacking dropped;
-  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
-    region->address = reinterpret_cast<uint64_t>(addr);
-    region->length = length;
-    // The new range is reached with system calls (not worth moving pages
-    // under the table's lock).
-    dropped = region->backing;
-    region->backing = SharedBacking{};
-  }
-  if (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS))
-    region->iova = (region->access & IBV_ACCESS_ZERO_BASED) ? 0 : region->address;
-  memory.shared().mrs.reregister(mr.lkey, *region);
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access_flags;
   release_pages(dropped);
   return 0;
@@ -160,12 +167,17 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
 int dereg_mr(abi::verbs_mr* vmr) {
   DeviceMemory& memory = memory_of(vmr->ibv_mr.context);
   SharedBacking backing;
-  {
+  bool removed = false;
+  // The UDP engines of this process use registered ranges without the
+  // table's lock: they are held off while one goes.
+  UdpTransport::hold_data_paths(memory, [&] {
     SharedLock lock(memory.shared().memory_lock);
     auto region = memory.shared().mrs.find(vmr->ibv_mr.lkey);
-    if (!region || !memory.shared().mrs.deregister(vmr->ibv_mr.lkey)) return EINVAL;
+    if (!region || !memory.shared().mrs.deregister(vmr->ibv_mr.lkey)) return;
     backing = region->backing;
-  }
+    removed = true;
+  });
+  if (!removed) return EINVAL;
   release_pages(backing);
   std::unique_ptr<abi::verbs_mr> owner(vmr);
   return 0;

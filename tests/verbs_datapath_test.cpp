@@ -4,12 +4,14 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -859,6 +861,71 @@ TEST_F(RcDataPath, ReregisteringChangesWhatTheKeyAllows) {
   EXPECT_EQ(ibv_rereg_mr(mr_b_, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_REMOTE_WRITE),
             IBV_REREG_MR_ERR_CMD)
       << "remote write without local write";
+}
+
+TEST_F(RcDataPath, DeregisteringASourceUnderTrafficNeverReadsItAfterwards) {
+  // 32 MiB of WRITEs (more than a UDP QP's window) from a region that is
+  // deregistered and unmapped right after they are posted: whatever was not
+  // sent by then must fail (LOC_PROT_ERR, then flushes) rather than read the
+  // unmapped pages, which would kill this process. Several rounds, since
+  // the deregistration races with the sending.
+  constexpr size_t kChunk = 1 << 20;
+  constexpr int kWrites = 32;
+  const size_t bytes = kChunk * kWrites;
+  void* target = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(target, MAP_FAILED);
+  ibv_mr* target_mr = ibv_reg_mr(pd_, target, bytes, kAllAccess);
+  ASSERT_NE(target_mr, nullptr);
+  for (int round = 0; round < 8; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    for (ibv_qp** qp : {&qp_a_, &qp_b_})
+      if (*qp) {
+        ASSERT_EQ(ibv_destroy_qp(*qp), 0);
+        *qp = nullptr;
+      }
+    connect(IBV_QPT_RC);
+    void* source = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(source, MAP_FAILED);
+    std::memset(source, 0x50 + round, bytes);
+    ibv_mr* source_mr = ibv_reg_mr(pd_, source, bytes, kAllAccess);
+    ASSERT_NE(source_mr, nullptr);
+    for (int i = 0; i < kWrites; ++i) {
+      ibv_sge sge{reinterpret_cast<uint64_t>(source) + i * kChunk, static_cast<uint32_t>(kChunk), source_mr->lkey};
+      ibv_send_wr wr{};
+      wr.wr_id = 100 + i;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(target) + i * kChunk;
+      wr.wr.rdma.rkey = target_mr->rkey;
+      ibv_send_wr* bad = nullptr;
+      ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
+    }
+    // Idle for a while, so that the background thread (if the transport
+    // has one) is the one sending when the region goes.
+    std::this_thread::sleep_for(std::chrono::microseconds(300 * (round + 1)));
+    ASSERT_EQ(ibv_dereg_mr(source_mr), 0);
+    ASSERT_EQ(munmap(source, bytes), 0);
+    auto done = poll_n(cq_a_, kWrites, std::chrono::seconds(20));
+    ASSERT_EQ(done.size(), static_cast<size_t>(kWrites));
+    int succeeded = 0;
+    for (int i = 0; i < kWrites; ++i) {
+      EXPECT_EQ(done[i].wr_id, 100u + i) << "in order";
+      if (done[i].status == IBV_WC_SUCCESS) {
+        EXPECT_EQ(succeeded, i) << "no success after a failure";
+        ++succeeded;
+        const auto* landed = static_cast<const uint8_t*>(target) + i * kChunk;
+        EXPECT_TRUE(landed[0] == 0x50 + round && landed[kChunk - 1] == 0x50 + round) << "WRITE " << i;
+      } else if (i == succeeded) {
+        EXPECT_EQ(done[i].status, IBV_WC_LOC_PROT_ERR) << "the first failure";
+      } else {
+        EXPECT_EQ(done[i].status, IBV_WC_WR_FLUSH_ERR) << "the rest";
+      }
+    }
+  }
+  EXPECT_EQ(ibv_dereg_mr(target_mr), 0);
+  munmap(target, bytes);
 }
 
 TEST_F(DataPath, AddressHandleFromAWorkCompletion) {
