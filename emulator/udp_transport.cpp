@@ -6,6 +6,7 @@
 #include <netinet/udp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -367,6 +368,7 @@ class UdpTransport::Engine : public udp::TransportPort {
   std::unordered_map<uint32_t, uint64_t> qp_watchers_;      // QPN -> its connected socket
   uint64_t next_watcher_ = 0;
   std::vector<Fd> claims_;  // abstract names announcing our addresses
+  Fd ready_set_;            // epoll set of every watcher's socket, level-triggered
   std::map<std::pair<IpAddress, uint16_t>, Fd> send_sockets_;
   std::map<IpAddress, int> receive_fd_by_address_;
   int forward_fd_ = -1;
@@ -405,6 +407,11 @@ class UdpTransport::Engine : public udp::TransportPort {
 
 bool UdpTransport::Engine::start(std::string* error) {
   instance_ = memory_->shared().instance_id;
+  ready_set_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
+  if (ready_set_.get() < 0) {
+    *error = std::string("epoll_create1: ") + std::strerror(errno);
+    return false;
+  }
   auto netdev = query_netdev(config_.netdev);
   if (netdev) ifindex_ = netdev->ifindex;
   // The addresses to listen on: the IP GIDs of the table.
@@ -488,6 +495,10 @@ uint64_t UdpTransport::Engine::add_watcher_locked(Fd fd, const IpAddress& local,
   watcher->fd = std::move(fd);
   watcher->local = local;
   watcher->forward = forward;
+  epoll_event interest{};
+  interest.events = EPOLLIN;
+  interest.data.u64 = id;
+  ::epoll_ctl(ready_set_.get(), EPOLL_CTL_ADD, watcher->fd.get(), &interest);
   watchers_.emplace(id, std::move(watcher));
   // Watch it too, if the io thread is watching (it decides on its thread).
   if (thread_.joinable())
@@ -531,6 +542,7 @@ void UdpTransport::Engine::forget_locked(uint32_t qpn) {
 void UdpTransport::Engine::retire_watcher_locked(uint64_t id) {
   auto it = watchers_.find(id);
   if (it == watchers_.end()) return;
+  ::epoll_ctl(ready_set_.get(), EPOLL_CTL_DEL, it->second->fd.get(), nullptr);
   // The Asio waiter belongs to the io thread: it is destroyed there.
   retired_watchers_.push_back(std::move(it->second));
   watchers_.erase(it);
@@ -544,7 +556,14 @@ void UdpTransport::Engine::retire_watcher_locked(uint64_t id) {
 }
 
 void UdpTransport::Engine::drain_all_locked() {
-  for (auto& [id, watcher] : watchers_) drain(*watcher);
+  // One system call finds the sockets with something to read; a pass that
+  // finds nothing (most of a polling application's calls) costs only that.
+  epoll_event ready[16];
+  int count = ::epoll_wait(ready_set_.get(), ready, std::size(ready), 0);
+  for (int i = 0; i < count; ++i) {
+    auto it = watchers_.find(ready[i].data.u64);
+    if (it != watchers_.end()) drain(*it->second);
+  }
 }
 
 void UdpTransport::Engine::start_watching() {
@@ -814,10 +833,14 @@ void UdpTransport::Engine::after_work() {
     boost::asio::post(io_, [this] {
       std::lock_guard guard(mutex_);
       after_work();
+      Clock::time_point next = earliest_deadline_locked();
+      if (next.time_since_epoch().count() < armed_.load(std::memory_order_relaxed)) arm_timer(next);
     });
   }
   flush_sends();
-  // The io thread must know of a new deadline if it would sleep past it.
+  // The io thread must know of a new deadline if it would sleep past it
+  // (on its own thread, io_check arms the timer when this returns).
+  if (std::this_thread::get_id() == thread_.get_id()) return;
   Clock::rep earliest = earliest_deadline_locked().time_since_epoch().count();
   if (earliest < armed_.load(std::memory_order_relaxed)) wake_io_thread();
 }
