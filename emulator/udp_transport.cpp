@@ -48,6 +48,12 @@ constexpr int kSocketBuffer = 8 << 20;
 constexpr uint32_t kReadBudgetPerPass = 64;
 constexpr auto kReorderHold = std::chrono::milliseconds(1);
 // After this long without a verbs call the background thread takes over.
+// The wait starts short and doubles while the application keeps calling:
+// an application that polls its CQ without a break costs the io thread a
+// wake-up per 200 us, and one that stops calling (to spin on memory that a
+// peer's RDMA WRITE fills, as ib_write_lat does) waits about 20 us for the
+// io thread to take over.
+constexpr auto kAppIdleAfterFirst = std::chrono::microseconds(20);
 constexpr auto kAppIdleAfter = std::chrono::microseconds(200);
 constexpr uint64_t kBusyPollCalls = 8;
 constexpr uint32_t kForwardMagic = 0x53565246;  // "SVRF"
@@ -240,8 +246,8 @@ class UdpTransport::Engine : public udp::TransportPort {
     work_.reset();
     io_.stop();
     if (thread_.joinable()) thread_.join();
+    ready_waiter_.reset();
     watchers_.clear();
-    retired_watchers_.clear();
     if (capture_fd_ >= 0) ::close(capture_fd_);
   }
 
@@ -282,13 +288,11 @@ class UdpTransport::Engine : public udp::TransportPort {
   // (drive() after application_waits() counts one call: still idle.)
 
  private:
-  // A socket the engine reads: its own descriptor, and an Asio view of it
-  // while the background thread waits on it.
+  // A socket the engine reads (a member of ready_set_).
   struct Watcher {
     Fd fd;
     IpAddress local{};
     bool forward = false;
-    std::optional<boost::asio::posix::stream_descriptor> waiter;
   };
   uint64_t add_watcher_locked(Fd fd, const IpAddress& local, bool forward);
   void connect_flow_locked(const udp::UdpQp& qp);
@@ -308,7 +312,7 @@ class UdpTransport::Engine : public udp::TransportPort {
   void io_check();
   void start_watching();
   void stop_watching();
-  void watch(uint64_t id);
+  void watch();
   void arm_timer(Clock::time_point when);
   // Asks the io thread for an io_check() (from any thread).
   void wake_io_thread();
@@ -319,8 +323,8 @@ class UdpTransport::Engine : public udp::TransportPort {
     uint64_t count = drive_count_.load(std::memory_order_relaxed);
     uint64_t calls = count - seen_drives_;
     seen_drives_ = count;
-    return calls >= kBusyPollCalls && now.time_since_epoch().count() - last_drive_.load(std::memory_order_relaxed) <
-                                          std::chrono::duration_cast<Clock::duration>(kAppIdleAfter).count();
+    return calls >= kBusyPollCalls &&
+           now.time_since_epoch().count() - last_drive_.load(std::memory_order_relaxed) < app_idle_after_.count();
   }
   void note_app_active() {
     last_drive_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
@@ -362,13 +366,17 @@ class UdpTransport::Engine : public udp::TransportPort {
   // forward socket, and one per connected RC/UC QP (bound to the same
   // address and port 4791 but connected to the peer's flow, so that the
   // kernel hands that flow to this process directly). The map changes under
-  // mutex_; waiters are made and destroyed on the io thread only.
+  // mutex_.
   std::map<uint64_t, std::unique_ptr<Watcher>> watchers_;
-  std::vector<std::unique_ptr<Watcher>> retired_watchers_;  // waiting for the io thread
-  std::unordered_map<uint32_t, uint64_t> qp_watchers_;      // QPN -> its connected socket
+  std::unordered_map<uint32_t, uint64_t> qp_watchers_;  // QPN -> its connected socket
   uint64_t next_watcher_ = 0;
   std::vector<Fd> claims_;  // abstract names announcing our addresses
-  Fd ready_set_;            // epoll set of every watcher's socket, level-triggered
+  // An epoll set of every watcher's socket (level-triggered): polling
+  // threads ask it which sockets to read, and the io thread, while it
+  // watches, waits on it through one Asio descriptor (a duplicate, which
+  // Asio owns and closes) made and destroyed on the io thread only.
+  Fd ready_set_;
+  std::optional<boost::asio::posix::stream_descriptor> ready_waiter_;
   std::map<std::pair<IpAddress, uint16_t>, Fd> send_sockets_;
   std::map<IpAddress, int> receive_fd_by_address_;
   int forward_fd_ = -1;
@@ -389,15 +397,18 @@ class UdpTransport::Engine : public udp::TransportPort {
   std::set<uint32_t> touched_;  // QPs with answers to send after this batch
   std::vector<Delayed> delayed_;
   std::unordered_map<uint32_t, Delayed> held_;  // reordering: one packet held back per QP
-  // While the application is in verbs calls (drive() within kAppIdleAfter)
-  // it does the work; the io thread stops watching the sockets, so packets
-  // do not wake it, and checks back when the application may have gone.
+  // While the application is in verbs calls (drive() within
+  // app_idle_after_) it does the work; the io thread stops watching the
+  // sockets, so packets do not wake it, and checks back when the
+  // application may have gone.
   std::atomic<Clock::rep> last_drive_{0};
   std::atomic<uint64_t> drive_count_{0};
   uint64_t seen_drives_ = 0;                                                            // io thread only
+  Clock::duration app_idle_after_ = kAppIdleAfterFirst;                                 // io thread only
   std::atomic<Clock::rep> armed_{Clock::time_point::max().time_since_epoch().count()};  // io timer
   std::atomic<bool> wake_pending_{false};
-  bool watching_ = false;  // io thread only
+  bool watching_ = false;          // io thread only
+  uint64_t watch_generation_ = 0;  // io thread only
   uint32_t capture_generation_ = 0;
   int capture_fd_ = -1;
   // Receive buffers, reused.
@@ -500,19 +511,6 @@ uint64_t UdpTransport::Engine::add_watcher_locked(Fd fd, const IpAddress& local,
   interest.data.u64 = id;
   ::epoll_ctl(ready_set_.get(), EPOLL_CTL_ADD, watcher->fd.get(), &interest);
   watchers_.emplace(id, std::move(watcher));
-  // Watch it too, if the io thread is watching (it decides on its thread).
-  if (thread_.joinable())
-    boost::asio::post(io_, [this, id] {
-      if (!watching_) return;
-      std::unique_lock guard(mutex_);
-      auto it = watchers_.find(id);
-      if (it == watchers_.end() || it->second->waiter) return;
-      int dup_fd = ::dup(it->second->fd.get());
-      if (dup_fd < 0) return;
-      it->second->waiter.emplace(io_, dup_fd);
-      guard.unlock();
-      watch(id);
-    });
   return id;
 }
 
@@ -543,16 +541,7 @@ void UdpTransport::Engine::retire_watcher_locked(uint64_t id) {
   auto it = watchers_.find(id);
   if (it == watchers_.end()) return;
   ::epoll_ctl(ready_set_.get(), EPOLL_CTL_DEL, it->second->fd.get(), nullptr);
-  // The Asio waiter belongs to the io thread: it is destroyed there.
-  retired_watchers_.push_back(std::move(it->second));
   watchers_.erase(it);
-  boost::asio::post(io_, [this] {
-    std::vector<std::unique_ptr<Watcher>> retired;
-    {
-      std::lock_guard guard(mutex_);
-      retired.swap(retired_watchers_);
-    }
-  });
 }
 
 void UdpTransport::Engine::drain_all_locked() {
@@ -567,44 +556,35 @@ void UdpTransport::Engine::drain_all_locked() {
 }
 
 void UdpTransport::Engine::start_watching() {
-  std::vector<uint64_t> ids;
-  {
-    std::lock_guard guard(mutex_);
-    for (auto& [id, watcher] : watchers_) {
-      if (watcher->waiter) continue;
-      // A duplicate descriptor for Asio, which deregisters and closes it
-      // when watching stops; the engine's own descriptor stays for drive().
-      int fd = ::dup(watcher->fd.get());
-      if (fd < 0) continue;
-      watcher->waiter.emplace(io_, fd);
-      ids.push_back(id);
-    }
+  if (!ready_waiter_) {
+    int fd = ::dup(ready_set_.get());
+    if (fd < 0) return;  // the timer still brings the io thread back
+    ready_waiter_.emplace(io_, fd);
   }
   watching_ = true;
-  for (uint64_t id : ids) watch(id);
+  watch();
 }
 
 void UdpTransport::Engine::stop_watching() {
-  std::lock_guard guard(mutex_);
-  for (auto& [id, watcher] : watchers_) watcher->waiter.reset();
   watching_ = false;
+  ++watch_generation_;
+  // Out of Asio's epoll set too: a registered descriptor wakes the io
+  // thread on every packet, even with no wait queued.
+  ready_waiter_.reset();
 }
 
-void UdpTransport::Engine::watch(uint64_t id) {
-  boost::asio::posix::stream_descriptor* waiter = nullptr;
-  {
-    std::lock_guard guard(mutex_);
-    auto it = watchers_.find(id);
-    if (it == watchers_.end() || !it->second->waiter) return;
-    waiter = &*it->second->waiter;
-  }
-  // Only this thread destroys waiters, so the pointer stays good.
-  waiter->async_wait(boost::asio::posix::descriptor_base::wait_read,
-                     [this, id](const boost::system::error_code& error) {
-                       if (error) return;  // stopped watching, or the socket went
-                       io_check();
-                       if (watching_) watch(id);
-                     });
+void UdpTransport::Engine::watch() {
+  // One wait at a time: a completion that was already queued when watching
+  // stopped (and started again) belongs to an old generation. The next
+  // wait is queued before the sockets are read: Asio's registration is
+  // edge-triggered, so a packet that arrived between the reading and a
+  // later wait would not wake this thread.
+  ready_waiter_->async_wait(boost::asio::posix::descriptor_base::wait_read,
+                            [this, generation = watch_generation_](const boost::system::error_code& error) {
+                              if (error || generation != watch_generation_) return;
+                              watch();
+                              io_check();
+                            });
 }
 
 void UdpTransport::Engine::arm_timer(Clock::time_point when) {
@@ -633,10 +613,11 @@ void UdpTransport::Engine::io_check() {
   const Clock::time_point now = Clock::now();
   if (app_active(now)) {
     if (watching_) stop_watching();
-    arm_timer(Clock::time_point(Clock::duration(last_drive_.load(std::memory_order_relaxed))) +
-              std::chrono::duration_cast<Clock::duration>(kAppIdleAfter));
+    arm_timer(Clock::time_point(Clock::duration(last_drive_.load(std::memory_order_relaxed))) + app_idle_after_);
+    app_idle_after_ = std::min<Clock::duration>(2 * app_idle_after_, kAppIdleAfter);
     return;
   }
+  app_idle_after_ = kAppIdleAfterFirst;
   if (!watching_) start_watching();
   Clock::time_point next;
   {
