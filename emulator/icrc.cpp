@@ -76,9 +76,9 @@ uint32_t crc32_sliced(uint32_t crc, const uint8_t* data, size_t length) {
 static_assert(std::endian::native == std::endian::little, "crc32_sliced reads words little-endian");
 
 uint32_t crc32(uint32_t crc, std::span<const uint8_t> bytes) {
+  // Both libraries invert before and after (gzip's convention); the calls
+  // below undo both to continue a raw register.
   if (bytes.size() < kLibraryFrom) return crc32_sliced(crc, bytes.data(), bytes.size());
-    // Both libraries invert before and after (gzip's convention); undo both
-    // to continue a raw register.
 #ifdef SOFTVERBS_HAVE_ISAL
   return ~crc32_gzip_refl(~crc, bytes.data(), bytes.size());
 #else

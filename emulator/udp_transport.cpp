@@ -814,16 +814,17 @@ void UdpTransport::Engine::after_work() {
     boost::asio::post(io_, [this] {
       std::lock_guard guard(mutex_);
       after_work();
-      Clock::time_point next = earliest_deadline_locked();
-      if (next.time_since_epoch().count() < armed_.load(std::memory_order_relaxed)) arm_timer(next);
     });
   }
   flush_sends();
-  // The io thread must know of a new deadline if it would sleep past it
-  // (on its own thread, io_check arms the timer when this returns).
-  if (std::this_thread::get_id() == thread_.get_id()) return;
-  Clock::rep earliest = earliest_deadline_locked().time_since_epoch().count();
-  if (earliest < armed_.load(std::memory_order_relaxed)) wake_io_thread();
+  // The io thread must know of a new deadline if it would sleep past it:
+  // on its own thread it re-arms its timer, from another it is woken.
+  const Clock::time_point earliest = earliest_deadline_locked();
+  if (earliest.time_since_epoch().count() >= armed_.load(std::memory_order_relaxed)) return;
+  if (std::this_thread::get_id() == thread_.get_id())
+    arm_timer(earliest);
+  else
+    wake_io_thread();
 }
 
 Clock::time_point UdpTransport::Engine::earliest_deadline_locked() const {
