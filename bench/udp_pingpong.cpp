@@ -1,5 +1,8 @@
 // Baselines over UDP loopback: one-way ping-pong latency with busy-polling
-// (non-blocking recv in a loop), one-way throughput with 64 KiB datagrams,
+// (non-blocking recv in a loop); the same ping-pong where each side's main
+// thread spins on memory and a second thread, blocked in recv, sets it (what
+// a software transport must do for an application, such as ib_write_lat,
+// that waits for an RDMA WRITE by spinning on its buffer); one-way throughput with 64 KiB datagrams,
 // and one-way throughput with datagrams the size of RoCEv2 packets at path
 // MTU 4096 (4112 bytes: BTH + 4096 + ICRC), sent 14 at a time with UDP GSO
 // and received with UDP_GRO, as the transport does. The floors for the
@@ -12,10 +15,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -92,6 +97,36 @@ void throughput(int a, int b, char* buffer, size_t size, int per_send, const cha
   setsockopt(b, SOL_UDP, UDP_GRO, &off, sizeof off);
 }
 
+double median(std::vector<double>& samples) {
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+// One side of the woken ping-pong: `first` sends first. Returns the one-way
+// times, as the busy-polling ping-pong measures them.
+std::vector<double> woken_side(int fd, int iterations, bool first) {
+  std::atomic<long> arrived{0};
+  std::thread receiver([&] {
+    char buffer[64];
+    for (long i = 0; i < iterations; ++i) {
+      if (recv(fd, buffer, sizeof buffer, 0) < 0) break;
+      arrived.store(i + 1, std::memory_order_release);
+    }
+  });
+  std::vector<double> samples;
+  char message[2] = {};
+  for (long i = 0; i < iterations; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    if (first) send(fd, message, sizeof message, 0);
+    while (arrived.load(std::memory_order_acquire) < i + 1) {
+    }
+    if (!first) send(fd, message, sizeof message, 0);
+    samples.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / 2);
+  }
+  receiver.join();
+  return samples;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -120,6 +155,17 @@ int main(int argc, char** argv) {
   std::sort(samples.begin(), samples.end());
   std::printf("udp_pingpong_one_way_us median=%.3f p99=%.3f\n", samples[samples.size() / 2],
               samples[samples.size() * 99 / 100]);
+
+  std::fflush(stdout);
+  const int woken_iterations = std::max(1000, iterations / 5);
+  child = fork();
+  if (child == 0) {
+    woken_side(b, woken_iterations, false);
+    _exit(0);
+  }
+  std::vector<double> woken = woken_side(a, woken_iterations, true);
+  waitpid(child, nullptr, 0);
+  std::printf("udp_pingpong_woken_one_way_us median=%.3f\n", median(woken));
 
   throughput(a, b, buffer, 65000, 1, "udp_throughput_GBps");
   throughput(a, b, buffer, 4112, 14, "udp_throughput_roce_sized_GBps");
