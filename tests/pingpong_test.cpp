@@ -1,6 +1,7 @@
 // rdma-core's ibv_*_pingpong, unmodified, between two processes started with
 // `softverbs run`: the shared-memory data path as users first meet it.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <future>
@@ -32,7 +33,9 @@ TEST_P(Pingpong, ServerAndClientExitZero) {
   std::vector<std::string> env = {"SOFTVERBS_RUNTIME_DIR=" + dir.path() + "/rt",
                                   std::string("SOFTVERBS_COPY=") + c.copy_method};
   // A port per case, so that ctest -j runs them side by side.
-  std::string port = std::to_string(20000 + static_cast<int>(std::hash<std::string>{}(c.name) % 20000));
+  // A port of its own per run (the last run's may still be in TIME-WAIT).
+  std::string port =
+      std::to_string(20000 + static_cast<int>((std::hash<std::string>{}(c.name) + 7919u * getpid()) % 20000));
   auto command = [&](bool client) {
     std::vector<std::string> argv = {SOFTVERBS_CLI, "run", "--", c.tool, "-d", "softverbs0", "-p", port};
     argv.insert(argv.end(), c.args.begin(), c.args.end());

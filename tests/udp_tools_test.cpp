@@ -5,6 +5,7 @@
 // decodes and whose ICRCs scapy recomputes. These tests share lo's port
 // 4791, so ctest runs them one at a time (RESOURCE_LOCK roce_port_lo).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -96,7 +97,9 @@ class UdpOnLoopback : public ::testing::Test {
 };
 
 std::string port_for(const std::string& name) {
-  return std::to_string(20000 + static_cast<int>(std::hash<std::string>{}(name) % 20000));
+  // Not the same port in every run: perftest's server cannot listen on a
+  // port that the previous run's connection holds in TIME-WAIT for a minute.
+  return std::to_string(20000 + static_cast<int>((std::hash<std::string>{}(name) + 7919u * getpid()) % 20000));
 }
 
 struct PingpongCase {
