@@ -1,5 +1,8 @@
 #include "memory_region_table.h"
 
+#include <sched.h>
+
+#include <atomic>
 #include <cerrno>
 
 namespace softverbs {
@@ -24,6 +27,56 @@ const MemoryRegionTable::Slot* MemoryRegionTable::slot_of(uint32_t key) const {
   return &slot;
 }
 
+namespace {
+
+// Reads of a slot that a writer holds odd, before the key is refused: far
+// more than a preempted writer needs (each try past the first 64 yields).
+constexpr uint64_t kUnlockedAttempts = 1u << 20;
+
+template <typename T>
+T load_relaxed(const T& field) {
+  return std::atomic_ref<T>(const_cast<T&>(field)).load(std::memory_order_relaxed);
+}
+
+template <typename T>
+void store_relaxed(T& field, T value) {
+  std::atomic_ref<T>(field).store(value, std::memory_order_relaxed);
+}
+
+// The classic sequence lock: odd while writing; a reader that sees the same
+// even count before and after its reads has a consistent copy. A count left
+// odd by a writer that died mid-change is made even by the next change.
+void begin_change(uint32_t& sequence) {
+  std::atomic_ref<uint32_t>(sequence).store((sequence + 2) | 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void end_change(uint32_t& sequence) {
+  std::atomic_ref<uint32_t>(sequence).store(sequence + 1, std::memory_order_release);
+}
+
+}  // namespace
+
+void MemoryRegionTable::write_slot(Slot& slot, const MemoryRegion& region, bool live) {
+  begin_change(slot.sequence);
+  store_relaxed(slot.region.key, region.key);
+  store_relaxed(slot.region.pd_handle, region.pd_handle);
+  store_relaxed(slot.region.access, region.access);
+  store_relaxed(slot.region.owner_pid, region.owner_pid);
+  store_relaxed(slot.region.address, region.address);
+  store_relaxed(slot.region.iova, region.iova);
+  store_relaxed(slot.region.length, region.length);
+  slot.region.backing = region.backing;  // read under the lock only
+  store_relaxed(slot.live, live);
+  end_change(slot.sequence);
+}
+
+void MemoryRegionTable::set_live(Slot& slot, bool live) {
+  begin_change(slot.sequence);
+  store_relaxed(slot.live, live);
+  end_change(slot.sequence);
+}
+
 std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, int32_t owner_pid, uint64_t address,
                                                            uint64_t iova, uint64_t length, uint32_t access_flags,
                                                            const SharedBacking& backing) {
@@ -34,9 +87,10 @@ std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, i
     ++slot.variant;
     // Key 0 is never handed out: a zeroed SGE must not name a region.
     if (index == 0 && slot.variant == 0) ++slot.variant;
-    slot.live = true;
-    slot.region =
-        MemoryRegion{(index << 8) | slot.variant, pd_handle, access_flags, owner_pid, address, iova, length, backing};
+    write_slot(
+        slot,
+        MemoryRegion{(index << 8) | slot.variant, pd_handle, access_flags, owner_pid, address, iova, length, backing},
+        true);
     next_free_hint_ = (index + 1) % kCapacity;
     ++live_;
     return slot.region.key;
@@ -47,17 +101,16 @@ std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, i
 bool MemoryRegionTable::deregister(uint32_t key) {
   const Slot* found = slot_of(key);
   if (found == nullptr) return false;
-  Slot& slot = slots_[key >> 8];
-  slot.live = false;
+  set_live(slots_[key >> 8], false);
   --live_;
   return true;
 }
 
 bool MemoryRegionTable::reregister(uint32_t key, const MemoryRegion& updated) {
   if (slot_of(key) == nullptr) return false;
-  MemoryRegion& region = slots_[key >> 8].region;
-  region = updated;
+  MemoryRegion region = updated;
   region.key = key;
+  write_slot(slots_[key >> 8], region, true);
   return true;
 }
 
@@ -67,11 +120,9 @@ std::optional<MemoryRegion> MemoryRegionTable::find(uint32_t key) const {
   return slot->region;
 }
 
-KeyCheck MemoryRegionTable::check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                  uint32_t needed_access, ResolvedRange* resolved) const {
-  const Slot* slot = slot_of(key);
-  if (slot == nullptr) return KeyCheck::InvalidKey;
-  const MemoryRegion& region = slot->region;
+KeyCheck MemoryRegionTable::check_against(const Checked& region, uint32_t key, uint32_t pd_handle, uint64_t iova,
+                                          uint64_t length, uint32_t needed_access, ResolvedRange* resolved) {
+  if (!region.live || region.key != key) return KeyCheck::InvalidKey;
   if (region.pd_handle != pd_handle) return KeyCheck::WrongPd;
   // Overflow-safe containment of [iova, iova+length) in the region.
   if (iova < region.iova) return KeyCheck::OutOfBounds;
@@ -80,6 +131,42 @@ KeyCheck MemoryRegionTable::check(uint32_t key, uint32_t pd_handle, uint64_t iov
   if ((region.access & needed_access) != needed_access) return KeyCheck::AccessDenied;
   if (resolved != nullptr) *resolved = ResolvedRange{region.owner_pid, region.address + offset};
   return KeyCheck::Ok;
+}
+
+KeyCheck MemoryRegionTable::check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
+                                  uint32_t needed_access, ResolvedRange* resolved) const {
+  uint32_t index = key >> 8;
+  if (index >= kCapacity) return KeyCheck::InvalidKey;
+  const Slot& slot = slots_[index];
+  const MemoryRegion& r = slot.region;
+  return check_against({slot.live, r.key, r.pd_handle, r.access, r.owner_pid, r.address, r.iova, r.length}, key,
+                       pd_handle, iova, length, needed_access, resolved);
+}
+
+KeyCheck MemoryRegionTable::check_unlocked(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
+                                           uint32_t needed_access, ResolvedRange* resolved) const {
+  uint32_t index = key >> 8;
+  if (index >= kCapacity) return KeyCheck::InvalidKey;
+  const Slot& slot = slots_[index];
+  const MemoryRegion& r = slot.region;
+  std::atomic_ref<uint32_t> sequence(const_cast<uint32_t&>(slot.sequence));
+  Checked copy;
+  for (uint64_t attempt = 0;; ++attempt) {
+    uint32_t before = sequence.load(std::memory_order_acquire);
+    if (before & 1) {
+      // A writer is at it: a few stores, unless it was preempted (let it
+      // run) or killed in between (the slot stays unusable until the next
+      // change of it; refusing the key harms nothing).
+      if (attempt >= kUnlockedAttempts) return KeyCheck::InvalidKey;
+      if (attempt >= 64) sched_yield();
+      continue;
+    }
+    copy = {load_relaxed(slot.live),   load_relaxed(r.key),     load_relaxed(r.pd_handle), load_relaxed(r.access),
+            load_relaxed(r.owner_pid), load_relaxed(r.address), load_relaxed(r.iova),      load_relaxed(r.length)};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (sequence.load(std::memory_order_relaxed) == before) break;
+  }
+  return check_against(copy, key, pd_handle, iova, length, needed_access, resolved);
 }
 
 KeyCheck MemoryRegionTable::check_local(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
@@ -91,6 +178,16 @@ KeyCheck MemoryRegionTable::check_local(uint32_t lkey, uint32_t pd_handle, uint6
 KeyCheck MemoryRegionTable::check_remote(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
                                          uint32_t needed_access, ResolvedRange* resolved) const {
   return check(rkey, pd_handle, iova, length, needed_access, resolved);
+}
+
+KeyCheck MemoryRegionTable::check_local_unlocked(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
+                                                 uint32_t needed_access, ResolvedRange* resolved) const {
+  return check_unlocked(lkey, pd_handle, iova, length, needed_access & access::kLocalWrite, resolved);
+}
+
+KeyCheck MemoryRegionTable::check_remote_unlocked(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
+                                                  uint32_t needed_access, ResolvedRange* resolved) const {
+  return check_unlocked(rkey, pd_handle, iova, length, needed_access, resolved);
 }
 
 }  // namespace softverbs

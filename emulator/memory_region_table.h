@@ -91,6 +91,15 @@ class MemoryRegionTable {
   // A remote access by rkey; `needed_access` is kRemoteRead/Write/Atomic.
   KeyCheck check_remote(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
                         ResolvedRange* resolved) const;
+  // The same checks without the table's lock (the device's memory_lock):
+  // they see each region whole, before or after a concurrent change (a
+  // sequence count per slot, which every change makes odd and then even).
+  // For a process's data paths over its own regions, which its own
+  // deregistration waits for, so that the range stays good after the check.
+  KeyCheck check_local_unlocked(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
+                                uint32_t needed_access, ResolvedRange* resolved) const;
+  KeyCheck check_remote_unlocked(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
+                                 uint32_t needed_access, ResolvedRange* resolved) const;
 
   size_t live_count() const { return live_; }
 
@@ -100,7 +109,7 @@ class MemoryRegionTable {
     size_t removed = 0;
     for (Slot& slot : slots_) {
       if (slot.live && is_gone(slot.region.owner_pid)) {
-        slot.live = false;
+        set_live(slot, false);
         --live_;
         ++removed;
       }
@@ -112,11 +121,28 @@ class MemoryRegionTable {
   struct Slot {
     MemoryRegion region;
     bool live = false;
-    uint8_t variant = 0;  // changes at every reuse: a stale key stays invalid
+    uint8_t variant = 0;    // changes at every reuse: a stale key stays invalid
+    uint32_t sequence = 0;  // odd while a change is being written
   };
+  // What the checks read of a slot.
+  struct Checked {
+    bool live;
+    uint32_t key, pd_handle, access;
+    int32_t owner_pid;
+    uint64_t address, iova, length;
+  };
+  static KeyCheck check_against(const Checked& region, uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
+                                uint32_t needed_access, ResolvedRange* resolved);
   KeyCheck check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
                  ResolvedRange* resolved) const;
+  KeyCheck check_unlocked(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
+                          ResolvedRange* resolved) const;
   const Slot* slot_of(uint32_t key) const;
+  // Writers (all under the table's lock) change a slot only through these,
+  // which keep the sequence count and store what check_unlocked reads
+  // atomically.
+  static void write_slot(Slot& slot, const MemoryRegion& region, bool live);
+  static void set_live(Slot& slot, bool live);
 
   Slot slots_[kCapacity];
   uint32_t next_free_hint_ = 0;

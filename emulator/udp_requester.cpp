@@ -161,7 +161,8 @@ bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uin
     out.push_back({const_cast<uint8_t*>(wqe.inline_bytes.data()) + offset, length});
     return true;
   }
-  SharedLock memory_lock(memory.shared().memory_lock);
+  // No device-wide lock: the regions are this process's own, and its
+  // deregistrations wait for the engine (UdpTransport::hold_data_paths).
   for (const Sge& sge : wqe.sges) {
     if (offset >= sge.length) {
       offset -= sge.length;
@@ -170,7 +171,7 @@ bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uin
     uint64_t take = std::min<uint64_t>(sge.length - offset, length);
     ResolvedRange where;
     KeyCheck verdict =
-        memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address + offset, take, access, &where);
+        memory.shared().mrs.check_local_unlocked(sge.lkey, qp.pd_handle, sge.address + offset, take, access, &where);
     if (verdict != KeyCheck::Ok || where.owner_pid != current_pid()) {
       debug_log("QP %#x wr_id %#llx: local SGE lkey %#x addr %#llx len %u refused (check %d)", qp.qpn,
                 static_cast<unsigned long long>(wqe.wr_id), sge.lkey, static_cast<unsigned long long>(sge.address),

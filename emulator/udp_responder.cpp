@@ -319,12 +319,14 @@ KeyCheck check_remote_locked(TransportPort& port, const UdpQp& qp, uint32_t rkey
   return verdict;
 }
 
-// Looks the key up under the device's memory_lock and lets go of it: the
-// range found stays good while the engine's mutex is held (see gather_local).
+// Looks the key up without the device's memory_lock: the range found is
+// this process's own and stays good while the engine's mutex is held (see
+// gather_local).
 KeyCheck check_remote(TransportPort& port, const UdpQp& qp, uint32_t rkey, uint64_t iova, uint64_t length,
                       uint32_t needed, ResolvedRange& where) {
-  SharedLock memory_lock(port.memory().shared().memory_lock);
-  return check_remote_locked(port, qp, rkey, iova, length, needed, where);
+  KeyCheck verdict = port.memory().shared().mrs.check_remote_unlocked(rkey, qp.pd_handle, iova, length, needed, &where);
+  if (verdict == KeyCheck::Ok && where.owner_pid != current_pid()) verdict = KeyCheck::InvalidKey;
+  return verdict;
 }
 
 Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
@@ -372,7 +374,6 @@ bool place_send_payload(TransportPort& port, UdpQp& qp, std::span<const uint8_t>
   ResponderState& s = qp.responder;
   if (payload.empty()) return true;
   DeviceMemory& memory = port.memory();
-  SharedLock memory_lock(memory.shared().memory_lock);
   uint64_t skip = s.received;
   size_t at = 0;
   for (const Sge& sge : s.receive_sges) {
@@ -382,8 +383,8 @@ bool place_send_payload(TransportPort& port, UdpQp& qp, std::span<const uint8_t>
     }
     uint64_t take = std::min<uint64_t>(sge.length - skip, payload.size() - at);
     ResolvedRange where;
-    if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address + skip, take, access::kLocalWrite,
-                                        &where) != KeyCheck::Ok ||
+    if (memory.shared().mrs.check_local_unlocked(sge.lkey, qp.pd_handle, sge.address + skip, take, access::kLocalWrite,
+                                                 &where) != KeyCheck::Ok ||
         where.owner_pid != current_pid())
       return false;
     std::memcpy(reinterpret_cast<void*>(where.address), payload.data() + at, take);
@@ -745,7 +746,6 @@ void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, c
     c.status = WcStatus::LocalLengthError;
   } else {
     DeviceMemory& memory = port.memory();
-    SharedLock memory_lock(memory.shared().memory_lock);
     uint64_t at = 0;
     bool ok = true;
     auto source = [&](uint64_t offset, uint8_t* out, uint64_t length) {
@@ -768,8 +768,8 @@ void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, c
       const Sge& sge = receive.sges[i];
       uint64_t take = std::min<uint64_t>(sge.length, total - at);
       ResolvedRange where;
-      if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, take, access::kLocalWrite, &where) !=
-              KeyCheck::Ok ||
+      if (memory.shared().mrs.check_local_unlocked(sge.lkey, qp.pd_handle, sge.address, take, access::kLocalWrite,
+                                                   &where) != KeyCheck::Ok ||
           where.owner_pid != current_pid()) {
         ok = false;
         break;

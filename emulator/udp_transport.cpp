@@ -640,10 +640,12 @@ void UdpTransport::Engine::io_check() {
   // has posted can complete: then it waits for the peer some other way
   // (spinning on memory that an RDMA WRITE fills), and only this thread
   // can take the packet in.
+  // (An application that holds the engine right now is at work: waiting
+  // for it would only make it wake this thread when it lets go.)
   bool defer = false;
   if (app_active(now)) {
-    std::lock_guard guard(mutex_);
-    defer = app_may_poll_locked();
+    std::unique_lock guard(mutex_, std::try_to_lock);
+    defer = !guard.owns_lock() || app_may_poll_locked();
   }
   if (defer) {
     if (watching_) stop_watching();

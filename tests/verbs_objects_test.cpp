@@ -2,8 +2,11 @@
 // rules, the MR key table's checks and the completion ring.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "completion_ring.h"
@@ -184,6 +187,63 @@ TEST_F(MrTable, FullTableRefusesRegistration) {
   for (uint32_t i = 0; i < MemoryRegionTable::kCapacity; ++i)
     ASSERT_TRUE(table->register_region(1, 1, 0x1000, 0x1000, 1, 0)) << i;
   EXPECT_FALSE(table->register_region(1, 1, 0x1000, 0x1000, 1, 0));
+}
+
+TEST_F(MrTable, UnlockedChecksGiveTheLockedChecksAnswers) {
+  uint32_t key =
+      *table->register_region(3, 11, 0x7f0000000000, 0x4000, 0x2000, access::kLocalWrite | access::kRemoteWrite);
+  uint32_t gone = *table->register_region(3, 11, 0x7f0000100000, 0, 64, access::kLocalWrite);
+  ASSERT_TRUE(table->deregister(gone));
+  struct Case {
+    uint32_t key, pd;
+    uint64_t iova, length;
+    uint32_t access;
+  };
+  const Case cases[] = {{key, 3, 0x4000, 0x2000, access::kRemoteWrite}, {key, 3, 0x5fff, 2, access::kRemoteWrite},
+                        {key, 3, 0x3fff, 1, access::kRemoteWrite},      {key, 4, 0x4000, 8, access::kRemoteWrite},
+                        {key, 3, 0x4000, 8, access::kRemoteRead},       {gone, 3, 0, 8, access::kLocalWrite},
+                        {key ^ 1, 3, 0x4000, 8, access::kRemoteWrite},  {0xffffff00, 3, 0, 8, 0}};
+  for (const Case& c : cases) {
+    ResolvedRange locked{}, unlocked{};
+    EXPECT_EQ(table->check_remote_unlocked(c.key, c.pd, c.iova, c.length, c.access, &unlocked),
+              table->check_remote(c.key, c.pd, c.iova, c.length, c.access, &locked));
+    EXPECT_EQ(unlocked.address, locked.address);
+    EXPECT_EQ(unlocked.owner_pid, locked.owner_pid);
+    EXPECT_EQ(table->check_local_unlocked(c.key, c.pd, c.iova, c.length, c.access, nullptr),
+              table->check_local(c.key, c.pd, c.iova, c.length, c.access, nullptr));
+  }
+}
+
+// A reader without the lock, while a writer switches a key between two
+// regions that differ in every field it checks, sees one region or the
+// other, whole: never region A's PD with region B's bounds, nor A's
+// bounds resolved into B's pages.
+TEST_F(MrTable, UnlockedChecksNeverSeeHalfAChange) {
+  const MemoryRegion a{0, 1, access::kLocalWrite | access::kRemoteWrite, 10, 0xa0000000, 0x1000, 0x1000, {}};
+  const MemoryRegion b{0, 2, access::kRemoteRead, 20, 0xb0000000, 0x100000000, 0x10, {}};
+  const uint32_t key = *table->register_region(a.pd_handle, a.owner_pid, a.address, a.iova, a.length, a.access);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> saw_a{0}, saw_b{0}, torn{0};
+  std::thread reader([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      ResolvedRange where{};
+      KeyCheck verdict = table->check_remote_unlocked(key, 1, 0x1800, 8, access::kRemoteWrite, &where);
+      if (verdict == KeyCheck::Ok && where.address == 0xa0000800 && where.owner_pid == 10)
+        saw_a.fetch_add(1, std::memory_order_relaxed);
+      else if (verdict == KeyCheck::WrongPd)
+        saw_b.fetch_add(1, std::memory_order_relaxed);
+      else
+        torn.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  for (uint64_t i = 0; std::chrono::steady_clock::now() < until || saw_a == 0 || saw_b == 0; ++i)
+    ASSERT_TRUE(table->reregister(key, i % 2 ? a : b));
+  stop = true;
+  reader.join();
+  EXPECT_EQ(torn.load(), 0u) << "of " << saw_a + saw_b + torn << " checks";
+  EXPECT_GT(saw_a.load(), 0u);
+  EXPECT_GT(saw_b.load(), 0u);
 }
 
 TEST(CompletionRing, FifoOrderAndWrapAround) {
