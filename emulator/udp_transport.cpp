@@ -298,8 +298,7 @@ class UdpTransport::Engine : public udp::TransportPort {
   void connect_flow_locked(const udp::UdpQp& qp);
   void forget_locked(uint32_t qpn);
   void retire_watcher_locked(uint64_t id);
-  // Reads and handles what has arrived; true if anything had.
-  bool drain_all_locked();
+  void drain_all_locked();
   struct Delayed {
     Clock::time_point due;
     int fd;
@@ -332,9 +331,6 @@ class UdpTransport::Engine : public udp::TransportPort {
     drive_count_.fetch_add(1, std::memory_order_relaxed);
   }
   Clock::time_point earliest_deadline_locked() const;
-  // Could a verbs call of the application complete anything: a send not yet
-  // completed, or a receive posted on one of our QPs (or their SRQs)?
-  bool app_may_poll_locked();
   // Reads and handles everything waiting on watcher `index`; mutex_ held.
   void drain(Watcher& watcher);
   void handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded);
@@ -411,9 +407,8 @@ class UdpTransport::Engine : public udp::TransportPort {
   Clock::duration app_idle_after_ = kAppIdleAfterFirst;                                 // io thread only
   std::atomic<Clock::rep> armed_{Clock::time_point::max().time_since_epoch().count()};  // io timer
   std::atomic<bool> wake_pending_{false};
-  bool watching_ = false;                   // io thread only
-  std::atomic<bool> watching_flag_{false};  // watching_, for the application's threads
-  uint64_t watch_generation_ = 0;           // io thread only
+  bool watching_ = false;          // io thread only
+  uint64_t watch_generation_ = 0;  // io thread only
   uint32_t capture_generation_ = 0;
   int capture_fd_ = -1;
   // Receive buffers, reused.
@@ -549,7 +544,7 @@ void UdpTransport::Engine::retire_watcher_locked(uint64_t id) {
   watchers_.erase(it);
 }
 
-bool UdpTransport::Engine::drain_all_locked() {
+void UdpTransport::Engine::drain_all_locked() {
   // One system call finds the sockets with something to read; a pass that
   // finds nothing (most of a polling application's calls) costs only that.
   epoll_event ready[16];
@@ -558,7 +553,6 @@ bool UdpTransport::Engine::drain_all_locked() {
     auto it = watchers_.find(ready[i].data.u64);
     if (it != watchers_.end()) drain(*it->second);
   }
-  return count > 0;
 }
 
 void UdpTransport::Engine::start_watching() {
@@ -568,13 +562,11 @@ void UdpTransport::Engine::start_watching() {
     ready_waiter_.emplace(io_, fd);
   }
   watching_ = true;
-  watching_flag_.store(true, std::memory_order_relaxed);
   watch();
 }
 
 void UdpTransport::Engine::stop_watching() {
   watching_ = false;
-  watching_flag_.store(false, std::memory_order_relaxed);
   ++watch_generation_;
   // Out of Asio's epoll set too: a registered descriptor wakes the io
   // thread on every packet, even with no wait queued.
@@ -617,37 +609,9 @@ void UdpTransport::Engine::wake_io_thread() {
   });
 }
 
-bool UdpTransport::Engine::app_may_poll_locked() {
-  for (const auto& [qpn, qp] : qps_) {
-    if (!qp.requester.queue.empty()) return true;
-    QpRecord& record = memory_->shared().qps[qp.index];
-    SharedLock lock(record.lock);
-    if (!record.live || record.qpn != qpn) continue;
-    if (record.srq < 0) {
-      if (record.rq.posted != record.rq.consumed) return true;
-      continue;
-    }
-    SrqRecord& srq = memory_->shared().srqs[record.srq];
-    SharedLock srq_lock(srq.lock);
-    if (srq.live && srq.rq.posted != srq.rq.consumed) return true;
-  }
-  return false;
-}
-
 void UdpTransport::Engine::io_check() {
   const Clock::time_point now = Clock::now();
-  // An application in verbs calls does the work itself, unless nothing it
-  // has posted can complete: then it waits for the peer some other way
-  // (spinning on memory that an RDMA WRITE fills), and only this thread
-  // can take the packet in.
-  // (An application that holds the engine right now is at work: waiting
-  // for it would only make it wake this thread when it lets go.)
-  bool defer = false;
   if (app_active(now)) {
-    std::unique_lock guard(mutex_, std::try_to_lock);
-    defer = !guard.owns_lock() || app_may_poll_locked();
-  }
-  if (defer) {
     if (watching_) stop_watching();
     arm_timer(Clock::time_point(Clock::duration(last_drive_.load(std::memory_order_relaxed))) + app_idle_after_);
     app_idle_after_ = std::min<Clock::duration>(2 * app_idle_after_, kAppIdleAfter);
@@ -1195,12 +1159,8 @@ void UdpTransport::Engine::drive() {
   note_app_active();
   std::unique_lock guard(mutex_, std::try_to_lock);
   if (!guard.owns_lock()) return;  // the background thread is at it
-  const bool received = drain_all_locked();
+  drain_all_locked();
   after_work();
-  // What arrived may have completed the last thing the application had
-  // posted (an ib_write_lat client after the ACK of its WRITE): the io
-  // thread watches the sockets again, for the peer's WRITE to come.
-  if (received && !watching_flag_.load(std::memory_order_relaxed) && !app_may_poll_locked()) wake_io_thread();
 }
 
 // ---- the public face ---------------------------------------------------------------
