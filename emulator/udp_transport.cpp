@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -46,6 +48,11 @@ constexpr size_t kReceiveBatch = 16;
 constexpr size_t kMaxDatagram = 65536;
 constexpr int kSocketBuffer = 8 << 20;
 constexpr uint32_t kReadBudgetPerPass = 64;
+// How long an ACK may wait to leave with the next request of its QP (see
+// Engine::after_work). If the application stops calling verbs right after
+// a held ACK, the io thread's next look sends it (within kAppIdleAfter):
+// either way far below the retransmission timer's 1 ms floor.
+constexpr auto kAckHold = std::chrono::microseconds(10);
 constexpr auto kReorderHold = std::chrono::milliseconds(1);
 // After this long without a verbs call the background thread takes over.
 // The wait starts short and doubles while the application keeps calling:
@@ -246,6 +253,11 @@ class UdpTransport::Engine : public udp::TransportPort {
     work_.reset();
     io_.stop();
     if (thread_.joinable()) thread_.join();
+    {
+      // ACKs still held go out: the peers' requests completed here.
+      std::lock_guard guard(mutex_);
+      send_held_acks_locked();
+    }
     ready_waiter_.reset();
     watchers_.clear();
     if (capture_fd_ >= 0) ::close(capture_fd_);
@@ -278,6 +290,7 @@ class UdpTransport::Engine : public udp::TransportPort {
   int post_send(uint32_t qpn, udp::SendWqe wqe);
   void drive();
   void application_waits() {
+    app_uses_events_.store(true, std::memory_order_relaxed);
     last_drive_.store(0, std::memory_order_relaxed);
     wake_io_thread();
   }
@@ -326,6 +339,10 @@ class UdpTransport::Engine : public udp::TransportPort {
     return calls >= kBusyPollCalls &&
            now.time_since_epoch().count() - last_drive_.load(std::memory_order_relaxed) < app_idle_after_.count();
   }
+  // Does the application sleep until CQ events (it arms CQs and has not
+  // polled busily since)? Then it posts nothing soon after a packet
+  // arrives, and an ACK held for its next request only waits.
+  bool app_waits_for_events() const { return app_uses_events_.load(std::memory_order_relaxed); }
   void note_app_active() {
     last_drive_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     drive_count_.fetch_add(1, std::memory_order_relaxed);
@@ -335,7 +352,15 @@ class UdpTransport::Engine : public udp::TransportPort {
   void drain(Watcher& watcher);
   void handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded);
   void forward(uint16_t port, const FlowAddress& flow, std::span<const uint8_t> datagram);
-  void after_work();  // mutex_ held: answers, due timers
+  // mutex_ held: answers, due timers. A pass that may hold ACKs back is one
+  // that did not post a request (see kAckHold).
+  enum class Acks : uint8_t { Hold, Send };
+  void after_work(Acks acks = Acks::Send);
+  Clock::time_point earliest_held_ack_locked() const;
+  // Sends every held ACK now (a QP going away, the engine stopping).
+  void send_held_acks_locked(std::optional<uint32_t> only_qpn = std::nullopt);
+  // Retransmission, RNR and fault-injection timers: all but held ACKs.
+  Clock::time_point earliest_protocol_deadline_locked() const;
   int send_socket(const IpAddress& local, uint16_t port);
   // Queues a datagram for sending; consecutive datagrams of one flow and one
   // size leave together in one UDP GSO send (flush_sends(), at the end of
@@ -395,6 +420,10 @@ class UdpTransport::Engine : public udp::TransportPort {
   std::mutex mutex_;  // everything below, and all protocol state
   std::unordered_map<uint32_t, udp::UdpQp> qps_;
   std::set<uint32_t> touched_;  // QPs with answers to send after this batch
+  // QPs whose outbox holds only an ACK, held back since then: it leaves with
+  // the next packets of a pass that posts a request (the same flow, often
+  // the same UDP GSO send), or at kAckHold.
+  std::map<uint32_t, Clock::time_point> acks_held_;
   std::vector<Delayed> delayed_;
   std::unordered_map<uint32_t, Delayed> held_;  // reordering: one packet held back per QP
   // While the application is in verbs calls (drive() within
@@ -403,12 +432,14 @@ class UdpTransport::Engine : public udp::TransportPort {
   // application may have gone.
   std::atomic<Clock::rep> last_drive_{0};
   std::atomic<uint64_t> drive_count_{0};
+  std::atomic<bool> app_uses_events_{false};
   uint64_t seen_drives_ = 0;                                                            // io thread only
   Clock::duration app_idle_after_ = kAppIdleAfterFirst;                                 // io thread only
   std::atomic<Clock::rep> armed_{Clock::time_point::max().time_since_epoch().count()};  // io timer
   std::atomic<bool> wake_pending_{false};
-  bool watching_ = false;          // io thread only
-  uint64_t watch_generation_ = 0;  // io thread only
+  bool watching_ = false;                   // io thread only
+  std::atomic<bool> watching_flag_{false};  // watching_, for the application's threads
+  uint64_t watch_generation_ = 0;           // io thread only
   uint32_t capture_generation_ = 0;
   int capture_fd_ = -1;
   // Receive buffers, reused.
@@ -497,6 +528,9 @@ void UdpTransport::Engine::run_thread() {
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);
   pthread_setname_np(pthread_self(), "softverbs-udp");
+  // Its timers are microseconds apart (takeover, held ACKs): without this
+  // the kernel may fire them up to 50 us late (the default timer slack).
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   io_.run();
 }
 
@@ -527,7 +561,22 @@ void UdpTransport::Engine::connect_flow_locked(const udp::UdpQp& qp) {
   qp_watchers_[qp.qpn] = add_watcher_locked(Fd(fd), qp.path.local, false);
 }
 
+void UdpTransport::Engine::send_held_acks_locked(std::optional<uint32_t> only_qpn) {
+  for (auto it = acks_held_.begin(); it != acks_held_.end();) {
+    if (only_qpn && it->first != *only_qpn) {
+      ++it;
+      continue;
+    }
+    if (udp::UdpQp* qp = find(it->first)) udp::responder_send(*this, *qp, kReadBudgetPerPass);
+    it = acks_held_.erase(it);
+  }
+  flush_sends();
+}
+
 void UdpTransport::Engine::forget_locked(uint32_t qpn) {
+  // What this QP received was acknowledged by the time it went (by an HCA,
+  // long before): a held ACK leaves now.
+  if (acks_held_.count(qpn) != 0) send_held_acks_locked(qpn);
   qps_.erase(qpn);
   held_.erase(qpn);
   touched_.erase(qpn);
@@ -562,11 +611,13 @@ void UdpTransport::Engine::start_watching() {
     ready_waiter_.emplace(io_, fd);
   }
   watching_ = true;
+  watching_flag_.store(true, std::memory_order_relaxed);
   watch();
 }
 
 void UdpTransport::Engine::stop_watching() {
   watching_ = false;
+  watching_flag_.store(false, std::memory_order_relaxed);
   ++watch_generation_;
   // Out of Asio's epoll set too: a registered descriptor wakes the io
   // thread on every packet, even with no wait queued.
@@ -612,8 +663,16 @@ void UdpTransport::Engine::wake_io_thread() {
 void UdpTransport::Engine::io_check() {
   const Clock::time_point now = Clock::now();
   if (app_active(now)) {
+    app_uses_events_.store(false, std::memory_order_relaxed);
     if (watching_) stop_watching();
-    arm_timer(Clock::time_point(Clock::duration(last_drive_.load(std::memory_order_relaxed))) + app_idle_after_);
+    // ACKs held past kAckHold leave now, whoever else is at work.
+    Clock::time_point held = Clock::time_point::max();
+    if (std::unique_lock guard(mutex_, std::try_to_lock); guard.owns_lock()) {
+      if (earliest_held_ack_locked() <= now) after_work(Acks::Hold);
+      held = earliest_held_ack_locked();
+    }
+    arm_timer(std::min(
+        held, Clock::time_point(Clock::duration(last_drive_.load(std::memory_order_relaxed))) + app_idle_after_));
     app_idle_after_ = std::min<Clock::duration>(2 * app_idle_after_, kAppIdleAfter);
     return;
   }
@@ -623,7 +682,7 @@ void UdpTransport::Engine::io_check() {
   {
     std::lock_guard guard(mutex_);
     drain_all_locked();
-    after_work();
+    after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
     next = earliest_deadline_locked();
   }
   arm_timer(next);
@@ -776,7 +835,7 @@ void UdpTransport::Engine::forward(uint16_t port, const FlowAddress& flow, std::
   counters().add(Counter::ForwardedPackets);
 }
 
-void UdpTransport::Engine::after_work() {
+void UdpTransport::Engine::after_work(Acks acks) {
   const Clock::time_point now = Clock::now();
   // Due timers first: a retransmission may add to the answers below.
   for (auto& [qpn, qp] : qps_) {
@@ -801,10 +860,30 @@ void UdpTransport::Engine::after_work() {
       ++it;
     }
   }
+  // An ACK that left on its own would reach a peer that, having its
+  // completion, stops polling and waits for the answer to its request some
+  // other way (spinning on memory): then only the peer's background thread
+  // could take that answer in, a thread wake-up later. Held until this
+  // process's next request, the ACK arrives with it, and the peer, still
+  // polling for its completion, takes in both. A pass that posted a request
+  // sends every held ACK.
   bool more = false;
+  std::map<uint32_t, Clock::time_point> still_held;
+  for (const auto& [qpn, since] : acks_held_) touched_.insert(qpn);
   for (uint32_t qpn : touched_) {
-    if (udp::UdpQp* qp = find(qpn); qp != nullptr && udp::responder_send(*this, *qp, kReadBudgetPerPass)) more = true;
+    udp::UdpQp* qp = find(qpn);
+    if (qp == nullptr) continue;
+    const auto held = acks_held_.find(qpn);
+    const Clock::time_point since = held != acks_held_.end() ? held->second : now;
+    const auto& outbox = qp->responder.outbox;
+    if (acks == Acks::Hold && outbox.size() == 1 && outbox.front().kind == udp::Response::Kind::Ack &&
+        since + kAckHold > now) {
+      still_held.emplace(qpn, since);
+      continue;
+    }
+    if (udp::responder_send(*this, *qp, kReadBudgetPerPass)) more = true;
   }
+  acks_held_.swap(still_held);
   touched_.clear();
   if (more) {
     // Long READ responses go out in slices, so that requests and ACKs
@@ -813,21 +892,35 @@ void UdpTransport::Engine::after_work() {
       if (!qp.responder.outbox.empty()) touched_.insert(qpn);
     boost::asio::post(io_, [this] {
       std::lock_guard guard(mutex_);
-      after_work();
+      after_work(Acks::Hold);
     });
   }
   flush_sends();
   // The io thread must know of a new deadline if it would sleep past it:
   // on its own thread it re-arms its timer, from another it is woken.
-  const Clock::time_point earliest = earliest_deadline_locked();
+  // (Not for a held ACK: the application's next call sends it, or the io
+  // thread when it finds the application gone; a wake-up per ACK would cost
+  // more than the hold saves.)
+  const bool on_io_thread = std::this_thread::get_id() == thread_.get_id();
+  const Clock::time_point earliest = on_io_thread ? earliest_deadline_locked() : earliest_protocol_deadline_locked();
   if (earliest.time_since_epoch().count() >= armed_.load(std::memory_order_relaxed)) return;
-  if (std::this_thread::get_id() == thread_.get_id())
+  if (on_io_thread)
     arm_timer(earliest);
   else
     wake_io_thread();
 }
 
+Clock::time_point UdpTransport::Engine::earliest_held_ack_locked() const {
+  Clock::time_point earliest = Clock::time_point::max();
+  for (const auto& [qpn, since] : acks_held_) earliest = std::min(earliest, since + kAckHold);
+  return earliest;
+}
+
 Clock::time_point UdpTransport::Engine::earliest_deadline_locked() const {
+  return std::min(earliest_protocol_deadline_locked(), earliest_held_ack_locked());
+}
+
+Clock::time_point UdpTransport::Engine::earliest_protocol_deadline_locked() const {
   Clock::time_point earliest = Clock::time_point::max();
   for (const auto& [qpn, qp] : qps_) earliest = std::min(earliest, udp::next_deadline(qp));
   for (const Delayed& item : delayed_) earliest = std::min(earliest, item.due);
@@ -1160,7 +1253,11 @@ void UdpTransport::Engine::drive() {
   std::unique_lock guard(mutex_, std::try_to_lock);
   if (!guard.owns_lock()) return;  // the background thread is at it
   drain_all_locked();
-  after_work();
+  // Held only while the io thread steps aside for this application: its
+  // timer then comes back within kAppIdleAfter, and sends what is still
+  // held if the application has stopped calling. (While it watches the
+  // sockets it has no timer to come back by.)
+  after_work(watching_flag_.load(std::memory_order_relaxed) ? Acks::Send : Acks::Hold);
 }
 
 // ---- the public face ---------------------------------------------------------------

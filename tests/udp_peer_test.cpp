@@ -268,6 +268,69 @@ TEST(UdpPeer, KilledPeerMakesPendingWorkFailWithRetryExceededInTheImpliedTime) {
               kTimeout, kRetries, implied);
 }
 
+// A receiver that is not in verbs calls when SENDs land (its background
+// thread takes them in), then one that polls its CQ until they land and
+// stops calling verbs (it waits on a socket, QP and all still there):
+// either way the SENDs are acknowledged, and the sender, allowed a single
+// try of 67 ms, completes each with IBV_WC_SUCCESS, not
+// IBV_WC_RETRY_EXC_ERR. (softverbs may hold an ACK back briefly, to send
+// it with the receiver's next request.)
+TEST(UdpPeer, AcknowledgesWhatItReceivesWhileNotCallingVerbs) {
+  constexpr uint8_t kTimeout = 14;  // 67 ms
+  constexpr uint8_t kRetries = 0;
+  constexpr int kSends = 3;
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], 1 << 16, 16, kTimeout, kRetries, [](Endpoint& peer, int fd) {
+    for (int i = 0; i < 2 * kSends; ++i) peer.post_recv(i, 0, 4096);
+    char token = 'R';
+    write_all(fd, &token, 1);
+    read_all(fd, &token, 1);  // the first SENDs land meanwhile
+    // Busy-polling, as ibv_rc_pingpong does, for all of them, one at a time.
+    for (int received = 0; received < 2 * kSends;) {
+      ibv_wc wc;
+      int got = peer.poll(&wc, 1);
+      if (got < 0 || (got == 1 && wc.status != IBV_WC_SUCCESS)) return 1;
+      received += got;
+      if (got == 1 && received >= kSends) write_all(fd, &token, 1);
+    }
+    read_all(fd, &token, 1);  // no verbs call until the parent has its completions
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  Endpoint self;
+  ASSERT_TRUE(self.open(1 << 16, 16));
+  ConnectInfo peer;
+  ASSERT_TRUE(connect_to_peer(self, sockets[0], kTimeout, kRetries, peer));
+  char token;
+  ASSERT_TRUE(read_all(sockets[0], &token, 1));
+  auto sent = [&](uint64_t id) {
+    if (self.post_send(id, 0, 4096) != 0) return false;
+    auto done = poll_for(self, 1, std::chrono::seconds(5));
+    EXPECT_EQ(done.size(), 1u);
+    if (done.size() != 1) return false;
+    EXPECT_EQ(done[0].wr_id, id);
+    EXPECT_EQ(done[0].status, IBV_WC_SUCCESS) << "SEND " << id << ": " << ibv_wc_status_str(done[0].status);
+    return done[0].status == IBV_WC_SUCCESS;
+  };
+  bool ok = true;
+  for (uint64_t id = 1; ok && id <= kSends; ++id) ok = sent(id);
+  ok = ok && write_all(sockets[0], &token, 1) && read_all(sockets[0], &token, 1);
+  for (uint64_t id = kSends + 1; ok && id <= 2 * kSends; ++id)
+    ok = sent(id) && read_all(sockets[0], &token, 1);  // the peer took it in
+  if (ok) {
+    write_all(sockets[0], &token, 1);
+  } else {
+    kill(child, SIGKILL);  // it waits for what will not come
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(ok);
+  if (ok) {
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+}
+
 // The pattern of message `sequence`: every 8-byte word differs, and the
 // first word names the message.
 void fill(uint8_t* at, size_t bytes, uint64_t sequence) {
