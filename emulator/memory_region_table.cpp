@@ -161,8 +161,14 @@ KeyCheck MemoryRegionTable::check_unlocked(uint32_t key, uint32_t pd_handle, uin
       if (attempt >= 64) sched_yield();
       continue;
     }
-    copy = {load_relaxed(slot.live),   load_relaxed(r.key),     load_relaxed(r.pd_handle), load_relaxed(r.access),
-            load_relaxed(r.owner_pid), load_relaxed(r.address), load_relaxed(r.iova),      load_relaxed(r.length)};
+    copy.live = load_relaxed(slot.live);
+    copy.key = load_relaxed(r.key);
+    copy.pd_handle = load_relaxed(r.pd_handle);
+    copy.access = load_relaxed(r.access);
+    copy.owner_pid = load_relaxed(r.owner_pid);
+    copy.address = load_relaxed(r.address);
+    copy.iova = load_relaxed(r.iova);
+    copy.length = load_relaxed(r.length);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (sequence.load(std::memory_order_relaxed) == before) break;
   }
