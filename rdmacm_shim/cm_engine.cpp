@@ -576,8 +576,11 @@ void on_message(Engine& engine, CmId* id, const Message& message) {
       drep.type = MessageType::Drep;
       send_message(id->connection_fd, drep);
       close_connection(id);
+      // The QP stays as it is, as with librdmacm, whose DISCONNECTED leaves
+      // it alone: the application moves it (rdma_disconnect) or destroys it,
+      // maybe with ibv_destroy_qp behind the shim's back, so this thread
+      // must not touch it.
       if (id->state == IdState::Connected || id->state == IdState::ReplySent) {
-        move_qp_to_error(id);
         id->state = IdState::Disconnected;
         deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
       }
@@ -599,7 +602,7 @@ void on_connection_lost(CmId* id) {
   switch (id->state) {
     case IdState::Connected:
     case IdState::ReplySent:
-      move_qp_to_error(id);
+      // (The QP stays as it is: see MessageType::Dreq.)
       id->state = IdState::Disconnected;
       deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
       break;
@@ -1357,8 +1360,12 @@ int disconnect(rdma_cm_id* public_id) {
   if (public_id == nullptr) return fail(EINVAL);
   std::lock_guard guard(Engine::instance().mutex);
   CmId* id = priv(public_id);
-  // After the peer disconnected first, the kernel's rdma_cm answers 0 too.
-  if (id->state == IdState::Disconnected) return 0;
+  // After the peer disconnected first, the kernel's rdma_cm answers 0 too;
+  // either way the QP goes to ERR, which flushes what is posted on it.
+  if (id->state == IdState::Disconnected) {
+    move_qp_to_error(id);
+    return 0;
+  }
   if (id->state != IdState::Connected && id->state != IdState::ReplySent) return fail(EINVAL);
   move_qp_to_error(id);
   if (id->connection_fd >= 0) {
