@@ -1181,6 +1181,9 @@ int UdpTransport::Engine::sync_qp(int qp_index) {
   }
   udp::UdpQp* qp = find(qpn);
   if (state == QpState::Error) {
+    // An HCA acknowledged what the QP received long before the application
+    // could move it to ERR: a held ACK leaves first.
+    if (acks_held_.count(qpn) != 0) send_held_acks_locked(qpn);
     if (qp != nullptr && (qp->connected || qp->sending)) udp::enter_error(*this, *qp);
     return 0;
   }
