@@ -232,6 +232,8 @@ class Engine {
     std::vector<uint8_t> inbox;
   };
   std::vector<Incoming> incoming;
+  // Event channels the application destroyed, kept: see destroy_event_channel.
+  std::vector<std::unique_ptr<EventChannel>> retired_channels;
 
   void wake() {
     char byte = 1;
@@ -780,10 +782,13 @@ void destroy_event_channel(rdma_event_channel* public_channel) {
   close(channel->signal_write);
   channel->queue.clear();
   channel->destroyed = true;
-  // A thread still blocked in rdma_get_cm_event on it keeps blocking, as on
-  // the kernel's channel (rping's CM thread does until the process exits):
-  // then the channel's memory must stay, and does.
-  if (channel->waiters == 0) delete channel;
+  channel->destroyed_by = std::this_thread::get_id();
+  // Another thread in rdma_get_cm_event on it keeps blocking, as on the
+  // kernel's channel (rping's CM thread does until the process exits), and
+  // so does one that gets there a moment later (rping's, when its main
+  // thread tears down faster than the kernel's DREP would have come): so
+  // the channel's memory stays, with the engine, which lives as long.
+  Engine::instance().retired_channels.emplace_back(channel);
 }
 
 int create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context, rdma_port_space ps, ibv_qp_type qp_type) {
@@ -1387,8 +1392,15 @@ int get_cm_event(rdma_event_channel* public_channel, rdma_cm_event** out) {
   std::unique_lock guard(engine.mutex);
   EventChannel* channel = priv(public_channel);
   while (channel->queue.empty()) {
+    if (channel->destroyed) {
+      // The thread that destroyed it gets the kernel's answer for a closed
+      // descriptor; any other blocks for good (see destroy_event_channel).
+      if (channel->destroyed_by == std::this_thread::get_id()) return fail(EBADF);
+      ++channel->waiters;
+      channel->ready.wait(guard, [] { return false; });
+    }
     // The application's descriptor decides: O_NONBLOCK set, no waiting.
-    if (channel->destroyed || (fcntl(channel->channel.fd, F_GETFL) & O_NONBLOCK)) return fail(EAGAIN);
+    if (fcntl(channel->channel.fd, F_GETFL) & O_NONBLOCK) return fail(EAGAIN);
     ++channel->waiters;
     channel->ready.wait(guard);
     --channel->waiters;

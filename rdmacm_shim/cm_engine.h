@@ -11,6 +11,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "cm_protocol.h"
@@ -32,6 +33,7 @@ struct EventChannel {
   std::condition_variable_any ready;  // with the engine's mutex
   int waiters = 0;
   bool destroyed = false;
+  std::thread::id destroyed_by;
 };
 
 enum class IdState : uint8_t {

@@ -9,9 +9,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -281,6 +284,31 @@ TEST_F(RdmaCm, PeerGoingAwayAfterIbvDestroyQpTouchesNoQp) {
   usleep(200 * 1000);  // the connection thread has seen the close by now
   EXPECT_EQ(rdma_destroy_id(id), 0);
   rdma_freeaddrinfo(info);
+}
+
+// rping's CM thread loops in rdma_get_cm_event while its main thread tears
+// down and destroys the channel: on the kernel's channel that thread stays
+// blocked until the process exits, whether it was already waiting or gets
+// there a moment later; it must not come back with an error (rping exits
+// with it). The thread that destroyed the channel gets EBADF, as a closed
+// descriptor would give it.
+TEST(RdmaCmAlone, AChannelDestroyedUnderAnotherThreadKeepsItBlocked) {
+  rdma_event_channel* channel = rdma_create_event_channel();
+  ASSERT_NE(channel, nullptr);
+  rdma_destroy_event_channel(channel);
+  rdma_cm_event* event = nullptr;
+  errno = 0;
+  EXPECT_EQ(rdma_get_cm_event(channel, &event), -1);
+  EXPECT_EQ(errno, EBADF);
+  auto returned = std::make_shared<std::atomic<bool>>(false);
+  std::thread late([channel, returned] {
+    rdma_cm_event* ignored = nullptr;
+    rdma_get_cm_event(channel, &ignored);
+    *returned = true;
+  });
+  late.detach();  // it never comes back; the process's exit ends it
+  usleep(200 * 1000);
+  EXPECT_FALSE(returned->load());
 }
 
 TEST(RdmaCmAlone, NoListenerMeansRejected) {
