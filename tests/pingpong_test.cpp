@@ -35,7 +35,7 @@ TEST_P(Pingpong, ServerAndClientExitZero) {
   // A port per case, so that ctest -j runs them side by side.
   // A port of its own per run (the last run's may still be in TIME-WAIT).
   std::string port =
-      std::to_string(20000 + static_cast<int>((std::hash<std::string>{}(c.name) + 7919u * getpid()) % 20000));
+      std::to_string(20000 + static_cast<int>((std::hash<std::string>{}(c.name) + 7919u * getpid()) % 12000));
   auto command = [&](bool client) {
     std::vector<std::string> argv = {SOFTVERBS_CLI, "run", "--", c.tool, "-d", "softverbs0", "-p", port};
     argv.insert(argv.end(), c.args.begin(), c.args.end());
