@@ -123,6 +123,23 @@ class RdmaCm : public ::testing::Test {
     close(fds[0]);
     close(fds[1]);
   }
+  // An active id connected to the passive side at `info` (a REQ with
+  // "hello"), or nullptr.
+  rdma_cm_id* connect_to_passive(rdma_addrinfo* info) {
+    ibv_qp_init_attr attr = qp_attributes();
+    rdma_cm_id* id = nullptr;
+    if (rdma_create_ep(&id, info, nullptr, &attr) != 0) return nullptr;
+    rdma_conn_param param{};
+    param.private_data = "hello";
+    param.private_data_len = 6;
+    param.responder_resources = param.initiator_depth = 1;
+    param.retry_count = param.rnr_retry_count = 7;
+    if (rdma_connect(id, &param) != 0) {
+      rdma_destroy_ep(id);
+      return nullptr;
+    }
+    return id;
+  }
   int passive_exit_code() {
     int status = 0;
     waitpid(passive_, &status, 0);
@@ -227,15 +244,8 @@ TEST_F(RdmaCm, SeedCallsBetweenTwoProcesses) {
 TEST_F(RdmaCm, ErrorsComeBackAsCompletionStatuses) {
   start_passive("7402");
   rdma_addrinfo* info = address_info("7402", false);
-  ibv_qp_init_attr attr = qp_attributes();
-  rdma_cm_id* id = nullptr;
-  ASSERT_EQ(rdma_create_ep(&id, info, nullptr, &attr), 0);
-  rdma_conn_param param{};
-  param.private_data = "hello";
-  param.private_data_len = 6;
-  param.responder_resources = param.initiator_depth = 1;
-  param.retry_count = param.rnr_retry_count = 7;
-  ASSERT_EQ(rdma_connect(id, &param), 0);
+  rdma_cm_id* id = connect_to_passive(info);
+  ASSERT_NE(id, nullptr) << std::strerror(errno);
   Advert advert;
   std::memcpy(&advert, id->event->param.conn.private_data, sizeof advert);
   char local[16] = "x";
@@ -259,14 +269,8 @@ TEST_F(RdmaCm, ErrorsComeBackAsCompletionStatuses) {
 TEST_F(RdmaCm, PeerGoingAwayAfterIbvDestroyQpTouchesNoQp) {
   start_passive("7403");
   rdma_addrinfo* info = address_info("7403", false);
-  ibv_qp_init_attr attr = qp_attributes();
-  rdma_cm_id* id = nullptr;
-  ASSERT_EQ(rdma_create_ep(&id, info, nullptr, &attr), 0);
-  rdma_conn_param param{};
-  param.private_data = "hello";
-  param.private_data_len = 6;
-  param.responder_resources = param.initiator_depth = 1;
-  ASSERT_EQ(rdma_connect(id, &param), 0);
+  rdma_cm_id* id = connect_to_passive(info);
+  ASSERT_NE(id, nullptr) << std::strerror(errno);
   // As perftest tears down: verbs objects with ibv_*, id->qp left as it
   // was, the id last with rdma_destroy_id.
   ASSERT_EQ(ibv_destroy_qp(id->qp), 0);
