@@ -1365,14 +1365,12 @@ int disconnect(rdma_cm_id* public_id) {
   if (public_id == nullptr) return fail(EINVAL);
   std::lock_guard guard(Engine::instance().mutex);
   CmId* id = priv(public_id);
-  // After the peer disconnected first, the kernel's rdma_cm answers 0 too;
-  // either way the QP goes to ERR, which flushes what is posted on it.
-  if (id->state == IdState::Disconnected) {
-    move_qp_to_error(id);
-    return 0;
-  }
-  if (id->state != IdState::Connected && id->state != IdState::ReplySent) return fail(EINVAL);
+  if (id->state != IdState::Connected && id->state != IdState::ReplySent && id->state != IdState::Disconnected)
+    return fail(EINVAL);
+  // The QP goes to ERR, which flushes what is posted on it; after the peer
+  // disconnected first, the kernel's rdma_cm answers 0 too.
   move_qp_to_error(id);
+  if (id->state == IdState::Disconnected) return 0;
   if (id->connection_fd >= 0) {
     Message dreq;
     dreq.type = MessageType::Dreq;
@@ -1396,14 +1394,11 @@ int get_cm_event(rdma_event_channel* public_channel, rdma_cm_event** out) {
       // The thread that destroyed it gets the kernel's answer for a closed
       // descriptor; any other blocks for good (see destroy_event_channel).
       if (channel->destroyed_by == std::this_thread::get_id()) return fail(EBADF);
-      ++channel->waiters;
       channel->ready.wait(guard, [] { return false; });
     }
     // The application's descriptor decides: O_NONBLOCK set, no waiting.
     if (fcntl(channel->channel.fd, F_GETFL) & O_NONBLOCK) return fail(EAGAIN);
-    ++channel->waiters;
     channel->ready.wait(guard);
-    --channel->waiters;
   }
   std::unique_ptr<QueuedEvent> event = std::move(channel->queue.front());
   channel->queue.pop_front();

@@ -31,7 +31,6 @@ struct EventChannel {
   int signal_write = -1;
   std::deque<std::unique_ptr<QueuedEvent>> queue;
   std::condition_variable_any ready;  // with the engine's mutex
-  int waiters = 0;
   bool destroyed = false;
   std::thread::id destroyed_by;
 };
