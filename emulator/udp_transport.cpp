@@ -256,7 +256,7 @@ class UdpTransport::Engine : public udp::TransportPort {
     {
       // ACKs still held go out: the peers' requests completed here.
       std::lock_guard guard(mutex_);
-      send_held_acks_locked();
+      while (!acks_held_.empty()) send_held_ack_locked(acks_held_.begin()->first);
     }
     ready_waiter_.reset();
     watchers_.clear();
@@ -357,8 +357,9 @@ class UdpTransport::Engine : public udp::TransportPort {
   enum class Acks : uint8_t { Hold, Send };
   void after_work(Acks acks = Acks::Send);
   Clock::time_point earliest_held_ack_locked() const;
-  // Sends every held ACK now (a QP going away, the engine stopping).
-  void send_held_acks_locked(std::optional<uint32_t> only_qpn = std::nullopt);
+  // Sends the ACK held for `qpn` now, if any (the QP going away or to ERR,
+  // the engine stopping).
+  void send_held_ack_locked(uint32_t qpn);
   // Retransmission, RNR and fault-injection timers: all but held ACKs.
   Clock::time_point earliest_protocol_deadline_locked() const;
   int send_socket(const IpAddress& local, uint16_t port);
@@ -437,9 +438,8 @@ class UdpTransport::Engine : public udp::TransportPort {
   Clock::duration app_idle_after_ = kAppIdleAfterFirst;                                 // io thread only
   std::atomic<Clock::rep> armed_{Clock::time_point::max().time_since_epoch().count()};  // io timer
   std::atomic<bool> wake_pending_{false};
-  bool watching_ = false;                   // io thread only
-  std::atomic<bool> watching_flag_{false};  // watching_, for the application's threads
-  uint64_t watch_generation_ = 0;           // io thread only
+  std::atomic<bool> watching_{false};  // changed by the io thread only
+  uint64_t watch_generation_ = 0;      // io thread only
   uint32_t capture_generation_ = 0;
   int capture_fd_ = -1;
   // Receive buffers, reused.
@@ -561,22 +561,16 @@ void UdpTransport::Engine::connect_flow_locked(const udp::UdpQp& qp) {
   qp_watchers_[qp.qpn] = add_watcher_locked(Fd(fd), qp.path.local, false);
 }
 
-void UdpTransport::Engine::send_held_acks_locked(std::optional<uint32_t> only_qpn) {
-  for (auto it = acks_held_.begin(); it != acks_held_.end();) {
-    if (only_qpn && it->first != *only_qpn) {
-      ++it;
-      continue;
-    }
-    if (udp::UdpQp* qp = find(it->first)) udp::responder_send(*this, *qp, kReadBudgetPerPass);
-    it = acks_held_.erase(it);
-  }
+void UdpTransport::Engine::send_held_ack_locked(uint32_t qpn) {
+  if (acks_held_.erase(qpn) == 0) return;
+  if (udp::UdpQp* qp = find(qpn)) udp::responder_send(*this, *qp, kReadBudgetPerPass);
   flush_sends();
 }
 
 void UdpTransport::Engine::forget_locked(uint32_t qpn) {
   // What this QP received was acknowledged by the time it went (by an HCA,
   // long before): a held ACK leaves now.
-  if (acks_held_.count(qpn) != 0) send_held_acks_locked(qpn);
+  send_held_ack_locked(qpn);
   qps_.erase(qpn);
   held_.erase(qpn);
   touched_.erase(qpn);
@@ -610,14 +604,12 @@ void UdpTransport::Engine::start_watching() {
     if (fd < 0) return;  // the timer still brings the io thread back
     ready_waiter_.emplace(io_, fd);
   }
-  watching_ = true;
-  watching_flag_.store(true, std::memory_order_relaxed);
+  watching_.store(true, std::memory_order_relaxed);
   watch();
 }
 
 void UdpTransport::Engine::stop_watching() {
-  watching_ = false;
-  watching_flag_.store(false, std::memory_order_relaxed);
+  watching_.store(false, std::memory_order_relaxed);
   ++watch_generation_;
   // Out of Asio's epoll set too: a registered descriptor wakes the io
   // thread on every packet, even with no wait queued.
@@ -868,22 +860,21 @@ void UdpTransport::Engine::after_work(Acks acks) {
   // polling for its completion, takes in both. A pass that posted a request
   // sends every held ACK.
   bool more = false;
-  std::map<uint32_t, Clock::time_point> still_held;
-  for (const auto& [qpn, since] : acks_held_) touched_.insert(qpn);
+  for (const auto& [qpn, since] : acks_held_)
+    if (acks == Acks::Send || since + kAckHold <= now) touched_.insert(qpn);
   for (uint32_t qpn : touched_) {
     udp::UdpQp* qp = find(qpn);
     if (qp == nullptr) continue;
     const auto held = acks_held_.find(qpn);
-    const Clock::time_point since = held != acks_held_.end() ? held->second : now;
     const auto& outbox = qp->responder.outbox;
     if (acks == Acks::Hold && outbox.size() == 1 && outbox.front().kind == udp::Response::Kind::Ack &&
-        since + kAckHold > now) {
-      still_held.emplace(qpn, since);
+        (held == acks_held_.end() || held->second + kAckHold > now)) {
+      if (held == acks_held_.end()) acks_held_.emplace(qpn, now);
       continue;
     }
+    if (held != acks_held_.end()) acks_held_.erase(held);
     if (udp::responder_send(*this, *qp, kReadBudgetPerPass)) more = true;
   }
-  acks_held_.swap(still_held);
   touched_.clear();
   if (more) {
     // Long READ responses go out in slices, so that requests and ACKs
@@ -1183,7 +1174,7 @@ int UdpTransport::Engine::sync_qp(int qp_index) {
   if (state == QpState::Error) {
     // An HCA acknowledged what the QP received long before the application
     // could move it to ERR: a held ACK leaves first.
-    if (acks_held_.count(qpn) != 0) send_held_acks_locked(qpn);
+    send_held_ack_locked(qpn);
     if (qp != nullptr && (qp->connected || qp->sending)) udp::enter_error(*this, *qp);
     return 0;
   }
@@ -1260,7 +1251,7 @@ void UdpTransport::Engine::drive() {
   // timer then comes back within kAppIdleAfter, and sends what is still
   // held if the application has stopped calling. (While it watches the
   // sockets it has no timer to come back by.)
-  after_work(watching_flag_.load(std::memory_order_relaxed) ? Acks::Send : Acks::Hold);
+  after_work(watching_.load(std::memory_order_relaxed) ? Acks::Send : Acks::Hold);
 }
 
 // ---- the public face ---------------------------------------------------------------
