@@ -97,9 +97,10 @@ void throughput(int a, int b, char* buffer, size_t size, int per_send, const cha
   setsockopt(b, SOL_UDP, UDP_GRO, &off, sizeof off);
 }
 
-double median(std::vector<double>& samples) {
+// Prints the median and 99th percentile of one-way times as `name`.
+void print_one_way(const char* name, std::vector<double>& samples) {
   std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  std::printf("%s median=%.3f p99=%.3f\n", name, samples[samples.size() / 2], samples[samples.size() * 99 / 100]);
 }
 
 // One side of the woken ping-pong: `first` sends first. Returns the one-way
@@ -152,9 +153,7 @@ int main(int argc, char** argv) {
     samples.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / 2);
   }
   waitpid(child, nullptr, 0);
-  std::sort(samples.begin(), samples.end());
-  std::printf("udp_pingpong_one_way_us median=%.3f p99=%.3f\n", samples[samples.size() / 2],
-              samples[samples.size() * 99 / 100]);
+  print_one_way("udp_pingpong_one_way_us", samples);
 
   std::fflush(stdout);
   const int woken_iterations = std::max(1000, iterations / 5);
@@ -165,7 +164,7 @@ int main(int argc, char** argv) {
   }
   std::vector<double> woken = woken_side(a, woken_iterations, true);
   waitpid(child, nullptr, 0);
-  std::printf("udp_pingpong_woken_one_way_us median=%.3f\n", median(woken));
+  print_one_way("udp_pingpong_woken_one_way_us", woken);
 
   throughput(a, b, buffer, 65000, 1, "udp_throughput_GBps");
   throughput(a, b, buffer, 4112, 14, "udp_throughput_roce_sized_GBps");
