@@ -53,6 +53,15 @@ constexpr uint32_t kReadBudgetPerPass = 64;
 // a held ACK, the io thread's next look sends it (within kAppIdleAfter):
 // either way far below the retransmission timer's 1 ms floor.
 constexpr auto kAckHold = std::chrono::microseconds(10);
+// A QP whose application answers a request within this holds its ACKs for
+// twice the time its last answer took (at least kAckHold): in a ping-pong
+// whose answer came late once (a descheduled thread), an ACK that then left
+// alone let the peer complete and stop polling before the answer arrived,
+// and from then on every answer needed the peer's io thread to take it in,
+// a wake-up on busy cores each time (ib_write_lat 30-75 us instead of 5).
+// A peer's completion waits at most this long for an ACK, far below the
+// retransmission timer's 1 ms floor.
+constexpr auto kMaxAckHold = std::chrono::microseconds(100);
 constexpr auto kReorderHold = std::chrono::milliseconds(1);
 // After this long without a verbs call the background thread takes over.
 // The wait starts short and doubles while the application keeps calling:
@@ -425,6 +434,18 @@ class UdpTransport::Engine : public udp::TransportPort {
   // the next packets of a pass that posts a request (the same flow, often
   // the same UDP GSO send), or at kAckHold.
   std::map<uint32_t, Clock::time_point> acks_held_;
+  // How long each QP holds ACKs, where it differs from kAckHold (learned
+  // from how soon its application posts after taking a request in).
+  struct AckPacing {
+    Clock::duration hold = kAckHold;
+    Clock::time_point left_alone_since = Clock::time_point::max();  // its last ACK expired
+  };
+  std::unordered_map<uint32_t, AckPacing> ack_pacing_;
+  Clock::duration ack_hold(uint32_t qpn) const {
+    auto it = ack_pacing_.find(qpn);
+    return it == ack_pacing_.end() ? Clock::duration(kAckHold) : it->second.hold;
+  }
+  void learn_ack_hold_locked(uint32_t qpn, Clock::time_point now);
   std::vector<Delayed> delayed_;
   std::unordered_map<uint32_t, Delayed> held_;  // reordering: one packet held back per QP
   // While the application is in verbs calls (drive() within
@@ -567,10 +588,33 @@ void UdpTransport::Engine::send_held_ack_locked(uint32_t qpn) {
   flush_sends();
 }
 
+void UdpTransport::Engine::learn_ack_hold_locked(uint32_t qpn, Clock::time_point now) {
+  // How long after taking a request in did this application post? Its ACK
+  // waited from then (held, or left alone when the hold ran out).
+  Clock::time_point since;
+  auto pacing = ack_pacing_.find(qpn);
+  if (auto held = acks_held_.find(qpn); held != acks_held_.end()) {
+    since = held->second;
+  } else if (pacing != ack_pacing_.end() && pacing->second.left_alone_since != Clock::time_point::max()) {
+    since = pacing->second.left_alone_since;
+    pacing->second.left_alone_since = Clock::time_point::max();
+  } else {
+    return;
+  }
+  const Clock::duration answer = now - since;
+  const Clock::duration hold =
+      answer <= kMaxAckHold ? std::clamp<Clock::duration>(answer * 2, kAckHold, kMaxAckHold) : kAckHold;
+  if (pacing != ack_pacing_.end())
+    pacing->second.hold = hold;
+  else if (hold != Clock::duration(kAckHold))
+    ack_pacing_[qpn].hold = hold;
+}
+
 void UdpTransport::Engine::forget_locked(uint32_t qpn) {
   // What this QP received was acknowledged by the time it went (by an HCA,
   // long before): a held ACK leaves now.
   send_held_ack_locked(qpn);
+  ack_pacing_.erase(qpn);
   qps_.erase(qpn);
   held_.erase(qpn);
   touched_.erase(qpn);
@@ -861,18 +905,21 @@ void UdpTransport::Engine::after_work(Acks acks) {
   // sends every held ACK.
   bool more = false;
   for (const auto& [qpn, since] : acks_held_)
-    if (acks == Acks::Send || since + kAckHold <= now) touched_.insert(qpn);
+    if (acks == Acks::Send || since + ack_hold(qpn) <= now) touched_.insert(qpn);
   for (uint32_t qpn : touched_) {
     udp::UdpQp* qp = find(qpn);
     if (qp == nullptr) continue;
     const auto held = acks_held_.find(qpn);
     const auto& outbox = qp->responder.outbox;
     if (acks == Acks::Hold && outbox.size() == 1 && outbox.front().kind == udp::Response::Kind::Ack &&
-        (held == acks_held_.end() || held->second + kAckHold > now)) {
+        (held == acks_held_.end() || held->second + ack_hold(qpn) > now)) {
       if (held == acks_held_.end()) acks_held_.emplace(qpn, now);
       continue;
     }
-    if (held != acks_held_.end()) acks_held_.erase(held);
+    if (held != acks_held_.end()) {
+      if (acks == Acks::Hold) ack_pacing_[qpn].left_alone_since = held->second;
+      acks_held_.erase(held);
+    }
     if (udp::responder_send(*this, *qp, kReadBudgetPerPass)) more = true;
   }
   touched_.clear();
@@ -889,11 +936,15 @@ void UdpTransport::Engine::after_work(Acks acks) {
   flush_sends();
   // The io thread must know of a new deadline if it would sleep past it:
   // on its own thread it re-arms its timer, from another it is woken.
-  // (Not for a held ACK: the application's next call sends it, or the io
-  // thread when it finds the application gone; a wake-up per ACK would cost
-  // more than the hold saves.)
+  // (Not for an ACK held while the io thread steps aside for the
+  // application: the application's next call sends it, or the io thread
+  // when its timer finds the application gone, within kAppIdleAfter; a
+  // wake-up per ACK would cost more than the hold saves. While the io
+  // thread watches the sockets it has no such timer to come back by.)
   const bool on_io_thread = std::this_thread::get_id() == thread_.get_id();
-  const Clock::time_point earliest = on_io_thread ? earliest_deadline_locked() : earliest_protocol_deadline_locked();
+  const Clock::time_point earliest = on_io_thread || watching_.load(std::memory_order_relaxed)
+                                         ? earliest_deadline_locked()
+                                         : earliest_protocol_deadline_locked();
   if (earliest.time_since_epoch().count() >= armed_.load(std::memory_order_relaxed)) return;
   if (on_io_thread)
     arm_timer(earliest);
@@ -903,7 +954,7 @@ void UdpTransport::Engine::after_work(Acks acks) {
 
 Clock::time_point UdpTransport::Engine::earliest_held_ack_locked() const {
   Clock::time_point earliest = Clock::time_point::max();
-  for (const auto& [qpn, since] : acks_held_) earliest = std::min(earliest, since + kAckHold);
+  for (const auto& [qpn, since] : acks_held_) earliest = std::min(earliest, since + ack_hold(qpn));
   return earliest;
 }
 
@@ -1237,6 +1288,7 @@ int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe wqe) {
   std::lock_guard guard(mutex_);
   udp::UdpQp* qp = find(qpn);
   if (qp == nullptr || !qp->sending) return EINVAL;
+  learn_ack_hold_locked(qpn, Clock::now());
   udp::requester_post(*this, *qp, std::move(wqe));
   after_work();
   return 0;
@@ -1247,11 +1299,9 @@ void UdpTransport::Engine::drive() {
   std::unique_lock guard(mutex_, std::try_to_lock);
   if (!guard.owns_lock()) return;  // the background thread is at it
   drain_all_locked();
-  // Held only while the io thread steps aside for this application: its
-  // timer then comes back within kAppIdleAfter, and sends what is still
-  // held if the application has stopped calling. (While it watches the
-  // sockets it has no timer to come back by.)
-  after_work(watching_.load(std::memory_order_relaxed) ? Acks::Send : Acks::Hold);
+  // An application that sleeps in CQ events posts nothing soon after a
+  // packet arrives (see app_waits_for_events()).
+  after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
 }
 
 // ---- the public face ---------------------------------------------------------------
