@@ -413,6 +413,8 @@ class UdpTransport::Engine : public udp::TransportPort {
   Fd ready_set_;
   std::optional<boost::asio::posix::stream_descriptor> ready_waiter_;
   std::map<std::pair<IpAddress, uint16_t>, Fd> send_sockets_;
+  // The destination each send socket is connected to (length 0: none yet).
+  std::unordered_map<int, SocketAddressStorage> send_peers_;
   std::map<IpAddress, int> receive_fd_by_address_;
   int forward_fd_ = -1;
   struct SendBatch {
@@ -984,6 +986,7 @@ int UdpTransport::Engine::send_socket(const IpAddress& local, uint16_t port) {
     return -1;
   }
   send_sockets_.emplace(key, Fd(fd));
+  send_peers_.emplace(fd, SocketAddressStorage{});
   return fd;
 }
 
@@ -1024,6 +1027,13 @@ void UdpTransport::Engine::send_now(int fd, const SocketAddressStorage& to, std:
   msghdr message{};
   message.msg_name = const_cast<sockaddr*>(to.get());
   message.msg_namelen = to.length;
+  if (auto peer = send_peers_.find(fd); peer != send_peers_.end()) {
+    if (peer->second.length == 0 && ::connect(fd, to.get(), to.length) == 0) peer->second = to;
+    if (peer->second.length == to.length && std::memcmp(&peer->second.storage, &to.storage, to.length) == 0) {
+      message.msg_name = nullptr;
+      message.msg_namelen = 0;
+    }
+  }
   message.msg_iov = const_cast<iovec*>(parts.data());
   message.msg_iovlen = parts.size();
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(uint16_t))] = {};
