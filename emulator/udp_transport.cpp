@@ -72,6 +72,7 @@ constexpr auto kReorderHold = std::chrono::milliseconds(1);
 constexpr auto kAppIdleAfterFirst = std::chrono::microseconds(20);
 constexpr auto kAppIdleAfter = std::chrono::microseconds(200);
 constexpr uint64_t kBusyPollCalls = 8;
+constexpr uint32_t kLookAroundEvery = 8;
 constexpr uint32_t kForwardMagic = 0x53565246;  // "SVRF"
 // UDP GSO limits: the datagrams of one send fit one 64 KiB IP packet.
 constexpr size_t kMaxGsoBytes = 60000;
@@ -268,6 +269,7 @@ class UdpTransport::Engine : public udp::TransportPort {
       while (!acks_held_.empty()) send_held_ack_locked(acks_held_.begin()->first);
     }
     ready_waiter_.reset();
+    busy_watcher_ = nullptr;
     watchers_.clear();
     if (capture_fd_ >= 0) ::close(capture_fd_);
   }
@@ -320,7 +322,22 @@ class UdpTransport::Engine : public udp::TransportPort {
   void connect_flow_locked(const udp::UdpQp& qp);
   void forget_locked(uint32_t qpn);
   void retire_watcher_locked(uint64_t id);
-  void drain_all_locked();
+  // How much one pass reads from each socket with something to read.
+  enum class Reads : uint8_t {
+    // One datagram (or one UDP GRO batch): a polling application comes back
+    // for the rest, and one read is ~0.3 us cheaper than a batched one that
+    // finds nothing more (recvmmsg's last try).
+    One,
+    // Until the socket is empty: the io thread is woken only by new packets.
+    All,
+  };
+  void drain_all_locked(Reads reads);
+  // A polling application's pass: reads the socket that last had something
+  // first, and asks the epoll set only when it had nothing, or every
+  // kLookAroundEvery passes (so that the others are not starved by a busy
+  // one). An epoll_wait that finds a socket ready costs about 0.4 us more
+  // than one that finds nothing: half a microsecond per one-way trip.
+  void drain_polling_locked();
   struct Delayed {
     Clock::time_point due;
     int fd;
@@ -358,7 +375,8 @@ class UdpTransport::Engine : public udp::TransportPort {
   }
   Clock::time_point earliest_deadline_locked() const;
   // Reads and handles everything waiting on watcher `index`; mutex_ held.
-  void drain(Watcher& watcher);
+  // Returns whether anything was read.
+  bool drain(Watcher& watcher, Reads reads);
   void handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded);
   void forward(uint16_t port, const FlowAddress& flow, std::span<const uint8_t> datagram);
   // mutex_ held: answers, due timers. A pass that may hold ACKs back is one
@@ -403,6 +421,8 @@ class UdpTransport::Engine : public udp::TransportPort {
   // kernel hands that flow to this process directly). The map changes under
   // mutex_.
   std::map<uint64_t, std::unique_ptr<Watcher>> watchers_;
+  Watcher* busy_watcher_ = nullptr;  // the last one read from (see drain_polling_locked)
+  uint32_t passes_on_busy_watcher_ = 0;
   std::unordered_map<uint32_t, uint64_t> qp_watchers_;  // QPN -> its connected socket
   uint64_t next_watcher_ = 0;
   std::vector<Fd> claims_;  // abstract names announcing our addresses
@@ -630,18 +650,26 @@ void UdpTransport::Engine::retire_watcher_locked(uint64_t id) {
   auto it = watchers_.find(id);
   if (it == watchers_.end()) return;
   ::epoll_ctl(ready_set_.get(), EPOLL_CTL_DEL, it->second->fd.get(), nullptr);
+  if (busy_watcher_ == it->second.get()) busy_watcher_ = nullptr;
   watchers_.erase(it);
 }
 
-void UdpTransport::Engine::drain_all_locked() {
+void UdpTransport::Engine::drain_all_locked(Reads reads) {
   // One system call finds the sockets with something to read; a pass that
   // finds nothing (most of a polling application's calls) costs only that.
   epoll_event ready[16];
   int count = ::epoll_wait(ready_set_.get(), ready, std::size(ready), 0);
   for (int i = 0; i < count; ++i) {
     auto it = watchers_.find(ready[i].data.u64);
-    if (it != watchers_.end()) drain(*it->second);
+    if (it != watchers_.end() && drain(*it->second, reads)) busy_watcher_ = it->second.get();
   }
+}
+
+void UdpTransport::Engine::drain_polling_locked() {
+  if (busy_watcher_ != nullptr && ++passes_on_busy_watcher_ < kLookAroundEvery && drain(*busy_watcher_, Reads::One))
+    return;
+  passes_on_busy_watcher_ = 0;
+  drain_all_locked(Reads::One);
 }
 
 void UdpTransport::Engine::start_watching() {
@@ -719,21 +747,23 @@ void UdpTransport::Engine::io_check() {
   Clock::time_point next;
   {
     std::lock_guard guard(mutex_);
-    drain_all_locked();
+    drain_all_locked(Reads::All);
     after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
     next = earliest_deadline_locked();
   }
   arm_timer(next);
 }
 
-void UdpTransport::Engine::drain(Watcher& watcher) {
+bool UdpTransport::Engine::drain(Watcher& watcher, Reads reads) {
   const int fd = watcher.fd.get();
+  const size_t batch = reads == Reads::One ? 1 : kReceiveBatch;
+  bool any = false;
   for (;;) {
     mmsghdr messages[kReceiveBatch];
     iovec vectors[kReceiveBatch];
     sockaddr_storage sources[kReceiveBatch];
     alignas(cmsghdr) char controls[kReceiveBatch][CMSG_SPACE(sizeof(int))];
-    for (size_t i = 0; i < kReceiveBatch; ++i) {
+    for (size_t i = 0; i < batch; ++i) {
       vectors[i] = {buffers_[i].data(), buffers_[i].size()};
       messages[i] = {};
       messages[i].msg_hdr.msg_iov = &vectors[i];
@@ -745,8 +775,9 @@ void UdpTransport::Engine::drain(Watcher& watcher) {
         messages[i].msg_hdr.msg_namelen = sizeof sources[i];
       }
     }
-    int count = ::recvmmsg(fd, messages, kReceiveBatch, MSG_DONTWAIT, nullptr);
-    if (count <= 0) return;
+    int count = ::recvmmsg(fd, messages, static_cast<unsigned>(batch), MSG_DONTWAIT, nullptr);
+    if (count <= 0) return any;
+    any = true;
     for (int i = 0; i < count; ++i) {
       std::span<const uint8_t> bytes(buffers_[i].data(), messages[i].msg_len);
       if (messages[i].msg_hdr.msg_flags & MSG_TRUNC) {
@@ -783,7 +814,7 @@ void UdpTransport::Engine::drain(Watcher& watcher) {
       for (size_t at = 0; at < bytes.size(); at += segment)
         handle_datagram(flow, bytes.subspan(at, std::min(segment, bytes.size() - at)), false);
     }
-    if (static_cast<size_t>(count) < kReceiveBatch) return;
+    if (static_cast<size_t>(count) < batch || reads == Reads::One) return any;
   }
 }
 
@@ -1308,7 +1339,7 @@ void UdpTransport::Engine::drive() {
   note_app_active();
   std::unique_lock guard(mutex_, std::try_to_lock);
   if (!guard.owns_lock()) return;  // the background thread is at it
-  drain_all_locked();
+  drain_polling_locked();
   // An application that sleeps in CQ events posts nothing soon after a
   // packet arrives (see app_waits_for_events()).
   after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
