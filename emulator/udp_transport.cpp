@@ -666,6 +666,13 @@ void UdpTransport::Engine::drain_all_locked(Reads reads) {
 }
 
 void UdpTransport::Engine::drain_polling_locked() {
+  if (watching_.load(std::memory_order_relaxed)) {
+    // A datagram left in a socket would not wake the io thread (only new
+    // ones do): if the application stops calling now, it would wait there.
+    drain_all_locked(Reads::All);
+    return;
+  }
+  // Left behind, it waits at most until the io thread's next look.
   if (busy_watcher_ != nullptr && ++passes_on_busy_watcher_ < kLookAroundEvery && drain(*busy_watcher_, Reads::One))
     return;
   passes_on_busy_watcher_ = 0;
