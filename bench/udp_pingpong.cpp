@@ -2,11 +2,16 @@
 // (non-blocking recv in a loop); the same ping-pong where each side's main
 // thread spins on memory and a second thread, blocked in recv, sets it (what
 // a software transport must do for an application, such as ib_write_lat,
-// that waits for an RDMA WRITE by spinning on its buffer); one-way throughput with 64 KiB datagrams,
-// and one-way throughput with datagrams the size of RoCEv2 packets at path
-// MTU 4096 (4112 bytes: BTH + 4096 + ICRC), sent 14 at a time with UDP GSO
-// and received with UDP_GRO, as the transport does. The floors for the
-// RoCEv2-over-UDP transport.
+// that waits for an RDMA WRITE by spinning on its buffer); the busy-polling
+// ping-pong with RoCEv2's packets (each way a 2-byte RDMA WRITE and the ACK
+// of the peer's, 36 + 20 bytes in one UDP GSO send, as softverbs sends them
+// when an ACK leaves with the next request); one-way throughput with 64 KiB
+// datagrams; and one-way throughput of 64 KiB RDMA WRITEs framed as RoCEv2
+// at path MTU 4096, sent as softverbs sends them: the first packet carries
+// a 16-byte RETH (4128 bytes), the others 4112 (BTH + 4096 + ICRC), and as
+// all datagrams of a UDP GSO send but the last must have one size, each
+// message takes two sends (first + one, then the other 14), received with
+// UDP_GRO. The floors for the RoCEv2-over-UDP transport.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
@@ -53,25 +58,52 @@ void spin_recv(int fd, char* buffer, size_t length) {
   }
 }
 
-// The parent sends `per_send` datagrams of `size` bytes per send (UDP GSO
-// when more than one) as fast as it can; the child counts the bytes that
-// arrive between its first and last receive and prints GB/s as `name`.
-void throughput(int a, int b, char* buffer, size_t size, int per_send, const char* name) {
-  const long sends = 40000;
-  const size_t bytes_per_send = size * per_send;
-  if (per_send > 1) {
-    int segment = static_cast<int>(size), on = 1;
-    setsockopt(a, SOL_UDP, UDP_SEGMENT, &segment, sizeof segment);
-    setsockopt(b, SOL_UDP, UDP_GRO, &on, sizeof on);
+// One send: `count` datagrams of `segment` bytes, then one of `last` bytes
+// (if not 0); with UDP GSO when that makes more than one datagram.
+struct Send {
+  size_t segment;
+  size_t count;
+  size_t last = 0;
+  size_t bytes() const { return segment * count + last; }
+  size_t datagrams() const { return count + (last != 0); }
+};
+
+ssize_t send_datagrams(int fd, char* buffer, const Send& what) {
+  iovec data{buffer, what.bytes()};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(uint16_t))] = {};
+  if (what.datagrams() > 1) {
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_UDP;
+    header->cmsg_type = UDP_SEGMENT;
+    header->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    const auto segment = static_cast<uint16_t>(what.segment);
+    std::memcpy(CMSG_DATA(header), &segment, sizeof segment);
   }
+  return sendmsg(fd, &message, 0);
+}
+
+// The parent makes the sends of `pattern` over and over as fast as it can;
+// the child (busy-polling, with UDP_GRO) counts the bytes that arrive
+// between its first and last receive and prints GB/s as `name`.
+void throughput(int a, int b, char* buffer, const std::vector<Send>& pattern, const char* name) {
+  size_t bytes_per_round = 0;
+  for (const Send& one : pattern) bytes_per_round += one.bytes();
+  const long rounds = static_cast<long>(2600000000.0 / static_cast<double>(bytes_per_round));
+  int on = 1;
+  setsockopt(b, SOL_UDP, UDP_GRO, &on, sizeof on);
   std::fflush(stdout);  // before fork: the child must not repeat it
   pid_t child = fork();
   if (child == 0) {
-    long received = 0;
+    size_t received = 0;
     double bytes = 0;
     std::chrono::steady_clock::time_point first{}, last{};
     auto idle_since = std::chrono::steady_clock::now();
-    while (received < sends * per_send) {
+    while (received < bytes_per_round * rounds) {
       ssize_t got = recv(b, buffer, 65536, MSG_DONTWAIT);
       if (got > 0) {
         last = std::chrono::steady_clock::now();
@@ -79,7 +111,7 @@ void throughput(int a, int b, char* buffer, size_t size, int per_send, const cha
           first = last;
         else
           bytes += got;  // what arrived after the clock started
-        received += (got + size - 1) / size;
+        received += got;
         idle_since = last;
       } else if (std::chrono::steady_clock::now() - idle_since > std::chrono::milliseconds(500)) {
         break;  // the sender is done; the rest was dropped
@@ -90,10 +122,10 @@ void throughput(int a, int b, char* buffer, size_t size, int per_send, const cha
     std::fflush(stdout);
     _exit(0);
   }
-  for (long i = 0; i < sends; ++i) send(a, buffer, bytes_per_send, 0);
+  for (long i = 0; i < rounds; ++i)
+    for (const Send& one : pattern) send_datagrams(a, buffer, one);
   waitpid(child, nullptr, 0);
   int off = 0;
-  setsockopt(a, SOL_UDP, UDP_SEGMENT, &off, sizeof off);
   setsockopt(b, SOL_UDP, UDP_GRO, &off, sizeof off);
 }
 
@@ -166,7 +198,36 @@ int main(int argc, char** argv) {
   waitpid(child, nullptr, 0);
   print_one_way("udp_pingpong_woken_one_way_us", woken);
 
-  throughput(a, b, buffer, 65000, 1, "udp_throughput_GBps");
-  throughput(a, b, buffer, 4112, 14, "udp_throughput_roce_sized_GBps");
+  // ib_write_lat's packets over RoCEv2: a 2-byte WRITE (BTH + RETH + 2 +
+  // pad 2 + ICRC = 36 bytes) and an ACK (BTH + AETH + ICRC = 20 bytes).
+  const Send write_and_ack{36, 1, 20};
+  int on = 1;
+  setsockopt(a, SOL_UDP, UDP_GRO, &on, sizeof on);
+  setsockopt(b, SOL_UDP, UDP_GRO, &on, sizeof on);
+  std::fflush(stdout);
+  child = fork();
+  if (child == 0) {
+    for (int i = 0; i < iterations; ++i) {
+      spin_recv(b, buffer, sizeof buffer);
+      send_datagrams(b, buffer, write_and_ack);
+    }
+    _exit(0);
+  }
+  std::vector<double> framed;
+  for (int i = 0; i < iterations; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    send_datagrams(a, buffer, write_and_ack);
+    spin_recv(a, buffer, sizeof buffer);
+    framed.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / 2);
+  }
+  waitpid(child, nullptr, 0);
+  print_one_way("udp_pingpong_roce_one_way_us", framed);
+  int off = 0;
+  setsockopt(a, SOL_UDP, UDP_GRO, &off, sizeof off);
+  setsockopt(b, SOL_UDP, UDP_GRO, &off, sizeof off);
+
+  throughput(a, b, buffer, {{65000, 1}}, "udp_throughput_GBps");
+  // A 64 KiB WRITE: first (4128) + middle (4112), then 13 middle + last.
+  throughput(a, b, buffer, {{4128, 1, 4112}, {4112, 14}}, "udp_throughput_roce_write_GBps");
   return 0;
 }
