@@ -28,6 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include "udp_gso.h"
+
 namespace {
 
 int bound_socket(uint16_t& port) {
@@ -73,17 +75,8 @@ ssize_t send_datagrams(int fd, char* buffer, const Send& what) {
   msghdr message{};
   message.msg_iov = &data;
   message.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(uint16_t))] = {};
-  if (what.datagrams() > 1) {
-    message.msg_control = control;
-    message.msg_controllen = sizeof control;
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
-    header->cmsg_level = SOL_UDP;
-    header->cmsg_type = UDP_SEGMENT;
-    header->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-    const auto segment = static_cast<uint16_t>(what.segment);
-    std::memcpy(CMSG_DATA(header), &segment, sizeof segment);
-  }
+  softverbs::UdpSegmentControl control;
+  if (what.datagrams() > 1) softverbs::request_udp_segments(message, control, static_cast<uint16_t>(what.segment));
   return sendmsg(fd, &message, 0);
 }
 

@@ -34,6 +34,7 @@
 #include "netdev.h"
 #include "pcap_file.h"
 #include "process_id.h"
+#include "udp_gso.h"
 #include "udp_internal.h"
 
 namespace softverbs {
@@ -1074,18 +1075,8 @@ void UdpTransport::Engine::send_now(int fd, const SocketAddressStorage& to, std:
   }
   message.msg_iov = const_cast<iovec*>(parts.data());
   message.msg_iovlen = parts.size();
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(uint16_t))] = {};
-  if (segment != 0) {
-    // UDP GSO: the kernel cuts the buffer into datagrams of `segment` bytes.
-    message.msg_control = control;
-    message.msg_controllen = sizeof control;
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
-    header->cmsg_level = SOL_UDP;
-    header->cmsg_type = UDP_SEGMENT;
-    header->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-    uint16_t size = static_cast<uint16_t>(segment);
-    std::memcpy(CMSG_DATA(header), &size, sizeof size);
-  }
+  UdpSegmentControl control;
+  if (segment != 0) request_udp_segments(message, control, static_cast<uint16_t>(segment));
   if (fd >= 0 && ::sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return;
   if (segment != 0 && (errno == EINVAL || errno == EIO || errno == ENOPROTOOPT || errno == EOPNOTSUPP)) {
     // No GSO here (an old kernel, a device without checksum offload): one
