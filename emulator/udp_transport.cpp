@@ -377,8 +377,8 @@ class UdpTransport::Engine : public udp::TransportPort {
     drive_count_.fetch_add(1, std::memory_order_relaxed);
   }
   Clock::time_point earliest_deadline_locked() const;
-  // Reads and handles everything waiting on watcher `index`; mutex_ held.
-  // Returns whether anything was read.
+  // Reads what waits on `watcher` (one datagram or all, as `reads` says) and
+  // handles it; mutex_ held. Returns whether anything was read.
   bool drain(Watcher& watcher, Reads reads);
   void handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded);
   void forward(uint16_t port, const FlowAddress& flow, std::span<const uint8_t> datagram);
@@ -960,7 +960,8 @@ void UdpTransport::Engine::after_work(Acks acks) {
       continue;
     }
     if (held != acks_held_.end()) {
-      if (acks == Acks::Hold) ack_pacing_[qpn].left_alone_since = held->second;
+      // Left alone because its hold ran out (see learn_ack_hold_locked).
+      if (acks == Acks::Hold && held->second + ack_hold(qpn) <= now) ack_pacing_[qpn].left_alone_since = held->second;
       acks_held_.erase(held);
     }
     if (udp::responder_send(*this, *qp, kReadBudgetPerPass)) more = true;
