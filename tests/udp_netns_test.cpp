@@ -15,12 +15,15 @@
 #include <sstream>
 #include <thread>
 
+#include "device_status.h"
 #include "process_runner.h"
 
 namespace softverbs {
 namespace {
 
+using test::ipv4_mapped_gid;
 using test::ProcessResult;
+using test::roce_v2_gid_index;
 using test::run_process;
 using test::TemporaryDirectory;
 
@@ -78,16 +81,7 @@ class TwoNamespaces : public ::testing::Test {
 
   // The RoCE v2 GID index of `address` (a.b.c.d) on `device`.
   std::string ipv4_gid_index(const std::string& device, const std::string& address) {
-    auto status = run_process({SOFTVERBS_CLI, "status", device}, env_);
-    unsigned a, b, c, d;
-    std::sscanf(address.c_str(), "%u.%u.%u.%u", &a, &b, &c, &d);
-    char hex[16];
-    std::snprintf(hex, sizeof hex, "%02x%02x:%02x%02x", a, b, c, d);
-    std::smatch match;
-    if (!std::regex_search(status.out, match,
-                           std::regex("GID\\[(\\d+)\\] [0-9a-f:]*ffff:" + std::string(hex) + "  RoCE v2")))
-      return "";
-    return match[1].str();
+    return roce_v2_gid_index(run_process({SOFTVERBS_CLI, "status", device}, env_).out, ipv4_mapped_gid(address));
   }
 
   // A server in namespace A, its client in B connecting to A's address.

@@ -17,13 +17,16 @@
 #include <sstream>
 #include <thread>
 
+#include "device_status.h"
 #include "process_runner.h"
 
 namespace softverbs {
 namespace {
 
 namespace fs = std::filesystem;
+using test::ipv4_mapped_gid;
 using test::ProcessResult;
+using test::roce_v2_gid_index;
 using test::run_process;
 using test::TemporaryDirectory;
 
@@ -55,11 +58,7 @@ class UdpOnLoopback : public ::testing::Test {
 
   // The index of the RoCE v2 GID of 127.0.0.1, as `softverbs status` lists it.
   std::string ipv4_gid_index() const {
-    auto status = run_process({SOFTVERBS_CLI, "status"}, env_);
-    std::smatch match;
-    std::regex row("GID\\[(\\d+)\\] 0000:0000:0000:0000:0000:ffff:7f00:0001  RoCE v2");
-    if (!std::regex_search(status.out, match, row)) return "";
-    return match[1].str();
+    return roce_v2_gid_index(run_process({SOFTVERBS_CLI, "status"}, env_).out, ipv4_mapped_gid("127.0.0.1"));
   }
 
   // Starts `server`, then `client` until it connects (the server listens
@@ -184,11 +183,8 @@ TEST_F(UdpOnLoopback, RcAndUdOverIpv6Gids) {
   // masked IPv6 header. Both ends name that GID index, so the address each
   // end learns of its peer is ::1.
   auto status = run_process({SOFTVERBS_CLI, "status"}, env_);
-  std::smatch match;
-  ASSERT_TRUE(std::regex_search(status.out, match,
-                                std::regex("GID\\[(\\d+)\\] 0000:0000:0000:0000:0000:0000:0000:0001  RoCE v2")))
-      << status.out;
-  const std::string gid = match[1].str();
+  const std::string gid = roce_v2_gid_index(status.out, "0000:0000:0000:0000:0000:0000:0000:0001");
+  ASSERT_FALSE(gid.empty()) << status.out;
   for (const char* tool : {"ibv_rc_pingpong", "ibv_ud_pingpong"}) {
     std::vector<std::string> command = {
         tool, "-d", "softverbs0", "-g", gid, "-p", port_for(std::string("v6") + tool), "-s", "1024", "-c", "-n", "100"};

@@ -1,0 +1,22 @@
+#include "device_status.h"
+
+#include <cstdio>
+#include <regex>
+
+namespace softverbs::test {
+
+std::string ipv4_mapped_gid(const std::string& address) {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (std::sscanf(address.c_str(), "%u.%u.%u.%u", &a, &b, &c, &d) != 4) return "";
+  char text[48];
+  std::snprintf(text, sizeof text, "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x", a, b, c, d);
+  return text;
+}
+
+std::string roce_v2_gid_index(const std::string& status, const std::string& gid) {
+  std::smatch match;
+  if (gid.empty() || !std::regex_search(status, match, std::regex("GID\\[(\\d+)\\] " + gid + "  RoCE v2"))) return "";
+  return match[1].str();
+}
+
+}  // namespace softverbs::test

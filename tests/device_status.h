@@ -1,0 +1,17 @@
+// Reading what `softverbs status` prints, for tests that must name a GID
+// index to rdma-core's tools (-g, perftest -x).
+#pragma once
+
+#include <string>
+
+namespace softverbs::test {
+
+// The full form in which `softverbs status` lists the IPv4-mapped GID of
+// `address` (a.b.c.d): 0000:0000:0000:0000:0000:ffff:7f00:0001 for 127.0.0.1.
+std::string ipv4_mapped_gid(const std::string& address);
+
+// The index of the RoCE v2 GID `gid` (in that full form) in `status`, the
+// output of `softverbs status`; "" if it lists no such GID.
+std::string roce_v2_gid_index(const std::string& status, const std::string& gid);
+
+}  // namespace softverbs::test
