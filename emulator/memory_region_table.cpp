@@ -134,7 +134,13 @@ KeyCheck MemoryRegionTable::check_against(const Checked& region, uint32_t key, u
 }
 
 KeyCheck MemoryRegionTable::check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                  uint32_t needed_access, ResolvedRange* resolved) const {
+                                  uint32_t needed_access, ResolvedRange* resolved, Lock lock) const {
+  return lock == Lock::Held ? check_locked(key, pd_handle, iova, length, needed_access, resolved)
+                            : check_unlocked(key, pd_handle, iova, length, needed_access, resolved);
+}
+
+KeyCheck MemoryRegionTable::check_locked(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
+                                         uint32_t needed_access, ResolvedRange* resolved) const {
   uint32_t index = key >> 8;
   if (index >= kCapacity) return KeyCheck::InvalidKey;
   const Slot& slot = slots_[index];
@@ -176,24 +182,14 @@ KeyCheck MemoryRegionTable::check_unlocked(uint32_t key, uint32_t pd_handle, uin
 }
 
 KeyCheck MemoryRegionTable::check_local(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                        uint32_t needed_access, ResolvedRange* resolved) const {
+                                        uint32_t needed_access, ResolvedRange* resolved, Lock lock) const {
   // Local read is always granted; local write must be registered.
-  return check(lkey, pd_handle, iova, length, needed_access & access::kLocalWrite, resolved);
+  return check(lkey, pd_handle, iova, length, needed_access & access::kLocalWrite, resolved, lock);
 }
 
 KeyCheck MemoryRegionTable::check_remote(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                         uint32_t needed_access, ResolvedRange* resolved) const {
-  return check(rkey, pd_handle, iova, length, needed_access, resolved);
-}
-
-KeyCheck MemoryRegionTable::check_local_unlocked(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                                 uint32_t needed_access, ResolvedRange* resolved) const {
-  return check_unlocked(lkey, pd_handle, iova, length, needed_access & access::kLocalWrite, resolved);
-}
-
-KeyCheck MemoryRegionTable::check_remote_unlocked(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                                  uint32_t needed_access, ResolvedRange* resolved) const {
-  return check_unlocked(rkey, pd_handle, iova, length, needed_access, resolved);
+                                         uint32_t needed_access, ResolvedRange* resolved, Lock lock) const {
+  return check(rkey, pd_handle, iova, length, needed_access, resolved, lock);
 }
 
 }  // namespace softverbs

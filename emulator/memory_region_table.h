@@ -85,21 +85,19 @@ class MemoryRegionTable {
   // The live region of `key`, if any.
   std::optional<MemoryRegion> find(uint32_t key) const;
 
+  // Whether the caller of a check holds the table's lock (the device's
+  // memory_lock). Without it a check still sees each region whole, before
+  // or after a concurrent change (a sequence count per slot, which every
+  // change makes odd and then even): for a process's data paths over its
+  // own regions, which its own deregistration waits for, so that the range
+  // stays good after the check.
+  enum class Lock : uint8_t { Held, NotHeld };
   // A local SGE: lkey, address and length as posted (address is an iova).
   KeyCheck check_local(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
-                       ResolvedRange* resolved) const;
+                       ResolvedRange* resolved, Lock lock = Lock::Held) const;
   // A remote access by rkey; `needed_access` is kRemoteRead/Write/Atomic.
   KeyCheck check_remote(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
-                        ResolvedRange* resolved) const;
-  // The same checks without the table's lock (the device's memory_lock):
-  // they see each region whole, before or after a concurrent change (a
-  // sequence count per slot, which every change makes odd and then even).
-  // For a process's data paths over its own regions, which its own
-  // deregistration waits for, so that the range stays good after the check.
-  KeyCheck check_local_unlocked(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                uint32_t needed_access, ResolvedRange* resolved) const;
-  KeyCheck check_remote_unlocked(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                 uint32_t needed_access, ResolvedRange* resolved) const;
+                        ResolvedRange* resolved, Lock lock = Lock::Held) const;
 
   size_t live_count() const { return live_; }
 
@@ -134,7 +132,9 @@ class MemoryRegionTable {
   static KeyCheck check_against(const Checked& region, uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
                                 uint32_t needed_access, ResolvedRange* resolved);
   KeyCheck check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
-                 ResolvedRange* resolved) const;
+                 ResolvedRange* resolved, Lock lock) const;
+  KeyCheck check_locked(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
+                        ResolvedRange* resolved) const;
   KeyCheck check_unlocked(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
                           ResolvedRange* resolved) const;
   const Slot* slot_of(uint32_t key) const;

@@ -170,8 +170,8 @@ bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uin
     }
     uint64_t take = std::min<uint64_t>(sge.length - offset, length);
     ResolvedRange where;
-    KeyCheck verdict =
-        memory.shared().mrs.check_local_unlocked(sge.lkey, qp.pd_handle, sge.address + offset, take, access, &where);
+    KeyCheck verdict = memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address + offset, take, access,
+                                                       &where, MemoryRegionTable::Lock::NotHeld);
     if (verdict != KeyCheck::Ok || where.owner_pid != current_pid()) {
       debug_log("QP %#x wr_id %#llx: local SGE lkey %#x addr %#llx len %u refused (check %d)", qp.qpn,
                 static_cast<unsigned long long>(wqe.wr_id), sge.lkey, static_cast<unsigned long long>(sge.address),

@@ -311,20 +311,13 @@ Verdict check_length(TransportPort& port, UdpQp& qp, const TransportPacket& pack
   return Verdict::Done;
 }
 
-// The caller holds the device's memory_lock.
-KeyCheck check_remote_locked(TransportPort& port, const UdpQp& qp, uint32_t rkey, uint64_t iova, uint64_t length,
-                             uint32_t needed, ResolvedRange& where) {
-  KeyCheck verdict = port.memory().shared().mrs.check_remote(rkey, qp.pd_handle, iova, length, needed, &where);
-  if (verdict == KeyCheck::Ok && where.owner_pid != current_pid()) verdict = KeyCheck::InvalidKey;
-  return verdict;
-}
-
-// Looks the key up without the device's memory_lock: the range found is
-// this process's own and stays good while the engine's mutex is held (see
-// gather_local).
+// Only this process's own regions: by default looked up without the
+// device's memory_lock, as the range found stays good while the engine's
+// mutex is held (see gather_local).
 KeyCheck check_remote(TransportPort& port, const UdpQp& qp, uint32_t rkey, uint64_t iova, uint64_t length,
-                      uint32_t needed, ResolvedRange& where) {
-  KeyCheck verdict = port.memory().shared().mrs.check_remote_unlocked(rkey, qp.pd_handle, iova, length, needed, &where);
+                      uint32_t needed, ResolvedRange& where,
+                      MemoryRegionTable::Lock lock = MemoryRegionTable::Lock::NotHeld) {
+  KeyCheck verdict = port.memory().shared().mrs.check_remote(rkey, qp.pd_handle, iova, length, needed, &where, lock);
   if (verdict == KeyCheck::Ok && where.owner_pid != current_pid()) verdict = KeyCheck::InvalidKey;
   return verdict;
 }
@@ -383,8 +376,8 @@ bool place_send_payload(TransportPort& port, UdpQp& qp, std::span<const uint8_t>
     }
     uint64_t take = std::min<uint64_t>(sge.length - skip, payload.size() - at);
     ResolvedRange where;
-    if (memory.shared().mrs.check_local_unlocked(sge.lkey, qp.pd_handle, sge.address + skip, take, access::kLocalWrite,
-                                                 &where) != KeyCheck::Ok ||
+    if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address + skip, take, access::kLocalWrite, &where,
+                                        MemoryRegionTable::Lock::NotHeld) != KeyCheck::Ok ||
         where.owner_pid != current_pid())
       return false;
     std::memcpy(reinterpret_cast<void*>(where.address), payload.data() + at, take);
@@ -496,8 +489,8 @@ void execute_atomic(TransportPort& port, UdpQp& qp, const TransportPacket& packe
     SharedLock memory_lock(memory.shared().memory_lock);
     SharedLock atomics(memory.shared().atomics_lock);
     ResolvedRange where;
-    if (check_remote_locked(port, qp, packet.atomic.rkey, packet.atomic.virtual_address, 8, access::kRemoteAtomic,
-                            where) != KeyCheck::Ok) {
+    if (check_remote(port, qp, packet.atomic.rkey, packet.atomic.virtual_address, 8, access::kRemoteAtomic, where,
+                     MemoryRegionTable::Lock::Held) != KeyCheck::Ok) {
       original = 0;  // checked in check_rkey; cannot change under memory_lock
     } else if (where.address % 8 == 0) {
       auto* target = reinterpret_cast<uint64_t*>(where.address);
@@ -768,8 +761,8 @@ void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, c
       const Sge& sge = receive.sges[i];
       uint64_t take = std::min<uint64_t>(sge.length, total - at);
       ResolvedRange where;
-      if (memory.shared().mrs.check_local_unlocked(sge.lkey, qp.pd_handle, sge.address, take, access::kLocalWrite,
-                                                   &where) != KeyCheck::Ok ||
+      if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, take, access::kLocalWrite, &where,
+                                          MemoryRegionTable::Lock::NotHeld) != KeyCheck::Ok ||
           where.owner_pid != current_pid()) {
         ok = false;
         break;

@@ -205,11 +205,11 @@ TEST_F(MrTable, UnlockedChecksGiveTheLockedChecksAnswers) {
                         {key ^ 1, 3, 0x4000, 8, access::kRemoteWrite},  {0xffffff00, 3, 0, 8, 0}};
   for (const Case& c : cases) {
     ResolvedRange locked{}, unlocked{};
-    EXPECT_EQ(table->check_remote_unlocked(c.key, c.pd, c.iova, c.length, c.access, &unlocked),
+    EXPECT_EQ(table->check_remote(c.key, c.pd, c.iova, c.length, c.access, &unlocked, MemoryRegionTable::Lock::NotHeld),
               table->check_remote(c.key, c.pd, c.iova, c.length, c.access, &locked));
     EXPECT_EQ(unlocked.address, locked.address);
     EXPECT_EQ(unlocked.owner_pid, locked.owner_pid);
-    EXPECT_EQ(table->check_local_unlocked(c.key, c.pd, c.iova, c.length, c.access, nullptr),
+    EXPECT_EQ(table->check_local(c.key, c.pd, c.iova, c.length, c.access, nullptr, MemoryRegionTable::Lock::NotHeld),
               table->check_local(c.key, c.pd, c.iova, c.length, c.access, nullptr));
   }
 }
@@ -227,7 +227,8 @@ TEST_F(MrTable, UnlockedChecksNeverSeeHalfAChange) {
   std::thread reader([&] {
     while (!stop.load(std::memory_order_relaxed)) {
       ResolvedRange where{};
-      KeyCheck verdict = table->check_remote_unlocked(key, 1, 0x1800, 8, access::kRemoteWrite, &where);
+      KeyCheck verdict =
+          table->check_remote(key, 1, 0x1800, 8, access::kRemoteWrite, &where, MemoryRegionTable::Lock::NotHeld);
       if (verdict == KeyCheck::Ok && where.address == 0xa0000800 && where.owner_pid == 10)
         saw_a.fetch_add(1, std::memory_order_relaxed);
       else if (verdict == KeyCheck::WrongPd)
