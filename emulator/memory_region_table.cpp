@@ -135,25 +135,21 @@ KeyCheck MemoryRegionTable::check_against(const Checked& region, uint32_t key, u
 
 KeyCheck MemoryRegionTable::check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
                                   uint32_t needed_access, ResolvedRange* resolved, Lock lock) const {
-  return lock == Lock::Held ? check_locked(key, pd_handle, iova, length, needed_access, resolved)
-                            : check_unlocked(key, pd_handle, iova, length, needed_access, resolved);
-}
-
-KeyCheck MemoryRegionTable::check_locked(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                         uint32_t needed_access, ResolvedRange* resolved) const {
   uint32_t index = key >> 8;
   if (index >= kCapacity) return KeyCheck::InvalidKey;
   const Slot& slot = slots_[index];
+  if (lock == Lock::Held) return check_against(read(slot), key, pd_handle, iova, length, needed_access, resolved);
+  const std::optional<Checked> copy = read_consistent(slot);
+  if (!copy) return KeyCheck::InvalidKey;
+  return check_against(*copy, key, pd_handle, iova, length, needed_access, resolved);
+}
+
+MemoryRegionTable::Checked MemoryRegionTable::read(const Slot& slot) {
   const MemoryRegion& r = slot.region;
-  return check_against({slot.live, r.key, r.pd_handle, r.access, r.owner_pid, r.address, r.iova, r.length}, key,
-                       pd_handle, iova, length, needed_access, resolved);
+  return {slot.live, r.key, r.pd_handle, r.access, r.owner_pid, r.address, r.iova, r.length};
 }
 
-KeyCheck MemoryRegionTable::check_unlocked(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                           uint32_t needed_access, ResolvedRange* resolved) const {
-  uint32_t index = key >> 8;
-  if (index >= kCapacity) return KeyCheck::InvalidKey;
-  const Slot& slot = slots_[index];
+std::optional<MemoryRegionTable::Checked> MemoryRegionTable::read_consistent(const Slot& slot) {
   const MemoryRegion& r = slot.region;
   std::atomic_ref<uint32_t> sequence(const_cast<uint32_t&>(slot.sequence));
   Checked copy;
@@ -163,7 +159,7 @@ KeyCheck MemoryRegionTable::check_unlocked(uint32_t key, uint32_t pd_handle, uin
       // A writer is at it: a few stores, unless it was preempted (let it
       // run) or killed in between (the slot stays unusable until the next
       // change of it; refusing the key harms nothing).
-      if (attempt >= kUnlockedAttempts) return KeyCheck::InvalidKey;
+      if (attempt >= kUnlockedAttempts) return std::nullopt;
       if (attempt >= 64) sched_yield();
       continue;
     }
@@ -176,9 +172,8 @@ KeyCheck MemoryRegionTable::check_unlocked(uint32_t key, uint32_t pd_handle, uin
     copy.iova = load_relaxed(r.iova);
     copy.length = load_relaxed(r.length);
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (sequence.load(std::memory_order_relaxed) == before) break;
+    if (sequence.load(std::memory_order_relaxed) == before) return copy;
   }
-  return check_against(copy, key, pd_handle, iova, length, needed_access, resolved);
 }
 
 KeyCheck MemoryRegionTable::check_local(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length,

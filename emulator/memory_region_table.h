@@ -133,13 +133,13 @@ class MemoryRegionTable {
                                 uint32_t needed_access, ResolvedRange* resolved);
   KeyCheck check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
                  ResolvedRange* resolved, Lock lock) const;
-  KeyCheck check_locked(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
-                        ResolvedRange* resolved) const;
-  KeyCheck check_unlocked(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
-                          ResolvedRange* resolved) const;
+  // A slot's fields as they are (the table's lock held).
+  static Checked read(const Slot& slot);
+  // A consistent copy without the lock; none if a writer keeps it changing.
+  static std::optional<Checked> read_consistent(const Slot& slot);
   const Slot* slot_of(uint32_t key) const;
   // Writers (all under the table's lock) change a slot only through these,
-  // which keep the sequence count and store what check_unlocked reads
+  // which keep the sequence count and store what read_consistent reads
   // atomically.
   static void write_slot(Slot& slot, const MemoryRegion& region, bool live);
   static void set_live(Slot& slot, bool live);
