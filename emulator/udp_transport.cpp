@@ -731,7 +731,7 @@ void UdpTransport::Engine::watch() {
 }
 
 void UdpTransport::Engine::arm_timer(Clock::time_point when) {
-  if (!timer_waiter_ || when.time_since_epoch().count() >= armed_.load(std::memory_order_relaxed)) return;
+  if (when.time_since_epoch().count() >= armed_.load(std::memory_order_relaxed)) return;
   armed_.store(when.time_since_epoch().count(), std::memory_order_relaxed);
   const auto since_epoch = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
   itimerspec due{};
