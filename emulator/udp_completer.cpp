@@ -388,8 +388,13 @@ void enter_error(TransportPort& port, UdpQp& qp) {
   qp.responder.in_message = MessageKind::None;
   qp.sending = false;
   qp.connected = false;
+  qp.failed = true;
   flush_receive_queue(memory, record);
   if (has_srq) send_async_event(owner_async, owner_handle, AsyncEventType::QpLastWqeReached);
+}
+
+void flush_posted(TransportPort& port, const UdpQp& qp, const SendWqe& wqe) {
+  deliver_completion(port.memory(), qp.send_cq, completion_of(qp, wqe, WcStatus::WrFlushError), false);
 }
 
 }  // namespace softverbs::udp

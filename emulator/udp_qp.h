@@ -180,6 +180,7 @@ struct UdpQp {
   int recv_cq = -1;
   bool connected = false;  // RC/UC: path and PSNs set (RTR reached)
   bool sending = false;    // RTS reached
+  bool failed = false;     // ERR entered: what is posted now is flushed
   uint32_t dest_qpn = 0;
   Path path;
   uint32_t mtu = 1024;
@@ -237,6 +238,10 @@ bool responder_send(TransportPort& port, UdpQp& qp, uint32_t budget);
 // The QP goes to ERR: its record's state, its receive queue flushed, every
 // send WQE completed with IBV_WC_WR_FLUSH_ERR (after `first` if given).
 void enter_error(TransportPort& port, UdpQp& qp);
+// A request posted to a QP in ERR completes with IBV_WC_WR_FLUSH_ERR. (The
+// provider checks the state before posting, but the io thread may move the
+// QP to ERR in between, on a NAK or a retry count running out.)
+void flush_posted(TransportPort& port, const UdpQp& qp, const SendWqe& wqe);
 // The earliest time completer_tick() has something to do.
 Clock::time_point next_deadline(const UdpQp& qp);
 // 4.096 us * 2^timeout, with a floor (see docs/udp-transport.md).

@@ -1366,6 +1366,10 @@ int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe wqe) {
   note_app_active();
   std::lock_guard guard(mutex_);
   udp::UdpQp* qp = find(qpn);
+  if (qp != nullptr && qp->failed) {
+    udp::flush_posted(*this, *qp, wqe);
+    return 0;
+  }
   if (qp == nullptr || !qp->sending) return EINVAL;
   learn_ack_hold_locked(qpn, Clock::now());
   udp::requester_post(*this, *qp, std::move(wqe));

@@ -17,6 +17,12 @@
 
 namespace {
 
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return "exited with " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("killed by ") + strsignal(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
 ibv_context* open_softverbs() {
   int count = 0;
   ibv_device** list = ibv_get_device_list(&count);
@@ -447,6 +453,40 @@ TEST_F(RcDataPath, BadRkeyIsARemoteAccessErrorAndTheRestIsFlushed) {
   ibv_qp_init_attr init;
   ASSERT_EQ(ibv_query_qp(qp_a_, &attr, IBV_QP_STATE, &init), 0);
   EXPECT_EQ(attr.qp_state, IBV_QPS_ERR);
+}
+
+// The NAK moves the QP to ERR on whichever thread reads it (over UDP, the
+// io thread): a request posted while that happens is flushed like any other,
+// never refused. Many rounds, so that some posts meet the transition.
+TEST_F(RcDataPath, PostsThatMeetTheErrorTransitionAreFlushed) {
+  connect(IBV_QPT_RC);
+  for (int round = 0; round < 100; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 1, 0, 8, addr_b(0), mr_b_->rkey ^ 0x55), 0);
+    int posted = 1;
+    bool seen_error = false;
+    while (posted < 14) {
+      ASSERT_EQ(post_a(IBV_WR_SEND, static_cast<uint64_t>(posted) + 1, 0, 8), 0) << "send " << posted;
+      ++posted;
+      if (seen_error) break;  // one more, posted after ERR was visible
+      ibv_qp_attr attr;
+      ibv_qp_init_attr init;
+      ASSERT_EQ(ibv_query_qp(qp_a_, &attr, IBV_QP_STATE, &init), 0);
+      seen_error = attr.qp_state == IBV_QPS_ERR;
+    }
+    auto done = poll_n(cq_a_, posted);
+    ASSERT_EQ(done.size(), static_cast<size_t>(posted));
+    EXPECT_EQ(done[0].status, IBV_WC_REM_ACCESS_ERR);
+    for (int i = 1; i < posted; ++i) {
+      EXPECT_EQ(done[i].wr_id, static_cast<uint64_t>(i) + 1);
+      EXPECT_EQ(done[i].status, IBV_WC_WR_FLUSH_ERR);
+    }
+    ibv_qp_attr reset{};
+    reset.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(qp_a_, &reset, IBV_QP_STATE), 0);
+    ASSERT_EQ(ibv_modify_qp(qp_b_, &reset, IBV_QP_STATE), 0);
+    bring_up(IBV_QPT_RC);
+  }
 }
 
 TEST_F(RcDataPath, RemoteRangeAndRightsAreEnforced) {
@@ -953,6 +993,12 @@ TEST(CrossProcess, OneSidedOperationsNeedNothingFromTheTarget) {
   };
   pid_t child = fork();
   if (child == 0) {
+    // Each side closes the pipe ends it does not use, so that a child that
+    // exits early is an end of file for the parent, not a hang; a child that
+    // hangs dies of SIGALRM, which the parent reports.
+    close(to_child[1]);
+    close(to_parent[0]);
+    alarm(60);
     ibv_context* context = open_softverbs();
     ibv_pd* pd = context ? ibv_alloc_pd(context) : nullptr;
     ibv_cq* cq = pd ? ibv_create_cq(context, 8, nullptr, nullptr, 0) : nullptr;
@@ -981,6 +1027,20 @@ TEST(CrossProcess, OneSidedOperationsNeedNothingFromTheTarget) {
     ibv_close_device(context);
     _exit(ok ? 0 : 20);
   }
+  close(to_child[0]);
+  close(to_parent[1]);
+  // On any early return, the child's fate explains it.
+  struct ChildReport {
+    pid_t pid;
+    int to_child;
+    bool reaped = false;
+    ~ChildReport() {
+      close(to_child);  // a child waiting for the parent reads an end of file
+      if (reaped) return;
+      int status = 0;
+      if (waitpid(pid, &status, 0) == pid) ADD_FAILURE() << "child ended early: " << describe_exit(status);
+    }
+  } report{child, to_child[1]};
   ibv_context* context = open_softverbs();
   ASSERT_NE(context, nullptr);
   ibv_pd* pd = ibv_alloc_pd(context);
@@ -1033,7 +1093,8 @@ TEST(CrossProcess, OneSidedOperationsNeedNothingFromTheTarget) {
   ASSERT_EQ(write(to_child[1], &done, 1), 1);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  report.reaped = true;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child " << describe_exit(status);
   ibv_destroy_qp(qp);
   ibv_dereg_mr(mr);
   ibv_destroy_cq(cq);
