@@ -58,6 +58,56 @@ bool private_anonymous(uint64_t start, uint64_t end) {
   return covered >= end;
 }
 
+// Is [base, base + length) still mapped, read-write, from backing `id`'s
+// memfd and nothing else (the application may have unmapped or remapped it
+// before deregistering)?
+bool mapped_from_backing(uint64_t base, uint64_t length, uint64_t id) {
+  const std::string name = "/memfd:" + memfd_name(id);
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  uint64_t covered = base;
+  const uint64_t end = base + length;
+  while (std::getline(maps, line) && covered < end) {
+    std::istringstream fields(line);
+    std::string range, permissions, offset, device, inode, path;
+    fields >> range >> permissions >> offset >> device >> inode;
+    std::getline(fields >> std::ws, path);
+    uint64_t low = std::stoull(range.substr(0, range.find('-')), nullptr, 16);
+    uint64_t high = std::stoull(range.substr(range.find('-') + 1), nullptr, 16);
+    if (high <= covered) continue;
+    if (low > covered) return false;  // a hole
+    if (permissions != "rw-s" || path.rfind(name, 0) != 0) return false;
+    covered = high;
+  }
+  return covered >= end;
+}
+
+// Puts private anonymous pages holding the same bytes back in the place of
+// a backing's memfd pages. Until then the memory is shared with the memfd
+// and MADV_DONTFORK; once the allocator hands it out again, a forked child
+// would lack it (or, without DONTFORK, share it with the parent).
+void restore_private_pages(const SharedBacking& backing) {
+  if (!mapped_from_backing(backing.base, backing.length, backing.id)) {
+    debug_log("MR backing at %#llx is no longer mapped as registered: left as it is",
+              static_cast<unsigned long long>(backing.base));
+    return;
+  }
+  void* staging = mmap(nullptr, backing.length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (staging == MAP_FAILED) {
+    debug_log("cannot restore the pages at %#llx: %s", static_cast<unsigned long long>(backing.base),
+              std::strerror(errno));
+    return;
+  }
+  auto* base = reinterpret_cast<void*>(backing.base);
+  std::memcpy(staging, base, backing.length);
+  // One step: the private pages replace the memfd's, with no moment where
+  // the addresses are unmapped.
+  if (mremap(staging, backing.length, backing.length, MREMAP_MAYMOVE | MREMAP_FIXED, base) == MAP_FAILED) {
+    debug_log("cannot restore the pages at %p: %s", base, std::strerror(errno));
+    munmap(staging, backing.length);
+  }
+}
+
 struct OwnedBacking {
   SharedBacking backing;
   int holds = 0;
@@ -172,8 +222,9 @@ void release_pages(const SharedBacking& backing) {
   auto it = owned.find(backing.base);
   if (it == owned.end() || it->second.backing.id != backing.id) return;
   if (--it->second.holds > 0) return;
-  // The pages stay memfd pages (moving them back would copy again); a later
-  // registration of the same buffer takes the system-call path.
+  // The buffer is the application's again, and ordinary memory: private
+  // pages, inherited by fork(). A later registration may share it again.
+  restore_private_pages(it->second.backing);
   close(it->second.backing.fd);
   owned.erase(it);
 }

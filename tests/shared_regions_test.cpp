@@ -68,7 +68,28 @@ TEST(SharedRegions, WholeAnonymousPagesMoveInPlaceWithTheirBytes) {
   EXPECT_EQ(fcntl(backing->fd, F_GETFD), FD_CLOEXEC) << "one hold left: the descriptor stays open";
   release_pages(*backing);
   EXPECT_EQ(fcntl(backing->fd, F_GETFD), -1) << "the last hold closes it";
+  EXPECT_FALSE(is_memfd_mapping(pages.base)) << "private pages again";
   EXPECT_EQ(pages.base[5], 0xee) << "the bytes stay where they were";
+  for (size_t i = 6; i < pages.length; ++i) ASSERT_EQ(pages.base[i], static_cast<uint8_t>(i * 13)) << i;
+}
+
+TEST(SharedRegions, ReleasingPagesTheApplicationRemappedLeavesItsMappingAlone) {
+  Pages pages(2);
+  auto backing = share_pages(pages.address(), pages.length);
+  ASSERT_TRUE(backing);
+  // The application put a new mapping there before deregistering.
+  void* fresh = mmap(pages.base, pages.length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  ASSERT_EQ(fresh, static_cast<void*>(pages.base));
+  pages.base[0] = 0x31;
+  release_pages(*backing);
+  EXPECT_EQ(pages.base[0], 0x31) << "its bytes, not the old region's";
+  EXPECT_EQ(fcntl(backing->fd, F_GETFD), -1) << "the descriptor still closes";
+  // Unmapped before the release: nothing to restore, and nothing touched.
+  auto second = share_pages(pages.address(), pages.length);
+  ASSERT_TRUE(second);
+  ASSERT_EQ(munmap(pages.base, pages.length), 0);
+  release_pages(*second);  // would fault if it copied from the hole
+  pages.base = nullptr;
 }
 
 TEST(SharedRegions, MemoryThatMustNotMoveIsRefused) {
@@ -149,8 +170,14 @@ TEST(SharedRegions, ForkedChildrenDoNotInheritRegisteredPages) {
   }
   int status = 0;
   waitpid(child, &status, 0);
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   release_pages(*backing);
+  // Released, the page is ordinary memory that a child inherits (and reads).
+  pages.base[0] = 0x42;
+  child = fork();
+  if (child == 0) _exit(pages.base[0] == 0x42 ? 0 : 1);
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
 }
 
 }  // namespace

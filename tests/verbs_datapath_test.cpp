@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -982,6 +983,48 @@ TEST_F(DataPath, AddressHandleFromAWorkCompletion) {
 
 // Two processes: the child registers memory and waits; the parent writes,
 // reads and runs atomics on it, and the child checks what arrived.
+// Registration may move a page-aligned buffer's pages into a memfd that
+// peers map, marked MADV_DONTFORK as registered memory is under rdma-core's
+// fork support. Deregistration gives the buffer back as ordinary memory: the
+// allocator hands it out again, and a forked child gets its own copy of it.
+TEST(Fork, DeregisteredMemoryIsAForkedChildsOwnCopyAgain) {
+  ibv_context* context = open_softverbs();
+  ASSERT_NE(context, nullptr);
+  ibv_pd* pd = ibv_alloc_pd(context);
+  ASSERT_NE(pd, nullptr);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t length = 8 * page;
+  void* raw = nullptr;
+  ASSERT_EQ(posix_memalign(&raw, page, length), 0);
+  auto* bytes = static_cast<uint8_t*>(raw);
+  std::memset(bytes, 0x5a, length);
+  ibv_mr* mr = ibv_reg_mr(pd, bytes, length, kAllAccess);
+  ASSERT_NE(mr, nullptr);
+  bytes[page + 1] = 0x11;  // written while registered
+  ASSERT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(bytes[0], 0x5a);
+  EXPECT_EQ(bytes[page + 1], 0x11);
+  EXPECT_EQ(bytes[length - 1], 0x5a);
+  pid_t child = fork();
+  if (child == 0) {
+    bool intact = bytes[0] == 0x5a && bytes[page + 1] == 0x11 && bytes[length - 1] == 0x5a;
+    std::memset(bytes, 0x77, length);  // the child's own copy
+    _exit(intact ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child " << describe_exit(status);
+  EXPECT_EQ(bytes[0], 0x5a) << "the child wrote into the parent's memory";
+  EXPECT_EQ(bytes[length - 1], 0x5a) << "the child wrote into the parent's memory";
+  // Registering the same buffer again works as the first time.
+  mr = ibv_reg_mr(pd, bytes, length, kAllAccess);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  std::free(raw);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+  EXPECT_EQ(ibv_close_device(context), 0);
+}
+
 TEST(CrossProcess, OneSidedOperationsNeedNothingFromTheTarget) {
   int to_child[2], to_parent[2];
   ASSERT_EQ(pipe(to_child), 0);
