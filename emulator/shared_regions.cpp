@@ -82,30 +82,19 @@ bool mapped_from_backing(uint64_t base, uint64_t length, uint64_t id) {
   return covered >= end;
 }
 
-// Puts private anonymous pages holding the same bytes back in the place of
-// a backing's memfd pages. Until then the memory is shared with the memfd
-// and MADV_DONTFORK; once the allocator hands it out again, a forked child
-// would lack it (or, without DONTFORK, share it with the parent).
-void restore_private_pages(const SharedBacking& backing) {
-  if (!mapped_from_backing(backing.base, backing.length, backing.id)) {
-    debug_log("MR backing at %#llx is no longer mapped as registered: left as it is",
-              static_cast<unsigned long long>(backing.base));
-    return;
-  }
-  void* staging = mmap(nullptr, backing.length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (staging == MAP_FAILED) {
-    debug_log("cannot restore the pages at %#llx: %s", static_cast<unsigned long long>(backing.base),
-              std::strerror(errno));
-    return;
-  }
+// Maps the backing's memfd privately over its own shared mapping: the same
+// bytes, now copy-on-write pages without MADV_DONTFORK, so that memory the
+// allocator hands out again behaves as any other (a forked child gets its
+// own copy; nothing written reaches the memfd). Nothing is copied now; the
+// first write to each page copies that page.
+void make_pages_private(const SharedBacking& backing) {
   auto* base = reinterpret_cast<void*>(backing.base);
-  std::memcpy(staging, base, backing.length);
-  // One step: the private pages replace the memfd's, with no moment where
-  // the addresses are unmapped.
-  if (mremap(staging, backing.length, backing.length, MREMAP_MAYMOVE | MREMAP_FIXED, base) == MAP_FAILED) {
-    debug_log("cannot restore the pages at %p: %s", base, std::strerror(errno));
-    munmap(staging, backing.length);
+  if (!mapped_from_backing(backing.base, backing.length, backing.id)) {
+    debug_log("MR pages at %p are no longer the registered mapping: left as they are", base);
+    return;
   }
+  if (mmap(base, backing.length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, backing.fd, 0) == MAP_FAILED)
+    debug_log("cannot make the pages at %p private: %s", base, std::strerror(errno));
 }
 
 struct OwnedBacking {
@@ -222,9 +211,9 @@ void release_pages(const SharedBacking& backing) {
   auto it = owned.find(backing.base);
   if (it == owned.end() || it->second.backing.id != backing.id) return;
   if (--it->second.holds > 0) return;
-  // The buffer is the application's again, and ordinary memory: private
-  // pages, inherited by fork(). A later registration may share it again.
-  restore_private_pages(it->second.backing);
+  // The buffer is the application's again, and must fork like ordinary
+  // memory. (A later registration of it takes the system-call path.)
+  make_pages_private(it->second.backing);
   close(it->second.backing.fd);
   owned.erase(it);
 }

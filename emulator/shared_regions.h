@@ -9,7 +9,7 @@
 // anonymous, writable memory (what posix_memalign, mmap and the heap give for
 // page-aligned buffers); anything else keeps the system-call path. The pages
 // are marked MADV_DONTFORK, as rdma-core's fork support does for registered
-// memory, until deregistration turns them back into private pages. A peer
+// memory, until deregistration makes them private pages again. A peer
 // takes the memfd from the owner with pidfd_getfd (the same permission
 // process_vm_writev needs) and maps it once; afterwards a WRITE, READ or SEND
 // into that region is a memcpy.
@@ -35,8 +35,8 @@ bool region_sharing_enabled();
 std::optional<SharedBacking> share_pages(uint64_t address, uint64_t length, const char** why = nullptr);
 
 // In the owner, at deregistration: drops the region's hold on the backing.
-// With the last hold the pages become private anonymous memory again, with
-// the same contents (a copy), and the descriptor closes.
+// With the last hold the pages become private (copy-on-write) pages of the
+// same bytes, inherited by fork() again, and the descriptor closes.
 void release_pages(const SharedBacking& backing);
 
 // In a peer: this process's address of owner address `address` in the
