@@ -236,7 +236,7 @@ bool responder_send(TransportPort& port, UdpQp& qp, uint32_t budget);
 // ---- both ---------------------------------------------------------------------
 
 // The QP goes to ERR: its record's state, its receive queue flushed, every
-// send WQE completed with IBV_WC_WR_FLUSH_ERR (after `first` if given).
+// send WQE completed with IBV_WC_WR_FLUSH_ERR.
 void enter_error(TransportPort& port, UdpQp& qp);
 // A request posted to a QP in ERR completes with IBV_WC_WR_FLUSH_ERR. (The
 // provider checks the state before posting, but the io thread may move the
