@@ -1,6 +1,7 @@
 #include "shared_regions.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -17,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "debug_log.h"
 
@@ -105,6 +107,47 @@ struct OwnedBacking {
 std::mutex owned_mutex;
 std::map<uint64_t, OwnedBacking> owned;  // by base address
 
+// fork(): kernels since 5.13 copy an HCA's pinned pages into a child, so
+// with rdma-core on such a kernel a child reads its own copy of registered
+// memory. The memfd pages are MADV_DONTFORK (a shared mapping would carry
+// the child's writes into the parent), so before fork each backing is copied
+// into anonymous pages, which the child inherits and moves into place.
+struct ForkCopy {
+  uint64_t base;
+  uint64_t length;
+  void* copy;
+};
+std::vector<ForkCopy> fork_copies;  // from the prepare handler to the others
+
+void copy_registered_pages_before_fork() {
+  owned_mutex.lock();  // held across fork(): no registration changes meanwhile
+  for (const auto& [base, backing] : owned) {
+    const uint64_t length = backing.backing.length;
+    void* copy = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (copy == MAP_FAILED) continue;  // the child lacks these pages, as under ibv_fork_init()
+    std::memcpy(copy, reinterpret_cast<const void*>(base), length);
+    fork_copies.push_back({base, length, copy});
+  }
+}
+
+void drop_fork_copies_in_parent() {
+  for (const ForkCopy& c : fork_copies) munmap(c.copy, c.length);
+  fork_copies.clear();
+  owned_mutex.unlock();
+}
+
+void place_fork_copies_in_child() {
+  for (const ForkCopy& c : fork_copies)
+    if (mremap(c.copy, c.length, c.length, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(c.base)) ==
+        MAP_FAILED)
+      munmap(c.copy, c.length);
+  fork_copies.clear();
+  // The parent's registrations are not the child's.
+  for (const auto& [base, backing] : owned) close(backing.backing.fd);
+  owned.clear();
+  owned_mutex.unlock();
+}
+
 struct PeerView {
   uint8_t* mapping = nullptr;  // nullptr: could not be mapped (not retried)
   uint64_t length = 0;
@@ -162,6 +205,11 @@ std::optional<SharedBacking> share_pages(uint64_t address, uint64_t length, cons
   const uint64_t page = page_size();
   if (length == 0 || address % page != 0 || length % page != 0)
     return refuse("not whole pages: pages shared with other data are never moved");
+  static const bool fork_handled = [] {
+    return pthread_atfork(copy_registered_pages_before_fork, drop_fork_copies_in_parent, place_fork_copies_in_child) ==
+           0;
+  }();
+  if (!fork_handled) return refuse("pthread_atfork failed");
   std::lock_guard guard(owned_mutex);
   // Inside a backing made before (a second registration of the same buffer)?
   auto it = owned.upper_bound(address);

@@ -8,8 +8,8 @@
 // and sees no difference. The region must be whole pages of private,
 // anonymous, writable memory (what posix_memalign, mmap and the heap give for
 // page-aligned buffers); anything else keeps the system-call path. The pages
-// are marked MADV_DONTFORK, as rdma-core's fork support does for registered
-// memory, until deregistration makes them private pages again. A peer
+// are marked MADV_DONTFORK (a fork handler gives a child its own copy instead)
+// until deregistration makes them private pages again. A peer
 // takes the memfd from the owner with pidfd_getfd (the same permission
 // process_vm_writev needs) and maps it once; afterwards a WRITE, READ or SEND
 // into that region is a memcpy.

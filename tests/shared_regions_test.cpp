@@ -171,18 +171,26 @@ TEST(SharedRegions, APeerMapsExactlyTheOwnersPages) {
   close(ready[1]);
 }
 
-TEST(SharedRegions, ForkedChildrenDoNotInheritRegisteredPages) {
-  Pages pages(1);
+TEST(SharedRegions, ForkedChildrenGetTheirOwnCopyOfRegisteredPages) {
+  Pages pages(2);
+  for (size_t i = 0; i < pages.length; ++i) pages.base[i] = static_cast<uint8_t>(i * 7);
   auto backing = share_pages(pages.address(), pages.length);
   ASSERT_TRUE(backing);
   pid_t child = fork();
   if (child == 0) {
-    // MADV_DONTFORK, as rdma-core's fork support: the page is not there.
-    _exit(is_memfd_mapping(pages.base) ? 1 : 0);
+    // As with an HCA on a kernel that copies pinned pages at fork: the
+    // child's own private copy, not the memfd the parent shares with peers.
+    if (is_memfd_mapping(pages.base) || permissions_of(pages.base) != "rw-p") _exit(1);
+    for (size_t i = 0; i < pages.length; ++i)
+      if (pages.base[i] != static_cast<uint8_t>(i * 7)) _exit(2);
+    std::memset(pages.base, 0x99, pages.length);
+    _exit(0);
   }
   int status = 0;
-  waitpid(child, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  EXPECT_TRUE(is_memfd_mapping(pages.base)) << "still shared in the parent";
+  for (size_t i = 0; i < pages.length; ++i) ASSERT_EQ(pages.base[i], static_cast<uint8_t>(i * 7)) << i;
   release_pages(*backing);
   // Released, the page is ordinary memory that a child inherits (and reads).
   pages.base[0] = 0x42;
