@@ -39,25 +39,41 @@ std::string memfd_name(uint64_t id) {
   return name;
 }
 
-// Is every byte of [start, end) private, anonymous, readable and writable
-// memory (and nothing else: no file, no hugetlb, no special mapping)?
-bool private_anonymous(uint64_t start, uint64_t end) {
+// One line of /proc/self/maps, the fields that matter here.
+struct Mapping {
+  std::string permissions;  // "rw-p", "rw-s", ...
+  std::string inode;
+  std::string path;  // empty for anonymous memory
+};
+
+// Whether every byte of [start, end) is mapped (no hole) and every mapping
+// that covers part of it passes `accept`.
+template <typename Accept>
+bool every_mapping_of(uint64_t start, uint64_t end, Accept accept) {
   std::ifstream maps("/proc/self/maps");
   std::string line;
   uint64_t covered = start;
   while (std::getline(maps, line) && covered < end) {
     std::istringstream fields(line);
-    std::string range, permissions, offset, device, inode, path;
-    fields >> range >> permissions >> offset >> device >> inode;
-    std::getline(fields >> std::ws, path);
+    std::string range, offset, device;
+    Mapping mapping;
+    fields >> range >> mapping.permissions >> offset >> device >> mapping.inode;
+    std::getline(fields >> std::ws, mapping.path);
     uint64_t low = std::stoull(range.substr(0, range.find('-')), nullptr, 16);
     uint64_t high = std::stoull(range.substr(range.find('-') + 1), nullptr, 16);
     if (high <= covered) continue;
-    if (low > covered) return false;  // a hole
-    if (permissions != "rw-p" || inode != "0" || !(path.empty() || path == "[heap]")) return false;
+    if (low > covered || !accept(mapping)) return false;
     covered = high;
   }
   return covered >= end;
+}
+
+// Is every byte of [start, end) private, anonymous, readable and writable
+// memory (and nothing else: no file, no hugetlb, no special mapping)?
+bool private_anonymous(uint64_t start, uint64_t end) {
+  return every_mapping_of(start, end, [](const Mapping& m) {
+    return m.permissions == "rw-p" && m.inode == "0" && (m.path.empty() || m.path == "[heap]");
+  });
 }
 
 // Is [base, base + length) still mapped, read-write, from backing `id`'s
@@ -65,23 +81,8 @@ bool private_anonymous(uint64_t start, uint64_t end) {
 // before deregistering)?
 bool mapped_from_backing(uint64_t base, uint64_t length, uint64_t id) {
   const std::string name = "/memfd:" + memfd_name(id);
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  uint64_t covered = base;
-  const uint64_t end = base + length;
-  while (std::getline(maps, line) && covered < end) {
-    std::istringstream fields(line);
-    std::string range, permissions, offset, device, inode, path;
-    fields >> range >> permissions >> offset >> device >> inode;
-    std::getline(fields >> std::ws, path);
-    uint64_t low = std::stoull(range.substr(0, range.find('-')), nullptr, 16);
-    uint64_t high = std::stoull(range.substr(range.find('-') + 1), nullptr, 16);
-    if (high <= covered) continue;
-    if (low > covered) return false;  // a hole
-    if (permissions != "rw-s" || path.rfind(name, 0) != 0) return false;
-    covered = high;
-  }
-  return covered >= end;
+  return every_mapping_of(base, base + length,
+                          [&](const Mapping& m) { return m.permissions == "rw-s" && m.path.rfind(name, 0) == 0; });
 }
 
 // Maps the backing's memfd privately over its own shared mapping: the same

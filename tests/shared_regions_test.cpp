@@ -35,28 +35,26 @@ struct Pages {
   size_t length;
 };
 
-bool is_memfd_mapping(const void* address) {
+// The /proc/self/maps line of the mapping that holds `address` ("" if none).
+std::string mapping_of(const void* address) {
   std::ifstream maps("/proc/self/maps");
   std::string line;
   auto wanted = reinterpret_cast<uint64_t>(address);
   while (std::getline(maps, line)) {
     uint64_t low = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
     uint64_t high = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
-    if (wanted >= low && wanted < high) return line.find("memfd:softverbs-mr") != std::string::npos;
+    if (wanted >= low && wanted < high) return line;
   }
-  return false;
+  return "";
+}
+
+bool is_memfd_mapping(const void* address) {
+  return mapping_of(address).find("memfd:softverbs-mr") != std::string::npos;
 }
 
 std::string permissions_of(const void* address) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  auto wanted = reinterpret_cast<uint64_t>(address);
-  while (std::getline(maps, line)) {
-    uint64_t low = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
-    uint64_t high = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
-    if (wanted >= low && wanted < high) return line.substr(line.find(' ') + 1, 4);
-  }
-  return "";
+  std::string line = mapping_of(address);
+  return line.empty() ? "" : line.substr(line.find(' ') + 1, 4);
 }
 
 TEST(SharedRegions, WholeAnonymousPagesMoveInPlaceWithTheirBytes) {
