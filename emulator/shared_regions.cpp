@@ -41,29 +41,39 @@ std::string memfd_name(uint64_t id) {
 
 // One line of /proc/self/maps, the fields that matter here.
 struct Mapping {
-  std::string permissions;  // "rw-p", "rw-s", ...
+  uint64_t low = 0, high = 0;  // [low, high)
+  std::string permissions;     // "rw-p", "rw-s", ...
   std::string inode;
   std::string path;  // empty for anonymous memory
 };
 
+// This process's mappings, in address order.
+std::vector<Mapping> read_mappings() {
+  std::vector<Mapping> mappings;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream fields(line);
+    std::string range, offset, device;
+    Mapping& mapping = mappings.emplace_back();
+    fields >> range >> mapping.permissions >> offset >> device >> mapping.inode;
+    std::getline(fields >> std::ws, mapping.path);
+    mapping.low = std::stoull(range.substr(0, range.find('-')), nullptr, 16);
+    mapping.high = std::stoull(range.substr(range.find('-') + 1), nullptr, 16);
+  }
+  return mappings;
+}
+
 // Whether every byte of [start, end) is mapped (no hole) and every mapping
 // that covers part of it passes `accept`.
 template <typename Accept>
-bool every_mapping_of(uint64_t start, uint64_t end, Accept accept) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
+bool every_mapping_of(const std::vector<Mapping>& mappings, uint64_t start, uint64_t end, Accept accept) {
   uint64_t covered = start;
-  while (std::getline(maps, line) && covered < end) {
-    std::istringstream fields(line);
-    std::string range, offset, device;
-    Mapping mapping;
-    fields >> range >> mapping.permissions >> offset >> device >> mapping.inode;
-    std::getline(fields >> std::ws, mapping.path);
-    uint64_t low = std::stoull(range.substr(0, range.find('-')), nullptr, 16);
-    uint64_t high = std::stoull(range.substr(range.find('-') + 1), nullptr, 16);
-    if (high <= covered) continue;
-    if (low > covered || !accept(mapping)) return false;
-    covered = high;
+  for (const Mapping& mapping : mappings) {
+    if (covered >= end) break;
+    if (mapping.high <= covered) continue;
+    if (mapping.low > covered || !accept(mapping)) return false;
+    covered = mapping.high;
   }
   return covered >= end;
 }
@@ -71,17 +81,17 @@ bool every_mapping_of(uint64_t start, uint64_t end, Accept accept) {
 // Is every byte of [start, end) private, anonymous, readable and writable
 // memory (and nothing else: no file, no hugetlb, no special mapping)?
 bool private_anonymous(uint64_t start, uint64_t end) {
-  return every_mapping_of(start, end, [](const Mapping& m) {
+  return every_mapping_of(read_mappings(), start, end, [](const Mapping& m) {
     return m.permissions == "rw-p" && m.inode == "0" && (m.path.empty() || m.path == "[heap]");
   });
 }
 
-// Is [base, base + length) still mapped, read-write, from backing `id`'s
-// memfd and nothing else (the application may have unmapped or remapped it
-// before deregistering)?
-bool mapped_from_backing(uint64_t base, uint64_t length, uint64_t id) {
-  const std::string name = "/memfd:" + memfd_name(id);
-  return every_mapping_of(base, base + length,
+// Is the backing's range still mapped, read-write, from its memfd and
+// nothing else (the application may have unmapped, remapped or protected it
+// since it registered)?
+bool mapped_from_backing(const std::vector<Mapping>& mappings, const SharedBacking& backing) {
+  const std::string name = "/memfd:" + memfd_name(backing.id);
+  return every_mapping_of(mappings, backing.base, backing.base + backing.length,
                           [&](const Mapping& m) { return m.permissions == "rw-s" && m.path.rfind(name, 0) == 0; });
 }
 
@@ -92,7 +102,7 @@ bool mapped_from_backing(uint64_t base, uint64_t length, uint64_t id) {
 // first write to each page copies that page.
 void make_pages_private(const SharedBacking& backing) {
   auto* base = reinterpret_cast<void*>(backing.base);
-  if (!mapped_from_backing(backing.base, backing.length, backing.id)) {
+  if (!mapped_from_backing(read_mappings(), backing)) {
     debug_log("MR pages at %p are no longer the registered mapping: left as they are", base);
     return;
   }
@@ -122,7 +132,11 @@ std::vector<ForkCopy> fork_copies;  // from the prepare handler to the others
 
 void copy_registered_pages_before_fork() {
   owned_mutex.lock();  // held across fork(): no registration changes meanwhile
+  if (owned.empty()) return;
+  const std::vector<Mapping> mappings = read_mappings();
   for (const auto& [base, backing] : owned) {
+    // Pages the application unmapped or protected since are not copied.
+    if (!mapped_from_backing(mappings, backing.backing)) continue;
     const uint64_t length = backing.backing.length;
     void* copy = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (copy == MAP_FAILED) continue;  // the child lacks these pages, as under ibv_fork_init()

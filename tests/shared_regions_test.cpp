@@ -102,6 +102,32 @@ TEST(SharedRegions, ReleasingPagesTheApplicationRemappedLeavesItsMappingAlone) {
   pages.base = nullptr;
 }
 
+TEST(SharedRegions, ForkingAfterTheApplicationUnmappedRegisteredPagesHarmsNothing) {
+  Pages pages(2);
+  auto backing = share_pages(pages.address(), pages.length);
+  ASSERT_TRUE(backing);
+  // Unmapped while still registered (an HCA keeps such pages pinned): the
+  // fork handler must not copy from the hole.
+  ASSERT_EQ(munmap(pages.base, pages.length), 0);
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  // Made inaccessible instead: the same.
+  Pages other(1);
+  auto second = share_pages(other.address(), other.length);
+  ASSERT_TRUE(second);
+  ASSERT_EQ(mprotect(other.base, other.length, PROT_NONE), 0);
+  child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  release_pages(*second);
+  release_pages(*backing);
+  pages.base = nullptr;
+}
+
 TEST(SharedRegions, MemoryThatMustNotMoveIsRefused) {
   const char* why = nullptr;
   Pages pages(2);
