@@ -981,8 +981,6 @@ TEST_F(DataPath, AddressHandleFromAWorkCompletion) {
   EXPECT_EQ(ibv_destroy_ah(reply), 0);
 }
 
-// Two processes: the child registers memory and waits; the parent writes,
-// reads and runs atomics on it, and the child checks what arrived.
 // A forked child gets its own copy of memory, registered or not, as with
 // rdma-core and an HCA on a kernel that copies pinned pages at fork (5.13+).
 // Registration may move a page-aligned buffer's pages into a memfd that
@@ -1031,6 +1029,8 @@ TEST(Fork, RegisteredAndDeregisteredMemoryIsAForkedChildsOwnCopy) {
   EXPECT_EQ(ibv_close_device(context), 0);
 }
 
+// Two processes: the child registers memory and waits; the parent writes,
+// reads and runs atomics on it, and the child checks what arrived.
 TEST(CrossProcess, OneSidedOperationsNeedNothingFromTheTarget) {
   int to_child[2], to_parent[2];
   ASSERT_EQ(pipe(to_child), 0);
