@@ -86,16 +86,25 @@ uint32_t crc32(uint32_t crc, std::span<const uint8_t> bytes) {
 #endif
 }
 
-uint32_t icrc_start(std::span<const uint8_t> headers, std::span<const uint8_t> bth) {
+namespace {
+
+// The register after the eight bytes of ones that stand for the LRH.
+constexpr uint32_t kAfterOnes = [] {
+  uint32_t crc = 0xffffffffu;
+  for (int i = 0; i < 8; ++i) crc = kTables[0][(crc ^ 0xffu) & 0xff] ^ (crc >> 8);
+  return crc;
+}();
+
+}  // namespace
+
+uint32_t icrc_headers(std::span<const uint8_t> headers) {
   const size_t header_bytes = headers.size();
-  if (header_bytes < kIpv4Header + kUdpHeader || header_bytes > kIpv4MaxHeader + kUdpHeader || bth.size() < kBthBytes)
-    return 0;
+  if (header_bytes < kIpv4Header + kUdpHeader || header_bytes > kIpv4MaxHeader + kUdpHeader) return 0;
   const bool ipv6 = (headers[0] >> 4) == 6;
   const size_t ip_length = header_bytes - kUdpHeader;
-  // A masked copy of IP + UDP + BTH; the rest is taken as it is.
-  std::array<uint8_t, kIpv4MaxHeader + kUdpHeader + kBthBytes> masked;
+  // A masked copy; the rest of the packet is taken as it is.
+  std::array<uint8_t, kIpv4MaxHeader + kUdpHeader> masked;
   std::memcpy(masked.data(), headers.data(), header_bytes);
-  std::memcpy(masked.data() + header_bytes, bth.data(), kBthBytes);
   if (ipv6) {
     masked[0] |= 0x0f;                         // traffic class, high half
     masked[1] = masked[2] = masked[3] = 0xff;  // traffic class, low half; flow label
@@ -106,10 +115,22 @@ uint32_t icrc_start(std::span<const uint8_t> headers, std::span<const uint8_t> b
     masked[10] = masked[11] = 0xff;  // header checksum
   }
   masked[ip_length + 6] = masked[ip_length + 7] = 0xff;  // UDP checksum
-  masked[header_bytes + 4] = 0xff;                       // BTH FECN, BECN, resv6
-  static constexpr uint8_t kOnes[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-  uint32_t crc = crc32(0xffffffffu, kOnes);
-  return crc32(crc, std::span(masked.data(), header_bytes + kBthBytes));
+  return crc32(kAfterOnes, std::span(masked.data(), header_bytes));
+}
+
+uint32_t icrc_add_bth(uint32_t crc, std::span<const uint8_t> bth) {
+  if (bth.size() < kBthBytes) return 0;
+  std::array<uint8_t, kBthBytes> masked;
+  std::memcpy(masked.data(), bth.data(), kBthBytes);
+  masked[4] = 0xff;  // FECN, BECN, resv6
+  return crc32(crc, masked);
+}
+
+uint32_t icrc_start(std::span<const uint8_t> headers, std::span<const uint8_t> bth) {
+  if (headers.size() < kIpv4Header + kUdpHeader || headers.size() > kIpv4MaxHeader + kUdpHeader ||
+      bth.size() < kBthBytes)
+    return 0;
+  return icrc_add_bth(icrc_headers(headers), bth);
 }
 
 uint32_t icrc(std::span<const uint8_t> headers, std::span<const uint8_t> transport) {

@@ -24,6 +24,12 @@ uint32_t icrc(std::span<const uint8_t> headers, std::span<const uint8_t> transpo
 // transport packet and invert the result to get what icrc() returns.
 uint32_t icrc_start(std::span<const uint8_t> headers, std::span<const uint8_t> bth);
 
+// icrc_start() in two steps: the masked IP and UDP headers, which are the
+// same for every datagram of one flow and length (roce_packet.h keeps them),
+// then the masked BTH.
+uint32_t icrc_headers(std::span<const uint8_t> headers);
+uint32_t icrc_add_bth(uint32_t crc, std::span<const uint8_t> bth);
+
 // The same for a whole IP packet without its ICRC.
 uint32_t icrc(std::span<const uint8_t> ip_packet_without_icrc);
 

@@ -40,10 +40,34 @@ inline constexpr size_t kMaxIpUdpHeaders = 40 + 8;
 size_t write_ip_udp_headers(const FlowAddress& flow, size_t udp_payload, bool checksums, std::span<uint8_t> out,
                             std::span<const uint8_t> payload_for_checksum = {});
 
+// The ICRC register after the masked IP and UDP headers of a datagram of
+// `udp_payload` bytes on `flow` (icrc_headers()), kept for the few flows
+// and lengths in use at once (a ping-pong's request and ACK, a stream's
+// MTU-sized packets): a packet then costs the CRC of its own bytes only.
+// The fields the ICRC masks (traffic class, hop limit, flow label) are not
+// part of the key. One owner at a time (not thread-safe).
+class IcrcHeaderCache {
+ public:
+  uint32_t headers_crc(const FlowAddress& flow, size_t udp_payload);
+
+ private:
+  struct Entry {
+    IpAddress source{};
+    IpAddress destination{};
+    uint16_t source_port = 0;
+    uint16_t destination_port = 0;
+    uint32_t udp_payload = 0;  // 0: empty (a datagram carries at least a BTH)
+    uint32_t crc = 0;
+  };
+  static constexpr size_t kEntries = 16;
+  std::array<Entry, kEntries> entries_{};
+};
+
 // Appends the ICRC to `transport` (BTH .. pad) for a datagram sent on `flow`.
 void seal(const FlowAddress& flow, std::vector<uint8_t>& transport);
 // True if the datagram's last four bytes are the ICRC for `flow`.
 bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram);
+bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram, IcrcHeaderCache& cache);
 
 // The whole IP packet (headers with checksums, then the datagram), as a
 // capture shows it.

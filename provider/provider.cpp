@@ -161,6 +161,8 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
 }  // namespace
 
 UdpTransport* udp_transport(ContextState& state) {
+  // Set once and kept for the context's life: every post over UDP asks.
+  if (UdpTransport* running = state.udp_running.load(std::memory_order_acquire)) return running;
   std::lock_guard guard(state.udp_mutex);
   if (!state.udp) {
     std::string error;

@@ -263,6 +263,59 @@ TEST(Icrc, MaskedIpFieldsDoNotCountAndTheAddressesDo) {
   EXPECT_TRUE(check_icrc(relabelled, bytes6));
 }
 
+TEST(Icrc, TheHeaderCacheGivesTheSameVerdictsAcrossFlowsAndLengths) {
+  // Many more flows than the cache holds, each set differing from the
+  // others in one field of the key only, visited in turn and again: entries
+  // are replaced, and a slot often holds another flow when asked. Every
+  // verdict must be the one computed without the cache.
+  IcrcHeaderCache cache;
+  std::vector<std::vector<FlowAddress>> sets;
+  for (const FlowAddress& base : {ipv4_flow(), ipv6_flow()}) {
+    std::vector<FlowAddress> by_source, by_destination, by_source_port, by_destination_port, by_prefix;
+    for (uint16_t n = 0; n < 40; ++n) {
+      FlowAddress flow = base;
+      flow.source[15] = static_cast<uint8_t>(n + 1);
+      by_source.push_back(flow);
+      flow = base;
+      flow.destination[15] = static_cast<uint8_t>(n + 1);
+      by_destination.push_back(flow);
+      flow = base;
+      flow.source_port = static_cast<uint16_t>(0xc000 + n);
+      by_source_port.push_back(flow);
+      flow = base;
+      flow.destination_port = static_cast<uint16_t>(0x1000 + n);
+      by_destination_port.push_back(flow);
+      flow = base;
+      flow.destination[3] = static_cast<uint8_t>(n + 1);  // high bytes: an IPv6 prefix
+      by_prefix.push_back(flow);
+    }
+    sets.insert(sets.end(), {by_source, by_destination, by_source_port, by_destination_port});
+    if (!base.ipv4()) sets.push_back(by_prefix);  // IPv4-mapped addresses have no such byte
+  }
+  for (size_t s = 0; s < sets.size(); ++s) {
+    const auto& flows = sets[s];
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t f = 0; f < flows.size(); ++f) {
+        for (size_t length : {size_t{0}, size_t{61}, size_t{4096}, 4100 + f}) {
+          auto bytes = build(sample_packet(opcode(Service::Rc, op::kSendOnly), sample_payload(length)));
+          seal(flows[f], bytes);
+          ASSERT_TRUE(check_icrc(flows[f], bytes, cache)) << "set " << s << " flow " << f << " length " << length;
+          const FlowAddress& other = flows[(f + 1) % flows.size()];
+          ASSERT_FALSE(check_icrc(other, bytes, cache)) << "set " << s << " flow " << f << " as the next one";
+          FlowAddress routed = flows[f];
+          routed.hop_limit = 2;
+          routed.traffic_class = 0x2a;
+          routed.flow_label = 0xabcde;
+          ASSERT_TRUE(check_icrc(routed, bytes, cache)) << "masked fields are not part of the key";
+          auto flipped = bytes;
+          flipped.back() ^= 0x01;
+          ASSERT_FALSE(check_icrc(flows[f], flipped, cache));
+        }
+      }
+    }
+  }
+}
+
 TEST(Icrc, WholeIpPacketFormAgreesWithTheFlowForm) {
   auto payload = sample_payload(100);
   for (const FlowAddress& flow : {ipv4_flow(), ipv6_flow()}) {
