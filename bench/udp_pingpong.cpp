@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -155,72 +156,117 @@ std::vector<double> woken_side(int fd, int iterations, bool first) {
 
 }  // namespace
 
+// Which measurements to make: all by default, or those named in a
+// comma-separated list (busy, woken, roce, throughput, roce_write), so that
+// bench/run can measure a baseline again just before each run it compares
+// with it.
+bool wanted(const char* list, const char* part) {
+  if (list == nullptr) return true;
+  const size_t length = std::strlen(part);
+  for (const char* at = list; (at = std::strstr(at, part)) != nullptr; at += length) {
+    const bool starts = at == list || at[-1] == ',';
+    const bool ends = at[length] == '\0' || at[length] == ',';
+    if (starts && ends) return true;
+  }
+  return false;
+}
+
+constexpr const char* kParts[] = {"busy", "woken", "roce", "throughput", "roce_write"};
+
+// The first name in `list` that is not a measurement, or "" if none is.
+std::string unknown_part(const char* list) {
+  std::string rest = list;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string name = rest.substr(0, comma);
+    if (std::find(std::begin(kParts), std::end(kParts), name) == std::end(kParts)) return name.empty() ? "," : name;
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  }
+  return "";
+}
+
 int main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::atoi(argv[1]) : 50000;
+  const char* parts = argc > 2 ? argv[2] : nullptr;
+  const std::string unknown = parts != nullptr ? unknown_part(parts) : "";
+  if (iterations <= 0 || !unknown.empty()) {
+    std::fprintf(stderr, "usage: udp_pingpong [ITERATIONS > 0] [busy,woken,roce,throughput,roce_write]%s%s\n",
+                 unknown.empty() ? "" : ": unknown measurement ", unknown.c_str());
+    return 2;
+  }
   uint16_t port_a, port_b;
   int a = bound_socket(port_a), b = bound_socket(port_b);
   connect_to(a, port_b);
   connect_to(b, port_a);
-  char buffer[65536] = {};
-  pid_t child = fork();
-  if (child == 0) {
-    for (int i = 0; i < iterations; ++i) {
-      spin_recv(b, buffer, sizeof buffer);
-      send(b, buffer, 2, 0);
+  static char buffer[65536] = {};
+  if (wanted(parts, "busy")) {
+    std::fflush(stdout);  // before fork: the child must not repeat it
+    pid_t child = fork();
+    if (child == 0) {
+      for (int i = 0; i < iterations; ++i) {
+        spin_recv(b, buffer, sizeof buffer);
+        send(b, buffer, 2, 0);
+      }
+      _exit(0);
     }
-    _exit(0);
-  }
-  std::vector<double> samples;
-  for (int i = 0; i < iterations; ++i) {
-    auto start = std::chrono::steady_clock::now();
-    send(a, buffer, 2, 0);
-    spin_recv(a, buffer, sizeof buffer);
-    samples.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / 2);
-  }
-  waitpid(child, nullptr, 0);
-  print_one_way("udp_pingpong_one_way_us", samples);
-
-  std::fflush(stdout);
-  const int woken_iterations = std::max(1000, iterations / 5);
-  child = fork();
-  if (child == 0) {
-    woken_side(b, woken_iterations, false);
-    _exit(0);
-  }
-  std::vector<double> woken = woken_side(a, woken_iterations, true);
-  waitpid(child, nullptr, 0);
-  print_one_way("udp_pingpong_woken_one_way_us", woken);
-
-  // ib_write_lat's packets over RoCEv2: a 2-byte WRITE (BTH + RETH + 2 +
-  // pad 2 + ICRC = 36 bytes) and an ACK (BTH + AETH + ICRC = 20 bytes).
-  const Send write_and_ack{36, 1, 20};
-  int on = 1;
-  setsockopt(a, SOL_UDP, UDP_GRO, &on, sizeof on);
-  setsockopt(b, SOL_UDP, UDP_GRO, &on, sizeof on);
-  std::fflush(stdout);
-  child = fork();
-  if (child == 0) {
+    std::vector<double> samples;
     for (int i = 0; i < iterations; ++i) {
-      spin_recv(b, buffer, sizeof buffer);
-      send_datagrams(b, buffer, write_and_ack);
+      auto start = std::chrono::steady_clock::now();
+      send(a, buffer, 2, 0);
+      spin_recv(a, buffer, sizeof buffer);
+      samples.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
+                        2);
     }
-    _exit(0);
+    waitpid(child, nullptr, 0);
+    print_one_way("udp_pingpong_one_way_us", samples);
   }
-  std::vector<double> framed;
-  for (int i = 0; i < iterations; ++i) {
-    auto start = std::chrono::steady_clock::now();
-    send_datagrams(a, buffer, write_and_ack);
-    spin_recv(a, buffer, sizeof buffer);
-    framed.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / 2);
-  }
-  waitpid(child, nullptr, 0);
-  print_one_way("udp_pingpong_roce_one_way_us", framed);
-  int off = 0;
-  setsockopt(a, SOL_UDP, UDP_GRO, &off, sizeof off);
-  setsockopt(b, SOL_UDP, UDP_GRO, &off, sizeof off);
 
-  throughput(a, b, buffer, {{65000, 1}}, "udp_throughput_GBps");
+  if (wanted(parts, "woken")) {
+    std::fflush(stdout);
+    const int woken_iterations = std::max(1000, iterations / 5);
+    pid_t child = fork();
+    if (child == 0) {
+      woken_side(b, woken_iterations, false);
+      _exit(0);
+    }
+    std::vector<double> woken = woken_side(a, woken_iterations, true);
+    waitpid(child, nullptr, 0);
+    print_one_way("udp_pingpong_woken_one_way_us", woken);
+  }
+
+  if (wanted(parts, "roce")) {
+    // ib_write_lat's packets over RoCEv2: a 2-byte WRITE (BTH + RETH + 2 +
+    // pad 2 + ICRC = 36 bytes) and an ACK (BTH + AETH + ICRC = 20 bytes).
+    const Send write_and_ack{36, 1, 20};
+    int on = 1;
+    setsockopt(a, SOL_UDP, UDP_GRO, &on, sizeof on);
+    setsockopt(b, SOL_UDP, UDP_GRO, &on, sizeof on);
+    std::fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+      for (int i = 0; i < iterations; ++i) {
+        spin_recv(b, buffer, sizeof buffer);
+        send_datagrams(b, buffer, write_and_ack);
+      }
+      _exit(0);
+    }
+    std::vector<double> framed;
+    for (int i = 0; i < iterations; ++i) {
+      auto start = std::chrono::steady_clock::now();
+      send_datagrams(a, buffer, write_and_ack);
+      spin_recv(a, buffer, sizeof buffer);
+      framed.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / 2);
+    }
+    waitpid(child, nullptr, 0);
+    print_one_way("udp_pingpong_roce_one_way_us", framed);
+    int off = 0;
+    setsockopt(a, SOL_UDP, UDP_GRO, &off, sizeof off);
+    setsockopt(b, SOL_UDP, UDP_GRO, &off, sizeof off);
+  }
+
+  if (wanted(parts, "throughput")) throughput(a, b, buffer, {{65000, 1}}, "udp_throughput_GBps");
   // A 64 KiB WRITE: first (4128) + middle (4112), then 13 middle + last.
-  throughput(a, b, buffer, {{4128, 1, 4112}, {4112, 14}}, "udp_throughput_roce_write_GBps");
+  if (wanted(parts, "roce_write"))
+    throughput(a, b, buffer, {{4128, 1, 4112}, {4112, 14}}, "udp_throughput_roce_write_GBps");
   return 0;
 }
