@@ -126,16 +126,14 @@ uint32_t icrc_add_bth(uint32_t crc, std::span<const uint8_t> bth) {
   return crc32(crc, masked);
 }
 
-uint32_t icrc_start(std::span<const uint8_t> headers, std::span<const uint8_t> bth) {
-  if (headers.size() < kIpv4Header + kUdpHeader || headers.size() > kIpv4MaxHeader + kUdpHeader ||
-      bth.size() < kBthBytes)
-    return 0;
-  return icrc_add_bth(icrc_headers(headers), bth);
+uint32_t icrc_from_headers(uint32_t headers_crc, std::span<const uint8_t> transport) {
+  if (transport.size() < kBthBytes) return 0;
+  return ~crc32(icrc_add_bth(headers_crc, transport.first(kBthBytes)), transport.subspan(kBthBytes));
 }
 
 uint32_t icrc(std::span<const uint8_t> headers, std::span<const uint8_t> transport) {
-  if (transport.size() < kBthBytes) return 0;
-  return ~crc32(icrc_start(headers, transport.first(kBthBytes)), transport.subspan(kBthBytes));
+  if (headers.size() < kIpv4Header + kUdpHeader || headers.size() > kIpv4MaxHeader + kUdpHeader) return 0;
+  return icrc_from_headers(icrc_headers(headers), transport);
 }
 
 uint32_t icrc(std::span<const uint8_t> packet) {

@@ -19,16 +19,14 @@ uint32_t crc32(uint32_t crc, std::span<const uint8_t> bytes);
 // (least significant byte first), packed into a host integer by position.
 uint32_t icrc(std::span<const uint8_t> headers, std::span<const uint8_t> transport);
 
-// The same in pieces: icrc_start() covers the IP and UDP headers and the
-// BTH (the masked part); continue with crc32() over the rest of the
-// transport packet and invert the result to get what icrc() returns.
-uint32_t icrc_start(std::span<const uint8_t> headers, std::span<const uint8_t> bth);
-
-// icrc_start() in two steps: the masked IP and UDP headers, which are the
-// same for every datagram of one flow and length (roce_packet.h keeps them),
-// then the masked BTH.
+// The same in pieces: icrc_headers() covers the masked IP and UDP headers,
+// which are the same for every datagram of one flow and length
+// (roce_packet.h keeps them), icrc_add_bth() the masked BTH; continue with
+// crc32() over the rest of the transport packet and invert the result to get
+// what icrc() returns. icrc_from_headers() does the last three steps.
 uint32_t icrc_headers(std::span<const uint8_t> headers);
 uint32_t icrc_add_bth(uint32_t crc, std::span<const uint8_t> bth);
+uint32_t icrc_from_headers(uint32_t headers_crc, std::span<const uint8_t> transport);
 
 // The same for a whole IP packet without its ICRC.
 uint32_t icrc(std::span<const uint8_t> ip_packet_without_icrc);

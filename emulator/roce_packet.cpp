@@ -103,19 +103,15 @@ void seal(const FlowAddress& flow, std::vector<uint8_t>& transport) {
 }
 
 bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram) {
-  if (datagram.size() < kBthBytes + kIcrcBytes) return false;
-  std::array<uint8_t, kMaxIpUdpHeaders> headers;
-  size_t length = write_ip_udp_headers(flow, datagram.size(), false, headers);
-  std::span<const uint8_t> transport = datagram.first(datagram.size() - kIcrcBytes);
-  return icrc(std::span(headers.data(), length), transport) == load_icrc(datagram.data() + transport.size());
+  IcrcHeaderCache cache;
+  return check_icrc(flow, datagram, cache);
 }
 
 bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram, IcrcHeaderCache& cache) {
   if (datagram.size() < kBthBytes + kIcrcBytes) return false;
-  const size_t transport_length = datagram.size() - kIcrcBytes;
-  uint32_t crc = icrc_add_bth(cache.headers_crc(flow, datagram.size()), datagram.first(kBthBytes));
-  crc = ~crc32(crc, datagram.subspan(kBthBytes, transport_length - kBthBytes));
-  return crc == load_icrc(datagram.data() + transport_length);
+  std::span<const uint8_t> transport = datagram.first(datagram.size() - kIcrcBytes);
+  return icrc_from_headers(cache.headers_crc(flow, datagram.size()), transport) ==
+         load_icrc(datagram.data() + transport.size());
 }
 
 uint32_t IcrcHeaderCache::headers_crc(const FlowAddress& flow, size_t udp_payload) {

@@ -67,6 +67,7 @@ class IcrcHeaderCache {
 void seal(const FlowAddress& flow, std::vector<uint8_t>& transport);
 // True if the datagram's last four bytes are the ICRC for `flow`.
 bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram);
+// The same, the headers' part of the ICRC taken from (or kept in) `cache`.
 bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram, IcrcHeaderCache& cache);
 
 // The whole IP packet (headers with checksums, then the datagram), as a
