@@ -25,6 +25,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -156,50 +158,46 @@ std::vector<double> woken_side(int fd, int iterations, bool first) {
 
 }  // namespace
 
-// Which measurements to make: all by default, or those named in a
-// comma-separated list (busy, woken, roce, throughput, roce_write), so that
-// bench/run can measure a baseline again just before each run it compares
-// with it.
-bool wanted(const char* list, const char* part) {
-  if (list == nullptr) return true;
-  const size_t length = std::strlen(part);
-  for (const char* at = list; (at = std::strstr(at, part)) != nullptr; at += length) {
-    const bool starts = at == list || at[-1] == ',';
-    const bool ends = at[length] == '\0' || at[length] == ',';
-    if (starts && ends) return true;
-  }
-  return false;
-}
-
 constexpr const char* kParts[] = {"busy", "woken", "roce", "throughput", "roce_write"};
 
-// The first name in `list` that is not a measurement, or "" if none is.
-std::string unknown_part(const char* list) {
-  std::string rest = list;
-  while (!rest.empty()) {
-    const size_t comma = rest.find(',');
-    const std::string name = rest.substr(0, comma);
-    if (std::find(std::begin(kParts), std::end(kParts), name) == std::end(kParts)) return name.empty() ? "," : name;
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+// Which measurements to make: all by default, or those named in a
+// comma-separated list, so that bench/run can measure a baseline again just
+// before each run it compares with it. Returns false, with the name in
+// `unknown`, if one is not a measurement.
+bool parse_parts(const char* list, std::set<std::string>& parts, std::string& unknown) {
+  if (list == nullptr) {
+    parts.insert(std::begin(kParts), std::end(kParts));
+    return true;
   }
-  return "";
+  std::istringstream names{std::string(list)};
+  for (std::string name; std::getline(names, name, ',');) {
+    if (std::find(std::begin(kParts), std::end(kParts), name) == std::end(kParts)) {
+      unknown = name.empty() ? "," : name;
+      return false;
+    }
+    parts.insert(name);
+  }
+  return true;
 }
 
 int main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::atoi(argv[1]) : 50000;
-  const char* parts = argc > 2 ? argv[2] : nullptr;
-  const std::string unknown = parts != nullptr ? unknown_part(parts) : "";
-  if (iterations <= 0 || !unknown.empty()) {
-    std::fprintf(stderr, "usage: udp_pingpong [ITERATIONS > 0] [busy,woken,roce,throughput,roce_write]%s%s\n",
+  std::set<std::string> parts;
+  std::string unknown;
+  if (!parse_parts(argc > 2 ? argv[2] : nullptr, parts, unknown) || iterations <= 0) {
+    std::string names;
+    for (const char* part : kParts) names += (names.empty() ? "" : ",") + std::string(part);
+    std::fprintf(stderr, "usage: udp_pingpong [ITERATIONS > 0] [%s]%s%s\n", names.c_str(),
                  unknown.empty() ? "" : ": unknown measurement ", unknown.c_str());
     return 2;
   }
+  const auto wanted = [&](const char* part) { return parts.count(part) != 0; };
   uint16_t port_a, port_b;
   int a = bound_socket(port_a), b = bound_socket(port_b);
   connect_to(a, port_b);
   connect_to(b, port_a);
   static char buffer[65536] = {};
-  if (wanted(parts, "busy")) {
+  if (wanted("busy")) {
     std::fflush(stdout);  // before fork: the child must not repeat it
     pid_t child = fork();
     if (child == 0) {
@@ -221,7 +219,7 @@ int main(int argc, char** argv) {
     print_one_way("udp_pingpong_one_way_us", samples);
   }
 
-  if (wanted(parts, "woken")) {
+  if (wanted("woken")) {
     std::fflush(stdout);
     const int woken_iterations = std::max(1000, iterations / 5);
     pid_t child = fork();
@@ -234,7 +232,7 @@ int main(int argc, char** argv) {
     print_one_way("udp_pingpong_woken_one_way_us", woken);
   }
 
-  if (wanted(parts, "roce")) {
+  if (wanted("roce")) {
     // ib_write_lat's packets over RoCEv2: a 2-byte WRITE (BTH + RETH + 2 +
     // pad 2 + ICRC = 36 bytes) and an ACK (BTH + AETH + ICRC = 20 bytes).
     const Send write_and_ack{36, 1, 20};
@@ -264,9 +262,8 @@ int main(int argc, char** argv) {
     setsockopt(b, SOL_UDP, UDP_GRO, &off, sizeof off);
   }
 
-  if (wanted(parts, "throughput")) throughput(a, b, buffer, {{65000, 1}}, "udp_throughput_GBps");
+  if (wanted("throughput")) throughput(a, b, buffer, {{65000, 1}}, "udp_throughput_GBps");
   // A 64 KiB WRITE: first (4128) + middle (4112), then 13 middle + last.
-  if (wanted(parts, "roce_write"))
-    throughput(a, b, buffer, {{4128, 1, 4112}, {4112, 14}}, "udp_throughput_roce_write_GBps");
+  if (wanted("roce_write")) throughput(a, b, buffer, {{4128, 1, 4112}, {4112, 14}}, "udp_throughput_roce_write_GBps");
   return 0;
 }
