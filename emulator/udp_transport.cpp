@@ -64,6 +64,15 @@ constexpr auto kAckHold = std::chrono::microseconds(10);
 // retransmission timer's 1 ms floor.
 constexpr auto kMaxAckHold = std::chrono::microseconds(100);
 constexpr auto kReorderHold = std::chrono::milliseconds(1);
+// A deadline at least this far off (a retransmission timer: 67 ms for
+// perftest's QPs) is armed by whichever thread finds it. Setting a timerfd
+// costs about 0.45 us then, but 7-11 us for one due within 100 us, which
+// becomes the CPU's next timer event and reprograms it (a trap to the
+// hypervisor on a virtual machine): those are left to the io thread, woken
+// for them, off the application's path. Waking it for every request posted
+// while it watched cost the application a post to Asio and an epoll_ctl,
+// and each process a context switch on a shared core.
+constexpr auto kArmedFromAnyThread = std::chrono::milliseconds(5);
 // After this long without a verbs call the background thread takes over.
 // The wait starts short and doubles while the application keeps calling:
 // an application that polls its CQ without a break costs the io thread a
@@ -268,7 +277,7 @@ class UdpTransport::Engine : public udp::TransportPort {
     {
       // ACKs still held go out: the peers' requests completed here.
       std::lock_guard guard(mutex_);
-      while (!acks_held_.empty()) send_held_ack_locked(acks_held_.begin()->first);
+      while (!acks_held_.empty()) send_held_ack_locked(acks_held_.front().qpn);
     }
     ready_waiter_.reset();
     timer_waiter_.reset();
@@ -471,11 +480,21 @@ class UdpTransport::Engine : public udp::TransportPort {
   std::mutex mutex_;              // everything below, and all protocol state
   IcrcHeaderCache icrc_headers_;  // for the packets sent and received
   std::unordered_map<uint32_t, udp::UdpQp> qps_;
-  std::set<uint32_t> touched_;  // QPs with answers to send after this batch
+  // QPs with answers to send after this batch, duplicates allowed until
+  // after_work sorts them out. (Flat, as acks_held_: a tree allocated a
+  // node per packet on the latency path.)
+  std::vector<uint32_t> touched_;
   // QPs whose outbox holds only an ACK, held back since then: it leaves with
   // the next packets of a pass that posts a request (the same flow, often
   // the same UDP GSO send), or at kAckHold.
-  std::map<uint32_t, Clock::time_point> acks_held_;
+  struct HeldAck {
+    uint32_t qpn;
+    Clock::time_point since;
+  };
+  std::vector<HeldAck> acks_held_;  // a few at a time: each QP holds one ACK at most
+  std::vector<HeldAck>::iterator find_held_ack(uint32_t qpn) {
+    return std::find_if(acks_held_.begin(), acks_held_.end(), [qpn](const HeldAck& held) { return held.qpn == qpn; });
+  }
   // How long each QP holds ACKs, where it differs from kAckHold (learned
   // from how soon its application posts after taking a request in).
   struct AckPacing {
@@ -500,6 +519,7 @@ class UdpTransport::Engine : public udp::TransportPort {
   uint64_t seen_drives_ = 0;                                                            // io thread only
   Clock::duration app_idle_after_ = kAppIdleAfterFirst;                                 // io thread only
   std::atomic<Clock::rep> armed_{Clock::time_point::max().time_since_epoch().count()};  // io timer
+  std::mutex timer_mutex_;  // armed_ and the timerfd change together (any thread sets the timer)
   std::atomic<bool> wake_pending_{false};
   std::atomic<bool> watching_{false};  // changed by the io thread only
   uint64_t watch_generation_ = 0;      // io thread only
@@ -637,7 +657,9 @@ void UdpTransport::Engine::connect_flow_locked(const udp::UdpQp& qp) {
 }
 
 void UdpTransport::Engine::send_held_ack_locked(uint32_t qpn) {
-  if (acks_held_.erase(qpn) == 0) return;
+  auto held = find_held_ack(qpn);
+  if (held == acks_held_.end()) return;
+  acks_held_.erase(held);
   if (udp::UdpQp* qp = find(qpn)) udp::responder_send(*this, *qp, kReadBudgetPerPass);
   flush_sends();
 }
@@ -647,8 +669,8 @@ void UdpTransport::Engine::learn_ack_hold_locked(uint32_t qpn, Clock::time_point
   // waited from then (held, or left alone when the hold ran out).
   Clock::time_point since;
   auto pacing = ack_pacing_.find(qpn);
-  if (auto held = acks_held_.find(qpn); held != acks_held_.end()) {
-    since = held->second;
+  if (auto held = find_held_ack(qpn); held != acks_held_.end()) {
+    since = held->since;
   } else if (pacing != ack_pacing_.end() && pacing->second.left_alone_since != Clock::time_point::max()) {
     since = pacing->second.left_alone_since;
     pacing->second.left_alone_since = Clock::time_point::max();
@@ -671,7 +693,7 @@ void UdpTransport::Engine::forget_locked(uint32_t qpn) {
   ack_pacing_.erase(qpn);
   qps_.erase(qpn);
   held_.erase(qpn);
-  touched_.erase(qpn);
+  std::erase(touched_, qpn);
   if (auto it = qp_watchers_.find(qpn); it != qp_watchers_.end()) {
     retire_watcher_locked(it->second);
     qp_watchers_.erase(it);
@@ -746,6 +768,7 @@ void UdpTransport::Engine::watch() {
 }
 
 void UdpTransport::Engine::arm_timer(Clock::time_point when) {
+  std::lock_guard guard(timer_mutex_);
   if (when.time_since_epoch().count() >= armed_.load(std::memory_order_relaxed)) return;
   armed_.store(when.time_since_epoch().count(), std::memory_order_relaxed);
   const auto since_epoch = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
@@ -766,7 +789,10 @@ void UdpTransport::Engine::wait_for_timer() {
         uint64_t expirations;
         if (::read(timer_waiter_->native_handle(), &expirations, sizeof expirations) < 0)
           return;  // nothing due (EAGAIN): re-armed for later since
-        armed_.store(Clock::time_point::max().time_since_epoch().count(), std::memory_order_relaxed);
+        {
+          std::lock_guard guard(timer_mutex_);
+          armed_.store(Clock::time_point::max().time_since_epoch().count(), std::memory_order_relaxed);
+        }
         io_check();
       });
 }
@@ -954,7 +980,7 @@ void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<co
   } else {
     udp::responder_receive(*this, *qp, *packet);
   }
-  touched_.insert(qpn);
+  touched_.push_back(qpn);
 }
 
 void UdpTransport::Engine::forward(uint16_t port, const FlowAddress& flow, std::span<const uint8_t> datagram) {
@@ -1013,21 +1039,25 @@ void UdpTransport::Engine::after_work(Acks acks) {
   // polling for its completion, takes in both. A pass that posted a request
   // sends every held ACK.
   bool more = false;
-  for (const auto& [qpn, since] : acks_held_)
-    if (acks == Acks::Send || since + ack_hold(qpn) <= now) touched_.insert(qpn);
+  for (const HeldAck& held : acks_held_)
+    if (acks == Acks::Send || held.since + ack_hold(held.qpn) <= now) touched_.push_back(held.qpn);
+  if (touched_.size() > 1) {
+    std::sort(touched_.begin(), touched_.end());
+    touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+  }
   for (uint32_t qpn : touched_) {
     udp::UdpQp* qp = find(qpn);
     if (qp == nullptr) continue;
-    const auto held = acks_held_.find(qpn);
+    const auto held = find_held_ack(qpn);
     const auto& outbox = qp->responder.outbox;
     if (acks == Acks::Hold && outbox.size() == 1 && outbox.front().kind == udp::Response::Kind::Ack &&
-        (held == acks_held_.end() || held->second + ack_hold(qpn) > now)) {
-      if (held == acks_held_.end()) acks_held_.emplace(qpn, now);
+        (held == acks_held_.end() || held->since + ack_hold(qpn) > now)) {
+      if (held == acks_held_.end()) acks_held_.push_back({qpn, now});
       continue;
     }
     if (held != acks_held_.end()) {
       // Left alone because its hold ran out (see learn_ack_hold_locked).
-      if (acks == Acks::Hold && held->second + ack_hold(qpn) <= now) ack_pacing_[qpn].left_alone_since = held->second;
+      if (acks == Acks::Hold && held->since + ack_hold(qpn) <= now) ack_pacing_[qpn].left_alone_since = held->since;
       acks_held_.erase(held);
     }
     if (udp::responder_send(*this, *qp, kReadBudgetPerPass)) more = true;
@@ -1037,7 +1067,7 @@ void UdpTransport::Engine::after_work(Acks acks) {
     // Long READ responses go out in slices, so that requests and ACKs
     // in the other direction are not starved; the rest on the next pass.
     for (auto& [qpn, qp] : qps_)
-      if (!qp.responder.outbox.empty()) touched_.insert(qpn);
+      if (!qp.responder.outbox.empty()) touched_.push_back(qpn);
     boost::asio::post(io_, [this] {
       std::lock_guard guard(mutex_);
       after_work(Acks::Hold);
@@ -1045,7 +1075,8 @@ void UdpTransport::Engine::after_work(Acks acks) {
   }
   flush_sends();
   // The io thread must know of a new deadline if it would sleep past it:
-  // on its own thread it re-arms its timer, from another it is woken.
+  // on its own thread it re-arms its timer, from another it is woken (or,
+  // for a distant deadline, the timer is set from here: kArmedFromAnyThread).
   // (Not for an ACK held while the io thread steps aside for the
   // application: the application's next call sends it, or the io thread
   // when its timer finds the application gone, within kAppIdleAfter; a
@@ -1056,7 +1087,7 @@ void UdpTransport::Engine::after_work(Acks acks) {
                                          ? earliest_deadline_locked()
                                          : earliest_protocol_deadline_locked();
   if (earliest.time_since_epoch().count() >= armed_.load(std::memory_order_relaxed)) return;
-  if (on_io_thread)
+  if (on_io_thread || earliest - now >= kArmedFromAnyThread)
     arm_timer(earliest);
   else
     wake_io_thread();
@@ -1064,7 +1095,7 @@ void UdpTransport::Engine::after_work(Acks acks) {
 
 Clock::time_point UdpTransport::Engine::earliest_held_ack_locked() const {
   Clock::time_point earliest = Clock::time_point::max();
-  for (const auto& [qpn, since] : acks_held_) earliest = std::min(earliest, since + ack_hold(qpn));
+  for (const HeldAck& held : acks_held_) earliest = std::min(earliest, held.since + ack_hold(held.qpn));
   return earliest;
 }
 

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -329,6 +330,58 @@ TEST(UdpPeer, AcknowledgesWhatItReceivesWhileNotCallingVerbs) {
   if (ok) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
+}
+
+// A SEND posted after the application has left verbs alone long enough for
+// the background thread to watch the sockets, and lost: the application
+// then makes no verbs call, so only the retransmission timer, set by the
+// post, can resend it. The first poll after 2.5 timeouts finds the SEND
+// complete. (A poll drives the transport before it reads the CQ, so a
+// retransmission left to that poll could not be acknowledged within it.)
+TEST(UdpPeer, RetransmitsALostRequestWhileTheApplicationMakesNoVerbsCall) {
+  constexpr uint8_t kTimeout = 12;  // 16.8 ms
+  constexpr uint8_t kRetries = 2;
+  const char* cli = std::getenv("SOFTVERBS_CLI");
+  ASSERT_NE(cli, nullptr) << "ctest sets SOFTVERBS_CLI to the softverbs command";
+  const std::string faults = std::string("\"") + cli + "\" faults softverbs0 ";
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], 1 << 16, 16, kTimeout, kRetries, [](Endpoint& peer, int fd) {
+    peer.post_recv(1, 0, 4096);
+    char token = 'R';
+    write_all(fd, &token, 1);
+    ibv_wc wc;
+    int got;
+    while ((got = peer.poll(&wc, 1)) == 0) {
+    }                         // until the SEND lands
+    read_all(fd, &token, 1);  // (its QP stays, as long as the parent's)
+    return got == 1 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 4096 ? 0 : 1;
+  });
+  ASSERT_GT(child, 0);
+  Endpoint self;
+  ASSERT_TRUE(self.open(1 << 16, 16));
+  ConnectInfo peer;
+  ASSERT_TRUE(connect_to_peer(self, sockets[0], kTimeout, kRetries, peer));
+  char token;
+  ASSERT_TRUE(read_all(sockets[0], &token, 1));
+  ASSERT_EQ(std::system((faults + "loss=1 >/dev/null").c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // no verbs call: the io thread watches
+  ASSERT_EQ(self.post_send(7, 0, 4096), 0);
+  // The post sent the SEND, which was dropped (loss=1 drops every packet).
+  ASSERT_EQ(std::system((faults + "none >/dev/null").c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(42));
+  ibv_wc wc{};
+  const int got = self.poll(&wc, 1);
+  EXPECT_EQ(got, 1) << "the retransmission went out and was acknowledged with no verbs call";
+  if (got == 1) {
+    EXPECT_EQ(wc.wr_id, 7u);
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+  }
+  if (got != 1) poll_for(self, 1, std::chrono::seconds(1));
+  write_all(sockets[0], &token, 1);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the peer received the SEND once";
 }
 
 // The pattern of message `sequence`: every 8-byte word differs, and the
