@@ -195,6 +195,15 @@ bool connect_to_peer(Endpoint& self, int socket_fd, uint8_t timeout, uint8_t ret
   return self.connect(peer, timeout, retry_count);
 }
 
+// The parent's endpoint, opened and connected, once the child says it is
+// ready (one byte on the socket).
+bool open_connected(Endpoint& self, int socket_fd, size_t buffer_bytes, int depth, uint8_t timeout, uint8_t retry_count,
+                    ConnectInfo& peer) {
+  char ready;
+  return self.open(buffer_bytes, depth) && connect_to_peer(self, socket_fd, timeout, retry_count, peer) &&
+         read_all(socket_fd, &ready, 1);
+}
+
 std::vector<ibv_wc> poll_for(Endpoint& endpoint, size_t count, std::chrono::milliseconds patience) {
   std::vector<ibv_wc> out;
   auto deadline = Clock::now() + patience;
@@ -225,11 +234,8 @@ TEST(UdpPeer, KilledPeerMakesPendingWorkFailWithRetryExceededInTheImpliedTime) {
   });
   ASSERT_GT(child, 0);
   Endpoint self;
-  ASSERT_TRUE(self.open(1 << 20, 256));
   ConnectInfo peer;
-  ASSERT_TRUE(connect_to_peer(self, sockets[0], kTimeout, kRetries, peer));
-  char ready;
-  ASSERT_TRUE(read_all(sockets[0], &ready, 1));
+  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 20, 256, kTimeout, kRetries, peer));
   // The connection works: a SEND and a WRITE complete.
   ASSERT_EQ(self.post_send(1, 0, 4096), 0);
   ASSERT_EQ(self.post_send(2, 0, 65536, IBV_WR_RDMA_WRITE, &peer), 0);
@@ -359,11 +365,9 @@ TEST(UdpPeer, RetransmitsALostRequestWhileTheApplicationMakesNoVerbsCall) {
   });
   ASSERT_GT(child, 0);
   Endpoint self;
-  ASSERT_TRUE(self.open(1 << 16, 16));
   ConnectInfo peer;
-  ASSERT_TRUE(connect_to_peer(self, sockets[0], kTimeout, kRetries, peer));
-  char token;
-  ASSERT_TRUE(read_all(sockets[0], &token, 1));
+  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 16, kTimeout, kRetries, peer));
+  char token = 'D';
   ASSERT_EQ(std::system((faults + "loss=1 >/dev/null").c_str()), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // no verbs call: the io thread watches
   ASSERT_EQ(self.post_send(7, 0, 4096), 0);
