@@ -25,7 +25,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -371,8 +370,9 @@ class UdpTransport::Engine : public udp::TransportPort {
   void start_watching();
   void stop_watching();
   void watch();
-  // Makes sure the io thread looks again by `when` (io thread only). A
-  // timer already due earlier is left as it is: that look re-arms it.
+  // Makes sure the io thread looks again by `when` (from any thread; other
+  // threads only for deadlines kArmedFromAnyThread off). A timer already
+  // due earlier is left as it is: that look re-arms it.
   void arm_timer(Clock::time_point when);
   void wait_for_timer();
   // Asks the io thread for an io_check() (from any thread).
