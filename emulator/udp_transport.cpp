@@ -84,6 +84,19 @@ constexpr auto kAppIdleAfterFirst = std::chrono::microseconds(20);
 constexpr auto kAppIdleAfter = std::chrono::microseconds(500);
 constexpr uint64_t kBusyPollCalls = 8;
 constexpr uint32_t kLookAroundEvery = 8;
+// A socket in an epoll set costs every packet sent to it an epoll callback
+// (under the socket's wait-queue lock) in the sender's sendmsg: ~0.24 us on
+// the 2-core CI VM, 7,800 against 7,176 TSC cycles per send in a RoCEv2
+// ping-pong of two processes with and without an epoll set around each
+// socket; in udp ib_write_lat the median post's sendmsg went from ~7,700 to
+// ~7,300. So the socket that a polling application finds busy this many
+// times leaves the set until another one is busy or the io thread watches
+// again. Not sooner: each move costs an epoll_ctl (~1 us), and where the
+// io thread takes over every few packets (ib_write_lat when a stall on 2
+// cores has made it hand over, see kMaxAckHold) a move per takeover kept
+// more runs in that slow mode (after 64 reads: 7 of 16 runs at 30-40 us,
+// against 0-2 of 10 after 1,024 or with the socket always in the set).
+constexpr uint32_t kBusyReadsBeforeLeavingSet = 1024;
 constexpr uint32_t kForwardMagic = 0x53565246;  // "SVRF"
 // UDP GSO limits: the datagrams of one send fit one 64 KiB IP packet.
 constexpr size_t kMaxGsoBytes = 60000;
@@ -327,11 +340,15 @@ class UdpTransport::Engine : public udp::TransportPort {
   // (drive() after application_waits() counts one call: still idle.)
 
  private:
-  // A socket the engine reads (a member of ready_set_).
+  // A socket the engine reads (a member of ready_set_ but while a polling
+  // application reads it on every pass: see leave_ready_set_locked).
   struct Watcher {
     Fd fd;
+    uint64_t id = 0;
     IpAddress local{};
     bool forward = false;
+    bool in_ready_set = false;
+    uint32_t busy_reads = 0;  // reads that found something since it last joined the set
     // A socket connected to one flow receives only from its peer: reads
     // need not ask the kernel for the source address.
     bool connected = false;
@@ -360,6 +377,12 @@ class UdpTransport::Engine : public udp::TransportPort {
   // nothing, and one after every empty read doubled the time of a pass
   // (each ~0.3 us), which a packet that arrives waits half of on average.
   void drain_polling_locked();
+  // The socket a polling application reads on every pass leaves the epoll
+  // set, and is in it again before the io thread watches or another socket
+  // becomes the busy one (only the busy one is read without asking the set).
+  void make_busy_locked(Watcher* watcher);
+  void leave_ready_set_locked(Watcher& watcher);
+  void join_ready_set_locked(Watcher& watcher);
   struct Delayed {
     Clock::time_point due;
     int fd;
@@ -650,14 +673,34 @@ uint64_t UdpTransport::Engine::add_watcher_locked(Fd fd, const IpAddress& local,
   uint64_t id = next_watcher_++;
   auto watcher = std::make_unique<Watcher>();
   watcher->fd = std::move(fd);
+  watcher->id = id;
   watcher->local = local;
   watcher->forward = forward;
-  epoll_event interest{};
-  interest.events = EPOLLIN;
-  interest.data.u64 = id;
-  ::epoll_ctl(ready_set_.get(), EPOLL_CTL_ADD, watcher->fd.get(), &interest);
+  join_ready_set_locked(*watcher);
   watchers_.emplace(id, std::move(watcher));
   return id;
+}
+
+void UdpTransport::Engine::join_ready_set_locked(Watcher& watcher) {
+  watcher.busy_reads = 0;
+  if (watcher.in_ready_set) return;
+  epoll_event interest{};
+  interest.events = EPOLLIN;
+  interest.data.u64 = watcher.id;
+  // Level-triggered: what waits in the socket already makes it ready.
+  watcher.in_ready_set = ::epoll_ctl(ready_set_.get(), EPOLL_CTL_ADD, watcher.fd.get(), &interest) == 0;
+}
+
+void UdpTransport::Engine::leave_ready_set_locked(Watcher& watcher) {
+  if (watcher.in_ready_set && ::epoll_ctl(ready_set_.get(), EPOLL_CTL_DEL, watcher.fd.get(), nullptr) == 0)
+    watcher.in_ready_set = false;
+}
+
+void UdpTransport::Engine::make_busy_locked(Watcher* watcher) {
+  if (watcher == busy_watcher_) return;
+  if (busy_watcher_ != nullptr) join_ready_set_locked(*busy_watcher_);
+  busy_watcher_ = watcher;
+  if (watcher != nullptr) watcher->busy_reads = 0;
 }
 
 void UdpTransport::Engine::connect_flow_locked(const udp::UdpQp& qp) {
@@ -725,7 +768,7 @@ void UdpTransport::Engine::forget_locked(uint32_t qpn) {
 void UdpTransport::Engine::retire_watcher_locked(uint64_t id) {
   auto it = watchers_.find(id);
   if (it == watchers_.end()) return;
-  ::epoll_ctl(ready_set_.get(), EPOLL_CTL_DEL, it->second->fd.get(), nullptr);
+  leave_ready_set_locked(*it->second);
   if (busy_watcher_ == it->second.get()) busy_watcher_ = nullptr;
   watchers_.erase(it);
 }
@@ -737,7 +780,7 @@ void UdpTransport::Engine::drain_all_locked(Reads reads) {
   int count = ::epoll_wait(ready_set_.get(), ready, std::size(ready), 0);
   for (int i = 0; i < count; ++i) {
     auto it = watchers_.find(ready[i].data.u64);
-    if (it != watchers_.end() && drain(*it->second, reads)) busy_watcher_ = it->second.get();
+    if (it != watchers_.end() && drain(*it->second, reads)) make_busy_locked(it->second.get());
   }
 }
 
@@ -745,12 +788,14 @@ void UdpTransport::Engine::drain_polling_locked() {
   if (watching_.load(std::memory_order_relaxed)) {
     // A datagram left in a socket would not wake the io thread (only new
     // ones do): if the application stops calling now, it would wait there.
+    if (busy_watcher_ != nullptr) join_ready_set_locked(*busy_watcher_);
     drain_all_locked(Reads::All);
     return;
   }
   // Left behind, it waits at most until the io thread's next look.
   if (busy_watcher_ != nullptr && ++passes_on_busy_watcher_ < kLookAroundEvery) {
-    drain(*busy_watcher_, Reads::One);
+    if (drain(*busy_watcher_, Reads::One) && ++busy_watcher_->busy_reads == kBusyReadsBeforeLeavingSet)
+      leave_ready_set_locked(*busy_watcher_);
     return;
   }
   passes_on_busy_watcher_ = 0;
@@ -848,6 +893,8 @@ void UdpTransport::Engine::io_check() {
   Clock::time_point next;
   {
     std::lock_guard guard(mutex_);
+    // Packets to it wake this thread only through the set.
+    if (busy_watcher_ != nullptr) join_ready_set_locked(*busy_watcher_);
     drain_all_locked(Reads::All);
     after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
     next = earliest_deadline_locked();

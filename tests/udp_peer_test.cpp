@@ -338,6 +338,84 @@ TEST(UdpPeer, AcknowledgesWhatItReceivesWhileNotCallingVerbs) {
   }
 }
 
+// The pattern of message `sequence`: every 8-byte word differs, and the
+// first word names the message.
+void fill(uint8_t* at, size_t bytes, uint64_t sequence) {
+  auto* words = reinterpret_cast<uint64_t*>(at);
+  words[0] = sequence;
+  for (size_t i = 1; i < bytes / 8; ++i) words[i] = (sequence << 32) ^ (i * 0x9e3779b97f4a7c15ull);
+}
+bool matches(const uint8_t* at, size_t bytes, uint64_t sequence) {
+  const auto* words = reinterpret_cast<const uint64_t*>(at);
+  if (words[0] != sequence) return false;
+  for (size_t i = 1; i < bytes / 8; ++i)
+    if (words[i] != ((sequence << 32) ^ (i * 0x9e3779b97f4a7c15ull))) return false;
+  return true;
+}
+
+// A peer that polls through a long run of RDMA WRITEs (its application
+// reads its socket on every pass, and after 1,024 reads the socket leaves
+// the epoll set), then stops calling verbs: the WRITE after that must still
+// be taken in and acknowledged, by the background thread alone. In rounds:
+// whether a round gets the socket out of the set depends on the scheduler
+// (a takeover by the background thread starts the count again).
+TEST(UdpPeer, TakesInWhatArrivesAfterALongPollingRunStops) {
+  constexpr uint8_t kTimeout = 14;  // 67 ms
+  constexpr uint8_t kRetries = 1;
+  constexpr int kRounds = 3;
+  constexpr uint64_t kPolledWrites = 4000;
+  constexpr uint32_t kBytes = 64;
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], 1 << 16, 16, kTimeout, kRetries, [](Endpoint& peer, int fd) {
+    char token = 'R';
+    write_all(fd, &token, 1);
+    for (int round = 1; round <= kRounds; ++round) {
+      // Polls (the CQ stays empty: WRITEs complete nothing here) until told to stop.
+      for (;;) {
+        ibv_wc wc;
+        if (peer.poll(&wc, 1) != 0) return 1;
+        if (recv(fd, &token, 1, MSG_DONTWAIT) == 1) break;
+      }
+      write_all(fd, &token, 1);  // stopped
+      read_all(fd, &token, 1);   // no verbs call until the parent's last WRITE completed
+      if (!matches(peer.data(), kBytes, round * (kPolledWrites + 1))) return 2;
+      write_all(fd, &token, 1);  // checked
+    }
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  Endpoint self;
+  ConnectInfo peer;
+  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 16, kTimeout, kRetries, peer));
+  auto written = [&](uint64_t sequence) {
+    fill(self.data(), kBytes, sequence);
+    if (self.post_send(sequence, 0, kBytes, IBV_WR_RDMA_WRITE, &peer) != 0) return false;
+    auto done = poll_for(self, 1, std::chrono::seconds(5));
+    EXPECT_EQ(done.size(), 1u) << "WRITE " << sequence;
+    if (done.size() != 1) return false;
+    EXPECT_EQ(done[0].status, IBV_WC_SUCCESS) << "WRITE " << sequence << ": " << ibv_wc_status_str(done[0].status);
+    return done[0].status == IBV_WC_SUCCESS;
+  };
+  bool ok = true;
+  uint64_t sequence = 0;
+  for (int round = 1; ok && round <= kRounds; ++round) {
+    for (uint64_t i = 0; ok && i < kPolledWrites; ++i) ok = written(++sequence);
+    char token = 'S';
+    ok = ok && write_all(sockets[0], &token, 1) && read_all(sockets[0], &token, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the peer's background thread takes over
+    ok = ok && written(++sequence);
+    ok = ok && write_all(sockets[0], &token, 1) && read_all(sockets[0], &token, 1);
+    EXPECT_TRUE(ok) << "round " << round;
+  }
+  if (!ok) kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (ok) {
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the peer's buffer held each round's last WRITE";
+  }
+}
+
 // A SEND posted after the application has left verbs alone long enough for
 // the background thread to watch the sockets, and lost: the application
 // then makes no verbs call, so only the retransmission timer, set by the
@@ -386,21 +464,6 @@ TEST(UdpPeer, RetransmitsALostRequestWhileTheApplicationMakesNoVerbsCall) {
   int status = 0;
   waitpid(child, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the peer received the SEND once";
-}
-
-// The pattern of message `sequence`: every 8-byte word differs, and the
-// first word names the message.
-void fill(uint8_t* at, size_t bytes, uint64_t sequence) {
-  auto* words = reinterpret_cast<uint64_t*>(at);
-  words[0] = sequence;
-  for (size_t i = 1; i < bytes / 8; ++i) words[i] = (sequence << 32) ^ (i * 0x9e3779b97f4a7c15ull);
-}
-bool matches(const uint8_t* at, size_t bytes, uint64_t sequence) {
-  const auto* words = reinterpret_cast<const uint64_t*>(at);
-  if (words[0] != sequence) return false;
-  for (size_t i = 1; i < bytes / 8; ++i)
-    if (words[i] != ((sequence << 32) ^ (i * 0x9e3779b97f4a7c15ull))) return false;
-  return true;
 }
 
 struct SoakReport {
