@@ -94,8 +94,9 @@ constexpr uint32_t kLookAroundEvery = 8;
 // again. Not sooner: each move costs an epoll_ctl (~1 us), and where the
 // io thread takes over every few packets (ib_write_lat when a stall on 2
 // cores has made it hand over, see kMaxAckHold) a move per takeover kept
-// more runs in that slow mode (after 64 reads: 7 of 16 runs at 30-40 us,
-// against 0-2 of 10 after 1,024 or with the socket always in the set).
+// more runs in that slow mode (after 64 reads: 7 of 16 alternated runs at
+// 30-40 us, against 0 of 10 after 1,024 and 0-2 of 10 with the socket
+// always in the set).
 constexpr uint32_t kBusyReadsBeforeLeavingSet = 1024;
 constexpr uint32_t kForwardMagic = 0x53565246;  // "SVRF"
 // UDP GSO limits: the datagrams of one send fit one 64 KiB IP packet.
