@@ -1491,8 +1491,9 @@ void UdpTransport::Engine::forget_qp(uint32_t qpn) {
 }
 
 int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe wqe) {
-  const Clock::time_point now = note_app_active();
   std::lock_guard guard(mutex_);
+  // Read once the lock is ours: the io thread may have held it for a while.
+  const Clock::time_point now = note_app_active();
   PassClock clock(*this, now);
   udp::UdpQp* qp = find(qpn);
   if (qp != nullptr && qp->failed) {
