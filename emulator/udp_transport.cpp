@@ -552,6 +552,7 @@ class UdpTransport::Engine : public udp::TransportPort {
     auto it = ack_pacing_.find(qpn);
     return it == ack_pacing_.end() ? Clock::duration(kAckHold) : it->second.hold;
   }
+  Clock::time_point held_ack_due(const HeldAck& held) const { return held.since + ack_hold(held.qpn); }
   void learn_ack_hold_locked(uint32_t qpn, Clock::time_point now);
   std::vector<Delayed> delayed_;
   std::unordered_map<uint32_t, Delayed> held_;  // reordering: one packet held back per QP
@@ -775,6 +776,10 @@ void UdpTransport::Engine::retire_watcher_locked(uint64_t id) {
 }
 
 void UdpTransport::Engine::drain_all_locked(Reads reads) {
+  // Reading everything is the watching io thread's way (or a poll's while it
+  // watches): the socket a polling application took out of the set must be
+  // in it again, as packets to it wake the io thread only through the set.
+  if (reads == Reads::All && busy_watcher_ != nullptr) join_ready_set_locked(*busy_watcher_);
   // One system call finds the sockets with something to read; a pass that
   // finds nothing (most of a polling application's calls) costs only that.
   epoll_event ready[16];
@@ -789,7 +794,6 @@ void UdpTransport::Engine::drain_polling_locked() {
   if (watching_.load(std::memory_order_relaxed)) {
     // A datagram left in a socket would not wake the io thread (only new
     // ones do): if the application stops calling now, it would wait there.
-    if (busy_watcher_ != nullptr) join_ready_set_locked(*busy_watcher_);
     drain_all_locked(Reads::All);
     return;
   }
@@ -894,8 +898,6 @@ void UdpTransport::Engine::io_check() {
   Clock::time_point next;
   {
     std::lock_guard guard(mutex_);
-    // Packets to it wake this thread only through the set.
-    if (busy_watcher_ != nullptr) join_ready_set_locked(*busy_watcher_);
     drain_all_locked(Reads::All);
     after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
     next = earliest_deadline_locked();
@@ -1110,7 +1112,7 @@ void UdpTransport::Engine::after_work(Acks acks) {
   // sends every held ACK.
   bool more = false;
   for (const HeldAck& held : acks_held_)
-    if (acks == Acks::Send || held.since + ack_hold(held.qpn) <= now) touched_.push_back(held.qpn);
+    if (acks == Acks::Send || held_ack_due(held) <= now) touched_.push_back(held.qpn);
   if (touched_.size() > 1) {
     std::sort(touched_.begin(), touched_.end());
     touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
@@ -1119,15 +1121,15 @@ void UdpTransport::Engine::after_work(Acks acks) {
     udp::UdpQp* qp = find(qpn);
     if (qp == nullptr) continue;
     const auto held = find_held_ack(qpn);
+    const bool hold_ran_out = held != acks_held_.end() && held_ack_due(*held) <= now;
     const auto& outbox = qp->responder.outbox;
-    if (acks == Acks::Hold && outbox.size() == 1 && outbox.front().kind == udp::Response::Kind::Ack &&
-        (held == acks_held_.end() || held->since + ack_hold(qpn) > now)) {
+    if (acks == Acks::Hold && outbox.size() == 1 && outbox.front().kind == udp::Response::Kind::Ack && !hold_ran_out) {
       if (held == acks_held_.end()) acks_held_.push_back({qpn, now});
       continue;
     }
     if (held != acks_held_.end()) {
       // Left alone because its hold ran out (see learn_ack_hold_locked).
-      if (acks == Acks::Hold && held->since + ack_hold(qpn) <= now) ack_pacing_[qpn].left_alone_since = held->since;
+      if (acks == Acks::Hold && hold_ran_out) ack_pacing_[qpn].left_alone_since = held->since;
       acks_held_.erase(held);
     }
     if (udp::responder_send(*this, *qp, kReadBudgetPerPass)) more = true;
@@ -1165,7 +1167,7 @@ void UdpTransport::Engine::after_work(Acks acks) {
 
 Clock::time_point UdpTransport::Engine::earliest_held_ack_locked() const {
   Clock::time_point earliest = Clock::time_point::max();
-  for (const HeldAck& held : acks_held_) earliest = std::min(earliest, held.since + ack_hold(held.qpn));
+  for (const HeldAck& held : acks_held_) earliest = std::min(earliest, held_ack_due(held));
   return earliest;
 }
 
