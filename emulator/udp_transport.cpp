@@ -456,6 +456,20 @@ class UdpTransport::Engine : public udp::TransportPort {
   // Retransmission, RNR and fault-injection timers: all but held ACKs.
   Clock::time_point earliest_protocol_deadline_locked() const;
   int send_socket(const IpAddress& local, uint16_t port);
+  // Where a packet of `path` from `source_port` leaves from and goes to.
+  struct SendTarget {
+    IpAddress local{};
+    IpAddress remote{};
+    uint16_t source_port = 0;
+    uint32_t scope_id = 0;
+    int fd = -1;
+    SocketAddressStorage to;
+    bool same_flow(const udp::Path& path, uint16_t port) const {
+      return fd >= 0 && source_port == port && scope_id == path.scope_id && local == path.local &&
+             remote == path.remote;
+    }
+  };
+  const SendTarget& send_target(const udp::Path& path, uint16_t source_port);
   // Queues a datagram for sending; consecutive datagrams of one flow and one
   // size leave together in one UDP GSO send (flush_sends(), at the end of
   // every engine pass).
@@ -505,8 +519,16 @@ class UdpTransport::Engine : public udp::TransportPort {
   Fd ready_set_;
   std::optional<boost::asio::posix::stream_descriptor> ready_waiter_;
   std::map<std::pair<IpAddress, uint16_t>, Fd> send_sockets_;
+  // The last flow transmit() sent on: a QP's requests, and the ACKs and
+  // responses it sends back, take the same way packet after packet, and the
+  // socket lookup and address build cost ~100 ns per packet (a map keyed by
+  // 16-byte addresses). Send sockets are never closed while the engine runs.
+  SendTarget last_target_;
+  SendTarget fallback_target_;
   // The destination each send socket is connected to (length 0: none yet).
   std::unordered_map<int, SocketAddressStorage> send_peers_;
+  int last_peer_fd_ = -1;  // and its entry in send_peers_ (nodes stay put)
+  SocketAddressStorage* last_peer_ = nullptr;
   std::map<IpAddress, int> receive_fd_by_address_;
   int forward_fd_ = -1;
   struct SendBatch {
@@ -1198,7 +1220,26 @@ int UdpTransport::Engine::send_socket(const IpAddress& local, uint16_t port) {
   }
   send_sockets_.emplace(key, Fd(fd));
   send_peers_.emplace(fd, SocketAddressStorage{});
+  last_peer_fd_ = -1;  // the number may be one a closed socket had
   return fd;
+}
+
+const UdpTransport::Engine::SendTarget& UdpTransport::Engine::send_target(const udp::Path& path, uint16_t source_port) {
+  if (last_target_.same_flow(path, source_port)) return last_target_;
+  SendTarget target{path.local,
+                    path.remote,
+                    source_port,
+                    path.scope_id,
+                    send_socket(path.local, source_port),
+                    to_sockaddr(path.remote, kRoceV2Port, path.scope_id)};
+  // A flow whose port another user holds goes out from port 4791 (see
+  // send_socket); not remembered, so that its next packet tries the port again.
+  if (send_sockets_.count({path.local, source_port}) == 0) {
+    fallback_target_ = target;
+    return fallback_target_;
+  }
+  last_target_ = target;
+  return last_target_;
 }
 
 void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, std::span<const iovec> parts,
@@ -1238,9 +1279,14 @@ void UdpTransport::Engine::send_now(int fd, const SocketAddressStorage& to, std:
   msghdr message{};
   message.msg_name = const_cast<sockaddr*>(to.get());
   message.msg_namelen = to.length;
-  if (auto peer = send_peers_.find(fd); peer != send_peers_.end()) {
-    if (peer->second.length == 0 && ::connect(fd, to.get(), to.length) == 0) peer->second = to;
-    if (peer->second.length == to.length && std::memcmp(&peer->second.storage, &to.storage, to.length) == 0) {
+  if (fd != last_peer_fd_) {
+    auto peer = send_peers_.find(fd);
+    last_peer_fd_ = fd;
+    last_peer_ = peer != send_peers_.end() ? &peer->second : nullptr;
+  }
+  if (SocketAddressStorage* peer = last_peer_; peer != nullptr) {
+    if (peer->length == 0 && ::connect(fd, to.get(), to.length) == 0) *peer = to;
+    if (peer->length == to.length && std::memcmp(&peer->storage, &to.storage, to.length) == 0) {
       message.msg_name = nullptr;
       message.msg_namelen = 0;
     }
@@ -1321,8 +1367,9 @@ void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint3
   for (const iovec& piece : payload) parts.push_back(piece);
   parts.push_back({trailer.data(), pad + kIcrcBytes});
 
-  const int fd = send_socket(path.local, flow.source_port);
-  const SocketAddressStorage to = to_sockaddr(path.remote, kRoceV2Port, path.scope_id);
+  const SendTarget& target = send_target(path, flow.source_port);
+  const int fd = target.fd;
+  const SocketAddressStorage& to = target.to;
   const bool capturing = memory_->shared().capture.active.load(std::memory_order_relaxed);
 
   FaultSettings settings = fault_settings();
