@@ -21,6 +21,7 @@
 #include "data_path.h"
 #include "device_memory.h"
 #include "fault_injection.h"
+#include "process_id.h"
 #include "roce_headers.h"
 #include "roce_packet.h"
 #include "small_vector.h"
@@ -196,13 +197,20 @@ class TransportPort {
  public:
   virtual ~TransportPort() = default;
   virtual DeviceMemory& memory() = 0;
-  TransportCounters& counters() { return memory().shared().counters; }
+  // This process's slot of the device's counters (claimed on first use).
+  CounterSlot& counters() {
+    if (counter_slot_ == nullptr) counter_slot_ = &memory().shared().counters.claim(current_pid());
+    return *counter_slot_;
+  }
   virtual Clock::time_point now() const = 0;
   // Sends a transport packet whose payload is the bytes of `payload` (local
   // buffers, already checked); the port adds pad and ICRC and applies
   // fault injection and capture.
   virtual void transmit(UdpQp& qp, const Path& path, uint32_t destination_qpn, const wire::TransportPacket& packet,
                         std::span<const iovec> payload) = 0;
+
+ private:
+  CounterSlot* counter_slot_ = nullptr;
 };
 
 // ---- requester ----------------------------------------------------------------

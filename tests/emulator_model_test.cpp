@@ -13,12 +13,52 @@
 #include "file_util.h"
 #include "process_runner.h"
 #include "sysfs_tree.h"
+#include "transport_counters.h"
 
 namespace softverbs {
 namespace {
 
 namespace fs = std::filesystem;
 using test::TemporaryDirectory;
+
+TEST(TransportCounters, EachProcessAddsToItsOwnSlotAndTheDeviceSumsThem) {
+  auto counters = std::make_unique<TransportCounters>();
+  CounterSlot& mine = counters->claim(getpid());
+  EXPECT_EQ(&counters->claim(getpid()), &mine) << "a process keeps its slot";
+  // A process that has exited: reaped, so its pid names no one.
+  pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  ASSERT_GT(gone, 0);
+  waitpid(gone, nullptr, 0);
+  CounterSlot& theirs = counters->claim(gone);
+  EXPECT_NE(&theirs, &mine) << "two processes, two slots (two cache lines)";
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(&theirs) % 64, 0u);
+  mine.add(Counter::RxPackets, 3);
+  theirs.add(Counter::RxPackets, 4);
+  theirs.add(Counter::TxBytes, 100);
+  EXPECT_EQ(counters->get(Counter::RxPackets), 7u);
+  EXPECT_EQ(counters->get(Counter::TxBytes), 100u);
+  // The exited owner's slot goes to the next process; its counts stay in the sum.
+  pid_t parent = getppid();
+  CounterSlot& next = counters->claim(parent);
+  EXPECT_EQ(&next, &theirs);
+  next.add(Counter::RxPackets, 1);
+  EXPECT_EQ(counters->get(Counter::RxPackets), 8u);
+  EXPECT_EQ(counters->get(Counter::TxBytes), 100u);
+  counters->reset();
+  EXPECT_EQ(counters->get(Counter::RxPackets), 0u);
+  EXPECT_EQ(counters->get(Counter::TxBytes), 0u);
+}
+
+TEST(TransportCounters, ProcessesPastTheSlotsShareTheLastOne) {
+  auto counters = std::make_unique<TransportCounters>();
+  // Every slot held by a live process that is not us.
+  for (CounterSlot& slot : counters->slots) slot.owner_pid = getppid();
+  CounterSlot& shared = counters->claim(getpid());
+  EXPECT_EQ(&shared, &counters->slots.back());
+  shared.add(Counter::TxPackets, 2);
+  EXPECT_EQ(counters->get(Counter::TxPackets), 2u) << "nothing lost";
+}
 
 TEST(Gid, Ipv4MappedFormat) {
   const uint8_t address[4] = {192, 168, 7, 1};
