@@ -1419,7 +1419,7 @@ void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint3
     }
   }
   // A packet held back for reordering goes out after the one that overtook it.
-  if (auto held = held_.find(qp.qpn); held != held_.end()) {
+  if (auto held = held_.empty() ? held_.end() : held_.find(qp.qpn); held != held_.end()) {
     Delayed item = std::move(held->second);
     held_.erase(held);
     iovec whole{item.bytes.data(), item.bytes.size()};
