@@ -217,7 +217,7 @@ class TransportPort {
 
 // Queues a send work request (already checked against the QP's limits by
 // the caller). UD and UC complete once sent; RC when acknowledged.
-void requester_post(TransportPort& port, UdpQp& qp, SendWqe wqe);
+void requester_post(TransportPort& port, UdpQp& qp, SendWqe&& wqe);
 // Sends what the window, the RD/atomic limit, fences and RNR waits allow.
 void requester_run(TransportPort& port, UdpQp& qp);
 

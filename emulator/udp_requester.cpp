@@ -186,7 +186,7 @@ bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uin
   return length == 0;
 }
 
-void requester_post(TransportPort& port, UdpQp& qp, SendWqe wqe) {
+void requester_post(TransportPort& port, UdpQp& qp, SendWqe&& wqe) {
   qp.requester.queue.push_back(std::move(wqe));
   requester_run(port, qp);
 }

@@ -327,7 +327,7 @@ class UdpTransport::Engine : public udp::TransportPort {
     std::lock_guard guard(mutex_);
     return qps_.count(qpn) != 0;
   }
-  int post_send(uint32_t qpn, udp::SendWqe wqe);
+  int post_send(uint32_t qpn, udp::SendWqe&& wqe);
   void drive();
   void application_waits() {
     app_uses_events_.store(true, std::memory_order_relaxed);
@@ -1539,7 +1539,7 @@ void UdpTransport::Engine::forget_qp(uint32_t qpn) {
   forget_locked(qpn);
 }
 
-int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe wqe) {
+int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe&& wqe) {
   std::lock_guard guard(mutex_);
   // Read once the lock is ours: the io thread may have held it for a while.
   const Clock::time_point now = note_app_active();
@@ -1625,7 +1625,7 @@ std::optional<udp::Path> UdpTransport::resolve_path(int sgid_index, const Gid& d
 int UdpTransport::sync_qp(int qp_index) { return engine_->sync_qp(qp_index); }
 void UdpTransport::forget_qp(uint32_t qpn) { engine_->forget_qp(qpn); }
 bool UdpTransport::carries(uint32_t qpn) const { return engine_->carries(qpn); }
-int UdpTransport::post_send(uint32_t qpn, udp::SendWqe wqe) { return engine_->post_send(qpn, std::move(wqe)); }
+int UdpTransport::post_send(uint32_t qpn, udp::SendWqe&& wqe) { return engine_->post_send(qpn, std::move(wqe)); }
 void UdpTransport::drive() { engine_->drive(); }
 void UdpTransport::application_waits() { engine_->application_waits(); }
 
