@@ -102,6 +102,9 @@ constexpr uint32_t kForwardMagic = 0x53565246;  // "SVRF"
 // UDP GSO limits: the datagrams of one send fit one 64 KiB IP packet.
 constexpr size_t kMaxGsoBytes = 60000;
 constexpr size_t kMaxGsoSegments = 64;
+// A batch's first datagram may be as long as this (path MTU 4096 and every
+// header) before the batch is full; kMaxGsoBytes bounds the ones that join.
+constexpr size_t kMaxDatagramForBatch = 4096 + 128;
 
 // A file descriptor that closes itself.
 class Fd {
@@ -537,7 +540,11 @@ class UdpTransport::Engine : public udp::TransportPort {
     size_t segment = 0;
     size_t count = 0;
     bool closed = false;
-    std::vector<uint8_t> bytes;
+    // The datagrams, back to back: bytes[0, used). Sized for a full batch
+    // once, so that appending a packet is a memcpy (a vector's range insert
+    // per header, payload and trailer cost ~20 cycles each).
+    std::vector<uint8_t> bytes = std::vector<uint8_t>(kMaxGsoBytes + kMaxDatagramForBatch);
+    size_t used = 0;
   };
   SendBatch batch_;
   bool gso_ok_ = true;
@@ -1247,16 +1254,18 @@ void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, st
   SendBatch& b = batch_;
   const bool joins = b.count > 0 && fd == b.fd && to.length == b.to.length &&
                      std::memcmp(&to.storage, &b.to.storage, to.length) == 0 && !b.closed && total <= b.segment &&
-                     b.bytes.size() + total <= kMaxGsoBytes && b.count < kMaxGsoSegments && gso_ok_;
+                     b.used + total <= kMaxGsoBytes && b.count < kMaxGsoSegments && gso_ok_;
   if (!joins) flush_sends();
   if (b.count == 0) {
     b.fd = fd;
     b.to = to;
     b.segment = total;
   }
+  if (b.used + total > b.bytes.size()) b.bytes.resize(b.used + total);  // not for a path MTU of at most 4096
   for (const iovec& part : parts) {
-    const auto* bytes = static_cast<const uint8_t*>(part.iov_base);
-    b.bytes.insert(b.bytes.end(), bytes, bytes + part.iov_len);
+    if (part.iov_len == 0) continue;
+    std::memcpy(b.bytes.data() + b.used, part.iov_base, part.iov_len);
+    b.used += part.iov_len;
   }
   ++b.count;
   if (total < b.segment) b.closed = true;  // only the last segment may be shorter
@@ -1265,13 +1274,13 @@ void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, st
 void UdpTransport::Engine::flush_sends() {
   SendBatch& b = batch_;
   if (b.count == 0) return;
-  iovec whole{b.bytes.data(), b.bytes.size()};
-  send_now(b.fd, b.to, std::span(&whole, 1), b.bytes.size(), b.count > 1 ? b.segment : 0);
+  iovec whole{b.bytes.data(), b.used};
+  send_now(b.fd, b.to, std::span(&whole, 1), b.used, b.count > 1 ? b.segment : 0);
   counters().add(Counter::TxPackets, b.count);
-  counters().add(Counter::TxBytes, b.bytes.size());
+  counters().add(Counter::TxBytes, b.used);
   b.count = 0;
   b.closed = false;
-  b.bytes.clear();
+  b.used = 0;
 }
 
 void UdpTransport::Engine::send_now(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total,
