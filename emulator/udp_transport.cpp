@@ -1261,7 +1261,8 @@ void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, st
     b.to = to;
     b.segment = total;
   }
-  if (b.used + total > b.bytes.size()) b.bytes.resize(b.used + total);  // not for a path MTU of at most 4096
+  // Only a datagram longer than any path MTU makes could need more room.
+  if (b.used + total > b.bytes.size()) b.bytes.resize(b.used + total);
   for (const iovec& part : parts) {
     if (part.iov_len == 0) continue;
     std::memcpy(b.bytes.data() + b.used, part.iov_base, part.iov_len);
