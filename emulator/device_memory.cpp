@@ -1,7 +1,6 @@
 #include "device_memory.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -13,6 +12,8 @@
 #include <map>
 #include <mutex>
 #include <random>
+
+#include "process_id.h"
 
 namespace softverbs {
 
@@ -29,8 +30,6 @@ unsigned size_class(uint64_t bytes) {
   uint64_t block = std::max<uint64_t>(bytes, uint64_t{1} << kMinBlockShift);
   return static_cast<unsigned>(std::bit_width(block - 1));
 }
-
-bool process_alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
 void initialize(DeviceShared* shared, uint64_t total_size) {
   std::construct_at(shared);

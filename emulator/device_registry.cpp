@@ -1,7 +1,6 @@
 #include "device_registry.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 
 #include "device_limits.h"
 #include "file_util.h"
+#include "process_id.h"
 
 namespace softverbs {
 
@@ -136,8 +136,7 @@ std::vector<DeviceUser> DeviceRegistry::users(const std::string& device) const {
     char* end = nullptr;
     long pid = std::strtol(name.c_str(), &end, 10);
     if (end == nullptr || *end != '\0' || pid <= 0) continue;
-    bool alive = kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
-    if (!alive) {
+    if (!process_alive(static_cast<pid_t>(pid))) {
       unlink(entry.path().c_str());
       continue;
     }

@@ -1,9 +1,11 @@
 #include "process_id.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 
 namespace softverbs {
 
@@ -24,5 +26,7 @@ pid_t current_pid() {
   cached.store(pid, std::memory_order_relaxed);
   return pid;
 }
+
+bool process_alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
 }  // namespace softverbs

@@ -9,4 +9,8 @@ namespace softverbs {
 // Correct across fork(): a child re-reads it.
 pid_t current_pid();
 
+// True while process `pid` exists (one of another user counts: kill() says
+// EPERM); false for pid <= 0.
+bool process_alive(pid_t pid);
+
 }  // namespace softverbs

@@ -1,16 +1,8 @@
 #include "transport_counters.h"
 
-#include <signal.h>
-
-#include <cerrno>
+#include "process_id.h"
 
 namespace softverbs {
-
-namespace {
-
-bool exited(int32_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
-
-}  // namespace
 
 CounterSlot& TransportCounters::claim(int32_t pid) {
   for (CounterSlot& slot : slots)
@@ -18,7 +10,7 @@ CounterSlot& TransportCounters::claim(int32_t pid) {
   for (size_t i = 0; i + 1 < kSlots; ++i) {
     int32_t owner = slots[i].owner_pid.load(std::memory_order_relaxed);
     // Two processes may both find this owner gone: the exchange lets one in.
-    if ((owner == 0 || exited(owner)) && slots[i].owner_pid.compare_exchange_strong(owner, pid)) return slots[i];
+    if (!process_alive(owner) && slots[i].owner_pid.compare_exchange_strong(owner, pid)) return slots[i];
   }
   return slots[kSlots - 1];
 }
