@@ -15,6 +15,7 @@ class SmallVector {
   SmallVector() = default;
   SmallVector(const SmallVector& other) : size_(other.size_) { std::copy_n(other.items_.data(), size_, items_.data()); }
   SmallVector& operator=(const SmallVector& other) {
+    if (this == &other) return *this;  // copy_n must not copy a range onto itself
     size_ = other.size_;
     std::copy_n(other.items_.data(), size_, items_.data());
     return *this;
