@@ -408,14 +408,19 @@ class UdpTransport::Engine : public udp::TransportPort {
   void wait_for_timer();
   // Asks the io thread for an io_check() (from any thread).
   void wake_io_thread();
-  // Is the application polling (many verbs calls since the last look, the
-  // latest just now)? An application that waits for events makes a call
-  // or two per event and counts as idle. io thread only.
+  // Is the application polling (verbs calls since the last look, the latest
+  // just now)? An application that waits for events makes a call or two per
+  // event and counts as idle unless it made many. One that does not (it
+  // has armed no CQ since it last polled) is at work with a single call:
+  // ib_write_bw's sender, whose posts of 64 KiB take ~10 us each, made
+  // fewer than 8 calls between two ACKs, and its io thread, taken for idle,
+  // watched and took the ACKs (and the sends they allowed) in turns with it.
+  // io thread only.
   bool app_active(Clock::time_point now) {
     uint64_t count = drive_count_.load(std::memory_order_relaxed);
     uint64_t calls = count - seen_drives_;
     seen_drives_ = count;
-    return calls >= kBusyPollCalls &&
+    return calls >= (app_waits_for_events() ? kBusyPollCalls : 1) &&
            now.time_since_epoch().count() - last_drive_.load(std::memory_order_relaxed) < app_idle_after_.count();
   }
   // Does the application sleep until CQ events (it arms CQs and has not
@@ -908,29 +913,36 @@ void UdpTransport::Engine::wake_io_thread() {
 
 void UdpTransport::Engine::io_check() {
   const Clock::time_point now = Clock::now();
-  if (app_active(now)) {
+  std::unique_lock guard(mutex_, std::try_to_lock);
+  const bool polling = app_active(now);
+  // A polling application's thread inside a verbs call holds the lock: it
+  // is at work even if it made few calls since the last look (one post of
+  // 64 KiB is two sends of 32 KiB). Waiting for the lock to watch instead
+  // made the two threads take it in turns, each handing it over with a
+  // futex wake, and the watching thread's reads the sender's job.
+  const bool in_call = !guard.owns_lock() && !app_waits_for_events();
+  if (polling || in_call) {
     app_uses_events_.store(false, std::memory_order_relaxed);
     if (watching_) stop_watching();
     // ACKs held past kAckHold leave now, whoever else is at work.
     Clock::time_point held = Clock::time_point::max();
-    if (std::unique_lock guard(mutex_, std::try_to_lock); guard.owns_lock()) {
+    if (guard.owns_lock()) {
       if (earliest_held_ack_locked() <= now) after_work(Acks::Hold);
       held = earliest_held_ack_locked();
+      guard.unlock();
     }
-    arm_timer(std::min(
-        held, Clock::time_point(Clock::duration(last_drive_.load(std::memory_order_relaxed))) + app_idle_after_));
-    app_idle_after_ = std::min<Clock::duration>(2 * app_idle_after_, kAppIdleAfter);
+    const Clock::time_point last_call(Clock::duration(last_drive_.load(std::memory_order_relaxed)));
+    arm_timer(std::min(held, (polling ? last_call : now) + app_idle_after_));
+    if (polling) app_idle_after_ = std::min<Clock::duration>(2 * app_idle_after_, kAppIdleAfter);
     return;
   }
   app_idle_after_ = kAppIdleAfterFirst;
   if (!watching_) start_watching();
-  Clock::time_point next;
-  {
-    std::lock_guard guard(mutex_);
-    drain_all_locked(Reads::All);
-    after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
-    next = earliest_deadline_locked();
-  }
+  if (!guard.owns_lock()) guard.lock();
+  drain_all_locked(Reads::All);
+  after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
+  const Clock::time_point next = earliest_deadline_locked();
+  guard.unlock();
   arm_timer(next);
 }
 
