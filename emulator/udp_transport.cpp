@@ -408,19 +408,14 @@ class UdpTransport::Engine : public udp::TransportPort {
   void wait_for_timer();
   // Asks the io thread for an io_check() (from any thread).
   void wake_io_thread();
-  // Is the application polling (verbs calls since the last look, the latest
-  // just now)? An application that waits for events makes a call or two per
-  // event and counts as idle unless it made many. One that does not (it
-  // has armed no CQ since it last polled) is at work with a single call:
-  // ib_write_bw's sender, whose posts of 64 KiB take ~10 us each, made
-  // fewer than 8 calls between two ACKs, and its io thread, taken for idle,
-  // watched and took the ACKs (and the sends they allowed) in turns with it.
-  // io thread only.
+  // Is the application polling (many verbs calls since the last look, the
+  // latest just now)? An application that waits for events makes a call
+  // or two per event and counts as idle. io thread only.
   bool app_active(Clock::time_point now) {
     uint64_t count = drive_count_.load(std::memory_order_relaxed);
     uint64_t calls = count - seen_drives_;
     seen_drives_ = count;
-    return calls >= (app_waits_for_events() ? kBusyPollCalls : 1) &&
+    return calls >= kBusyPollCalls &&
            now.time_since_epoch().count() - last_drive_.load(std::memory_order_relaxed) < app_idle_after_.count();
   }
   // Does the application sleep until CQ events (it arms CQs and has not
@@ -916,10 +911,14 @@ void UdpTransport::Engine::io_check() {
   std::unique_lock guard(mutex_, std::try_to_lock);
   const bool polling = app_active(now);
   // A polling application's thread inside a verbs call holds the lock: it
-  // is at work even if it made few calls since the last look (one post of
-  // 64 KiB is two sends of 32 KiB). Waiting for the lock to watch instead
-  // made the two threads take it in turns, each handing it over with a
-  // futex wake, and the watching thread's reads the sender's job.
+  // is at work even if it made few calls since the last look. ib_write_bw's
+  // sender, whose posts of 64 KiB take ~10 us each (two sends of 32 KiB),
+  // made fewer than kBusyPollCalls between two ACKs; its io thread, taken
+  // for idle, watched and waited for the lock, and the two threads took it
+  // in turns, each handing it over with a futex wake, the io thread taking
+  // the ACKs and the sends they let go. (A program that polls now and then,
+  // between long stretches of its own work, still counts as idle, and its
+  // io thread answers for it at once.)
   const bool in_call = !guard.owns_lock() && !app_waits_for_events();
   if (polling || in_call) {
     app_uses_events_.store(false, std::memory_order_relaxed);
