@@ -408,6 +408,9 @@ class UdpTransport::Engine : public udp::TransportPort {
   void wait_for_timer();
   // Asks the io thread for an io_check() (from any thread).
   void wake_io_thread();
+  // Reads every socket if the io thread left that to this verbs call (see
+  // reads_left_to_call_); mutex_ held.
+  void read_what_io_thread_left_locked();
   // Is the application polling (many verbs calls since the last look, the
   // latest just now)? An application that waits for events makes a call
   // or two per event and counts as idle. io thread only.
@@ -598,7 +601,10 @@ class UdpTransport::Engine : public udp::TransportPort {
   std::mutex timer_mutex_;  // armed_ and the timerfd change together (any thread sets the timer)
   std::atomic<bool> wake_pending_{false};
   std::atomic<bool> watching_{false};  // changed by the io thread only
-  uint64_t watch_generation_ = 0;      // io thread only
+  // The io thread, watching, found a verbs call at work and stepped aside:
+  // that call reads the sockets before it returns (see io_check).
+  std::atomic<bool> reads_left_to_call_{false};
+  uint64_t watch_generation_ = 0;  // io thread only
   uint32_t capture_generation_ = 0;
   int capture_fd_ = -1;
   // Receive buffers, reused.
@@ -922,6 +928,11 @@ void UdpTransport::Engine::io_check() {
   const bool in_call = !guard.owns_lock() && !app_waits_for_events();
   if (polling || in_call) {
     app_uses_events_.store(false, std::memory_order_relaxed);
+    // What woke a watching thread may wait in a socket, and the call may
+    // be the application's last for a while (a post, then a spin on
+    // memory): the call reads before it returns, as this thread would
+    // have once it had the lock.
+    if (in_call && watching_) reads_left_to_call_.store(true, std::memory_order_relaxed);
     if (watching_) stop_watching();
     // ACKs held past kAckHold leave now, whoever else is at work.
     Clock::time_point held = Clock::time_point::max();
@@ -1574,7 +1585,14 @@ int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe&& wqe) {
   learn_ack_hold_locked(qpn, now);
   udp::requester_post(*this, *qp, std::move(wqe));
   after_work();
+  read_what_io_thread_left_locked();
   return 0;
+}
+
+void UdpTransport::Engine::read_what_io_thread_left_locked() {
+  if (!reads_left_to_call_.load(std::memory_order_relaxed) || !reads_left_to_call_.exchange(false)) return;
+  drain_all_locked(Reads::All);
+  after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
 }
 
 void UdpTransport::Engine::drive() {
@@ -1586,6 +1604,7 @@ void UdpTransport::Engine::drive() {
   // An application that sleeps in CQ events posts nothing soon after a
   // packet arrives (see app_waits_for_events()).
   after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
+  read_what_io_thread_left_locked();
 }
 
 // ---- the public face ---------------------------------------------------------------
