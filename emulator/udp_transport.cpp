@@ -931,7 +931,8 @@ void UdpTransport::Engine::io_check() {
     // What woke a watching thread may wait in a socket, and the call may
     // be the application's last for a while (a post, then a spin on
     // memory): the call reads before it returns, as this thread would
-    // have once it had the lock.
+    // have once it had the lock. (A call already past that point leaves
+    // it to the next post or poll, or to this thread's next look.)
     if (in_call && watching_) reads_left_to_call_.store(true, std::memory_order_relaxed);
     if (watching_) stop_watching();
     // ACKs held past kAckHold leave now, whoever else is at work.
