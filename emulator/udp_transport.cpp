@@ -408,9 +408,11 @@ class UdpTransport::Engine : public udp::TransportPort {
   void wait_for_timer();
   // Asks the io thread for an io_check() (from any thread).
   void wake_io_thread();
-  // Reads every socket if the io thread left that to this verbs call (see
-  // reads_left_to_call_); mutex_ held.
-  void read_what_io_thread_left_locked();
+  // Did the io thread leave reading every socket to this verbs call (see
+  // reads_left_to_call_)? Then the call reads them all before its answers.
+  bool reads_left_to_this_call() {
+    return reads_left_to_call_.load(std::memory_order_relaxed) && reads_left_to_call_.exchange(false);
+  }
   // Is the application polling (many verbs calls since the last look, the
   // latest just now)? An application that waits for events makes a call
   // or two per event and counts as idle. io thread only.
@@ -1585,15 +1587,9 @@ int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe&& wqe) {
   if (qp == nullptr || !qp->sending) return EINVAL;
   learn_ack_hold_locked(qpn, now);
   udp::requester_post(*this, *qp, std::move(wqe));
+  if (reads_left_to_this_call()) drain_all_locked(Reads::All);
   after_work();
-  read_what_io_thread_left_locked();
   return 0;
-}
-
-void UdpTransport::Engine::read_what_io_thread_left_locked() {
-  if (!reads_left_to_call_.load(std::memory_order_relaxed) || !reads_left_to_call_.exchange(false)) return;
-  drain_all_locked(Reads::All);
-  after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
 }
 
 void UdpTransport::Engine::drive() {
@@ -1601,11 +1597,13 @@ void UdpTransport::Engine::drive() {
   std::unique_lock guard(mutex_, std::try_to_lock);
   if (!guard.owns_lock()) return;  // the background thread is at it
   PassClock clock(*this, now);
-  drain_polling_locked();
+  if (reads_left_to_this_call())
+    drain_all_locked(Reads::All);
+  else
+    drain_polling_locked();
   // An application that sleeps in CQ events posts nothing soon after a
   // packet arrives (see app_waits_for_events()).
   after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
-  read_what_io_thread_left_locked();
 }
 
 // ---- the public face ---------------------------------------------------------------
