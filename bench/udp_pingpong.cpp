@@ -11,7 +11,11 @@
 // a 16-byte RETH (4128 bytes), the others 4112 (BTH + 4096 + ICRC), and as
 // all datagrams of a UDP GSO send but the last must have one size, each
 // message takes two sends (first + one, then the other 14), received with
-// UDP_GRO. The floors for the RoCEv2-over-UDP transport.
+// UDP_GRO; and the same with the work that no software RoCEv2 transport can
+// skip: the sender copies each packet's payload from the application's
+// buffer into the send buffer and computes its ICRC, the receiver checks
+// every packet's ICRC and copies its payload out. The floors for the
+// RoCEv2-over-UDP transport.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
@@ -31,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "icrc.h"
 #include "udp_gso.h"
 
 namespace {
@@ -83,10 +88,45 @@ ssize_t send_datagrams(int fd, char* buffer, const Send& what) {
   return sendmsg(fd, &message, 0);
 }
 
+// The software work around one 64 KiB RDMA WRITE at path MTU 4096 (see the
+// top): the sender fills `packets` from `application` and seals each packet
+// with its CRC; the receiver checks each datagram of a GRO batch and copies
+// its payload to `memory`.
+constexpr size_t kPathMtu = 4096;
+constexpr size_t kBth = 12, kReth = 16, kIcrc = 4;
+constexpr size_t kWritePackets = 16;
+
+void build_write(const uint8_t* application, uint8_t* packets) {
+  for (size_t packet = 0; packet < kWritePackets; ++packet) {
+    const size_t header = packet == 0 ? kBth + kReth : kBth;
+    std::memcpy(packets + header, application + packet * kPathMtu, kPathMtu);
+    const uint32_t crc = ~softverbs::wire::crc32(0xffffffffu, std::span<const uint8_t>(packets, header + kPathMtu));
+    softverbs::wire::store_icrc(crc, packets + header + kPathMtu);
+    packets += header + kPathMtu + kIcrc;
+  }
+}
+
+// Returns the number of datagrams whose CRC did not match.
+size_t check_write(std::span<const uint8_t> batch, size_t segment, uint8_t* memory, size_t& at) {
+  size_t bad = 0;
+  for (size_t offset = 0; offset < batch.size(); offset += segment) {
+    const auto datagram = batch.subspan(offset, std::min(segment, batch.size() - offset));
+    if (datagram.size() < kBth + kPathMtu + kIcrc) return bad + 1;
+    const size_t body = datagram.size() - kIcrc;
+    if (~softverbs::wire::crc32(0xffffffffu, datagram.first(body)) != softverbs::wire::load_icrc(&datagram[body]))
+      ++bad;
+    std::memcpy(memory + at, &datagram[body - kPathMtu], kPathMtu);
+    at = (at + kPathMtu) % (kWritePackets * kPathMtu);
+  }
+  return bad;
+}
+
 // The parent makes the sends of `pattern` over and over as fast as it can;
 // the child (busy-polling, with UDP_GRO) counts the bytes that arrive
-// between its first and last receive and prints GB/s as `name`.
-void throughput(int a, int b, char* buffer, const std::vector<Send>& pattern, const char* name) {
+// between its first and last receive and prints GB/s as `name`. With
+// `software` the pattern is one 64 KiB WRITE, and both sides do the work of
+// build_write and check_write.
+void throughput(int a, int b, char* buffer, const std::vector<Send>& pattern, const char* name, bool software = false) {
   size_t bytes_per_round = 0;
   for (const Send& one : pattern) bytes_per_round += one.bytes();
   const long rounds = static_cast<long>(2600000000.0 / static_cast<double>(bytes_per_round));
@@ -99,8 +139,31 @@ void throughput(int a, int b, char* buffer, const std::vector<Send>& pattern, co
     double bytes = 0;
     std::chrono::steady_clock::time_point first{}, last{};
     auto idle_since = std::chrono::steady_clock::now();
+    std::vector<uint8_t> memory(kWritePackets * kPathMtu);
+    size_t memory_at = 0, bad = 0;
     while (received < bytes_per_round * rounds) {
-      ssize_t got = recv(b, buffer, 65536, MSG_DONTWAIT);
+      ssize_t got;
+      if (software) {
+        // As softverbs reads: the GRO segment size comes with the datagrams.
+        iovec data{buffer, 65536};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+        msghdr message{};
+        message.msg_iov = &data;
+        message.msg_iovlen = 1;
+        message.msg_control = control;
+        message.msg_controllen = sizeof control;
+        got = recvmsg(b, &message, MSG_DONTWAIT);
+        if (got > 0) {
+          int segment = static_cast<int>(got);
+          for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header))
+            if (header->cmsg_level == SOL_UDP && header->cmsg_type == UDP_GRO)
+              std::memcpy(&segment, CMSG_DATA(header), sizeof segment);
+          bad += check_write(std::span(reinterpret_cast<const uint8_t*>(buffer), static_cast<size_t>(got)),
+                             static_cast<size_t>(segment), memory.data(), memory_at);
+        }
+      } else {
+        got = recv(b, buffer, 65536, MSG_DONTWAIT);
+      }
       if (got > 0) {
         last = std::chrono::steady_clock::now();
         if (received == 0)
@@ -114,12 +177,19 @@ void throughput(int a, int b, char* buffer, const std::vector<Send>& pattern, co
       }
     }
     double seconds = std::chrono::duration<double>(last - first).count();
-    std::printf("%s value=%.3f\n", name, seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+    if (bad != 0) std::fprintf(stderr, "%s: %zu datagrams with a wrong CRC\n", name, bad);
+    std::printf("%s value=%.3f\n", name, seconds > 0 && bad == 0 ? bytes / seconds / 1e9 : 0.0);
     std::fflush(stdout);
     _exit(0);
   }
-  for (long i = 0; i < rounds; ++i)
-    for (const Send& one : pattern) send_datagrams(a, buffer, one);
+  std::vector<uint8_t> application(kWritePackets * kPathMtu, 0x5a);
+  for (long i = 0; i < rounds; ++i) {
+    if (software) build_write(application.data(), reinterpret_cast<uint8_t*>(buffer));
+    for (size_t offset = 0; const Send& one : pattern) {
+      send_datagrams(a, buffer + offset, one);
+      if (software) offset += one.bytes();
+    }
+  }
   waitpid(child, nullptr, 0);
   int off = 0;
   setsockopt(b, SOL_UDP, UDP_GRO, &off, sizeof off);
@@ -158,7 +228,7 @@ std::vector<double> woken_side(int fd, int iterations, bool first) {
 
 }  // namespace
 
-constexpr const char* kParts[] = {"busy", "woken", "roce", "throughput", "roce_write"};
+constexpr const char* kParts[] = {"busy", "woken", "roce", "throughput", "roce_write", "roce_write_software"};
 
 // Which measurements to make: all by default, or those named in a
 // comma-separated list, so that bench/run can measure a baseline again just
@@ -196,7 +266,7 @@ int main(int argc, char** argv) {
   int a = bound_socket(port_a), b = bound_socket(port_b);
   connect_to(a, port_b);
   connect_to(b, port_a);
-  static char buffer[65536] = {};
+  static char buffer[kWritePackets * (kPathMtu + kBth + kIcrc) + kReth] = {};  // a 64 KiB WRITE's packets
   if (wanted("busy")) {
     std::fflush(stdout);  // before fork: the child must not repeat it
     pid_t child = fork();
@@ -265,5 +335,7 @@ int main(int argc, char** argv) {
   if (wanted("throughput")) throughput(a, b, buffer, {{65000, 1}}, "udp_throughput_GBps");
   // A 64 KiB WRITE: first (4128) + middle (4112), then 13 middle + last.
   if (wanted("roce_write")) throughput(a, b, buffer, {{4128, 1, 4112}, {4112, 14}}, "udp_throughput_roce_write_GBps");
+  if (wanted("roce_write_software"))
+    throughput(a, b, buffer, {{4128, 1, 4112}, {4112, 14}}, "udp_throughput_roce_write_software_GBps", true);
   return 0;
 }
