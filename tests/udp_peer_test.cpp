@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -72,8 +73,9 @@ class Endpoint {
     pd_ = ibv_alloc_pd(context_);
     cq_ = ibv_create_cq(context_, depth * 2, nullptr, nullptr, 0);
     if (!pd_ || !cq_ || gid_index_ < 0) return false;
-    mr_ = ibv_reg_mr(pd_, buffer_.data(), buffer_.size(),
-                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    mr_ = ibv_reg_mr(
+        pd_, buffer_.data(), buffer_.size(),
+        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
     ibv_qp_init_attr init{};
     init.send_cq = init.recv_cq = cq_;
     init.qp_type = IBV_QPT_RC;
@@ -96,7 +98,8 @@ class Endpoint {
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_INIT;
     attr.port_num = 1;
-    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    attr.qp_access_flags =
+        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
     if (ibv_modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return false;
     attr = {};
     attr.qp_state = IBV_QPS_RTR;
@@ -139,6 +142,23 @@ class Endpoint {
       wr.wr.rdma.remote_addr = peer->address + offset;
       wr.wr.rdma.rkey = peer->rkey;
     }
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(qp_, &wr, &bad);
+  }
+
+  // An 8-byte fetch-and-add at `offset` of the peer's buffer; the original
+  // value lands at `offset` of this one.
+  int post_fetch_add(uint64_t wr_id, size_t offset, uint64_t add, const ConnectInfo& peer) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_.data() + offset), 8, mr_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.atomic.remote_addr = peer.address + offset;
+    wr.wr.atomic.compare_add = add;
+    wr.wr.atomic.rkey = peer.rkey;
     ibv_send_wr* bad = nullptr;
     return ibv_post_send(qp_, &wr, &bad);
   }
@@ -562,6 +582,77 @@ TEST(UdpPeer, SoakMovesOneGibibyteExactlyOnceAtTenPercentLoss) {
   EXPECT_LT(seconds, kBoundSeconds);
   std::printf("1 GiB in %.1f s (%.1f MB/s) at 10%% loss, 5%% duplication, 5%% reordering, 1%% corruption\n", seconds,
               1073.741824 / seconds);
+}
+
+// A READ and atomic target whose application makes no verbs calls: its
+// background thread answers each request, and after a short answer keeps
+// reading the sockets for a moment (the next request of a peer that waits
+// for answers comes a round trip later) instead of sleeping. The answers
+// must be right, and once the requests stop the thread must sleep: the
+// idle target then uses almost no CPU.
+TEST(UdpPeer, AnswersReadsAndAtomicsForAnIdleTargetAndThenSleeps) {
+  constexpr int kReads = 300;
+  constexpr int kAtomics = 300;
+  constexpr size_t kPattern = 4096;  // the target's bytes that the READs read
+  constexpr size_t kCounter = 8192;  // the target's word that the atomics add to
+  constexpr auto kIdle = std::chrono::milliseconds(500);
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], 1 << 16, 16, 14, 7, [&](Endpoint& target, int fd) {
+    fill(target.data(), kPattern, 7);
+    std::memset(target.data() + kCounter, 0, 8);
+    char token = 'R';
+    write_all(fd, &token, 1);
+    read_all(fd, &token, 1);  // the parent's requests are done
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    std::this_thread::sleep_for(kIdle);
+    getrusage(RUSAGE_SELF, &after);
+    auto micros = [](const timeval& t) { return uint64_t(t.tv_sec) * 1'000'000 + uint64_t(t.tv_usec); };
+    const uint64_t busy =
+        micros(after.ru_utime) + micros(after.ru_stime) - micros(before.ru_utime) - micros(before.ru_stime);
+    write_all(fd, &busy, sizeof busy);
+    uint64_t counter;
+    std::memcpy(&counter, target.data() + kCounter, 8);
+    return counter == kAtomics ? 0 : 1;
+  });
+  ASSERT_GT(child, 0);
+  Endpoint self;
+  ConnectInfo peer;
+  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 16, 14, 7, peer));
+  // One request at a time, as ib_read_lat and ib_atomic_lat make them.
+  std::vector<uint8_t> expected(kPattern);
+  fill(expected.data(), kPattern, 7);
+  int right_reads = 0, right_atomics = 0;
+  for (int i = 0; i < kReads; ++i) {
+    const size_t offset = static_cast<size_t>(i) * 8 % kPattern;
+    std::memset(self.data() + offset, 0, 8);  // the READ lands at the same offset here
+    ASSERT_EQ(self.post_send(i, offset, 8, IBV_WR_RDMA_READ, &peer), 0);
+    auto done = poll_for(self, 1, std::chrono::seconds(5));
+    ASSERT_EQ(done.size(), 1u) << "READ " << i;
+    ASSERT_EQ(done[0].status, IBV_WC_SUCCESS) << "READ " << i << ": " << ibv_wc_status_str(done[0].status);
+    if (std::memcmp(self.data() + offset, expected.data() + offset, 8) == 0) ++right_reads;
+  }
+  for (int i = 0; i < kAtomics; ++i) {
+    ASSERT_EQ(self.post_fetch_add(kReads + i, kCounter, 1, peer), 0);
+    auto done = poll_for(self, 1, std::chrono::seconds(5));
+    ASSERT_EQ(done.size(), 1u) << "atomic " << i;
+    ASSERT_EQ(done[0].status, IBV_WC_SUCCESS) << "atomic " << i << ": " << ibv_wc_status_str(done[0].status);
+    uint64_t original;
+    std::memcpy(&original, self.data() + kCounter, 8);
+    if (original == static_cast<uint64_t>(i)) ++right_atomics;
+  }
+  char token = 'D';
+  ASSERT_TRUE(write_all(sockets[0], &token, 1));
+  uint64_t busy_micros = 0;
+  ASSERT_TRUE(read_all(sockets[0], &busy_micros, sizeof busy_micros));
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_EQ(right_reads, kReads) << "each READ brought the target's bytes";
+  EXPECT_EQ(right_atomics, kAtomics) << "each fetch-and-add returned the count before it";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the target's counter holds every add";
+  // A thread left spinning would use the whole half second.
+  EXPECT_LT(busy_micros, 100'000u) << "CPU time the idle target used in " << kIdle.count() << " ms";
 }
 
 }  // namespace
