@@ -129,8 +129,11 @@ class Endpoint {
                              IBV_QP_MAX_QP_RD_ATOMIC) == 0;
   }
 
+  // A SEND, or an RDMA WRITE or READ at the same offset of `peer`'s buffer,
+  // or a fetch-and-add of `add` to the word there (the original value lands
+  // here).
   int post_send(uint64_t wr_id, size_t offset, uint32_t length, ibv_wr_opcode opcode = IBV_WR_SEND,
-                const ConnectInfo* peer = nullptr) {
+                const ConnectInfo* peer = nullptr, uint64_t add = 0) {
     ibv_sge sge{reinterpret_cast<uint64_t>(buffer_.data() + offset), length, mr_->lkey};
     ibv_send_wr wr{};
     wr.wr_id = wr_id;
@@ -138,27 +141,14 @@ class Endpoint {
     wr.num_sge = 1;
     wr.opcode = opcode;
     wr.send_flags = IBV_SEND_SIGNALED;
-    if (peer) {
+    if (peer && opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      wr.wr.atomic.remote_addr = peer->address + offset;
+      wr.wr.atomic.compare_add = add;
+      wr.wr.atomic.rkey = peer->rkey;
+    } else if (peer) {
       wr.wr.rdma.remote_addr = peer->address + offset;
       wr.wr.rdma.rkey = peer->rkey;
     }
-    ibv_send_wr* bad = nullptr;
-    return ibv_post_send(qp_, &wr, &bad);
-  }
-
-  // An 8-byte fetch-and-add at `offset` of the peer's buffer; the original
-  // value lands at `offset` of this one.
-  int post_fetch_add(uint64_t wr_id, size_t offset, uint64_t add, const ConnectInfo& peer) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_.data() + offset), 8, mr_->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.atomic.remote_addr = peer.address + offset;
-    wr.wr.atomic.compare_add = add;
-    wr.wr.atomic.rkey = peer.rkey;
     ibv_send_wr* bad = nullptr;
     return ibv_post_send(qp_, &wr, &bad);
   }
@@ -634,7 +624,7 @@ TEST(UdpPeer, AnswersReadsAndAtomicsForAnIdleTargetAndThenSleeps) {
     if (std::memcmp(self.data() + offset, expected.data() + offset, 8) == 0) ++right_reads;
   }
   for (int i = 0; i < kAtomics; ++i) {
-    ASSERT_EQ(self.post_fetch_add(kReads + i, kCounter, 1, peer), 0);
+    ASSERT_EQ(self.post_send(kReads + i, kCounter, 8, IBV_WR_ATOMIC_FETCH_AND_ADD, &peer, 1), 0);
     auto done = poll_for(self, 1, std::chrono::seconds(5));
     ASSERT_EQ(done.size(), 1u) << "atomic " << i;
     ASSERT_EQ(done[0].status, IBV_WC_SUCCESS) << "atomic " << i << ": " << ibv_wc_status_str(done[0].status);
