@@ -11,11 +11,11 @@
 // a 16-byte RETH (4128 bytes), the others 4112 (BTH + 4096 + ICRC), and as
 // all datagrams of a UDP GSO send but the last must have one size, each
 // message takes two sends (first + one, then the other 14), received with
-// UDP_GRO; and the same with the work that no software RoCEv2 transport can
-// skip: the sender copies each packet's payload from the application's
-// buffer into the send buffer and computes its ICRC, the receiver checks
-// every packet's ICRC and copies its payload out. The floors for the
-// RoCEv2-over-UDP transport.
+// UDP_GRO; and the same with a software transport's work on the data, as
+// softverbs does it: the sender copies each packet's payload from the
+// application's buffer into the send buffer and computes its ICRC, the
+// receiver checks every packet's ICRC and copies its payload out. The
+// floors for the RoCEv2-over-UDP transport.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
