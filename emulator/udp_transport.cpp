@@ -466,7 +466,9 @@ class UdpTransport::Engine : public udp::TransportPort {
   // mutex_ held: answers, due timers. A pass that may hold ACKs back is one
   // that did not post a request (see kAckHold).
   enum class Acks : uint8_t { Hold, Send };
-  void after_work(Acks acks = Acks::Send);
+  // Returns whether the pass answered a short READ or an atomic (see
+  // kAnswerSpin).
+  bool after_work(Acks acks = Acks::Send);
   Clock::time_point earliest_held_ack_locked() const;
   // Sends the ACK held for `qpn` now, if any (the QP going away or to ERR,
   // the engine stopping).
@@ -613,7 +615,6 @@ class UdpTransport::Engine : public udp::TransportPort {
   std::mutex timer_mutex_;  // armed_ and the timerfd change together (any thread sets the timer)
   std::atomic<bool> wake_pending_{false};
   std::atomic<bool> watching_{false};  // changed by the io thread only
-  bool answered_requests_ = false;     // after_work sent a READ or atomic response
   // The io thread, watching, found a verbs call at work and stepped aside:
   // that call reads the sockets before it returns (see io_check).
   std::atomic<bool> reads_left_to_call_{false};
@@ -963,10 +964,11 @@ void UdpTransport::Engine::io_check() {
   app_idle_after_ = kAppIdleAfterFirst;
   if (!watching_) start_watching();
   if (!guard.owns_lock()) guard.lock();
-  answered_requests_ = false;
-  drain_all_locked(Reads::All);
-  after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
-  if (answered_requests_) {
+  const auto pass = [this] {
+    drain_all_locked(Reads::All);
+    return after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
+  };
+  if (pass()) {
     // A peer whose READ or atomic this thread answered for an idle
     // application waits for the answer and may send the next request a
     // round trip later: this thread keeps reading until kAnswerSpin passes
@@ -981,11 +983,9 @@ void UdpTransport::Engine::io_check() {
       guard.lock();
       // The application is back (its calls read the sockets), or stopping.
       if (drive_count_.load(std::memory_order_relaxed) != calls || io_.stopped()) break;
-      answered_requests_ = false;
-      drain_all_locked(Reads::All);
-      after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
+      const bool answered = pass();
       const Clock::time_point t = Clock::now();
-      if (answered_requests_) last_answer = t;
+      if (answered) last_answer = t;
       if (t - last_answer > kAnswerSpin || t - started > kAnswerSpinPerLook) break;
     }
   }
@@ -1167,7 +1167,7 @@ void UdpTransport::Engine::forward(uint16_t port, const FlowAddress& flow, std::
   counters().add(Counter::ForwardedPackets);
 }
 
-void UdpTransport::Engine::after_work(Acks acks) {
+bool UdpTransport::Engine::after_work(Acks acks) {
   const Clock::time_point now = this->now();
   // Due timers first: a retransmission may add to the answers below.
   for (auto& [qpn, qp] : qps_) {
@@ -1200,6 +1200,7 @@ void UdpTransport::Engine::after_work(Acks acks) {
   // polling for its completion, takes in both. A pass that posted a request
   // sends every held ACK.
   bool more = false;
+  bool answered_short_request = false;
   for (const HeldAck& held : acks_held_)
     if (acks == Acks::Send || held_ack_due(held) <= now) touched_.push_back(held.qpn);
   if (touched_.size() > 1) {
@@ -1224,7 +1225,7 @@ void UdpTransport::Engine::after_work(Acks acks) {
     if (!outbox.empty() &&
         (outbox.front().kind == udp::Response::Kind::AtomicAck ||
          (outbox.front().kind == udp::Response::Kind::ReadData && outbox.front().packets <= kAnswerSpinAfterPackets)))
-      answered_requests_ = true;
+      answered_short_request = true;
     if (udp::responder_send(*this, *qp, kReadBudgetPerPass)) more = true;
   }
   touched_.clear();
@@ -1251,11 +1252,13 @@ void UdpTransport::Engine::after_work(Acks acks) {
   const Clock::time_point earliest = on_io_thread || watching_.load(std::memory_order_relaxed)
                                          ? earliest_deadline_locked()
                                          : earliest_protocol_deadline_locked();
-  if (earliest.time_since_epoch().count() >= armed_.load(std::memory_order_relaxed)) return;
-  if (on_io_thread || earliest - now >= kArmedFromAnyThread)
-    arm_timer(earliest);
-  else
-    wake_io_thread();
+  if (earliest.time_since_epoch().count() < armed_.load(std::memory_order_relaxed)) {
+    if (on_io_thread || earliest - now >= kArmedFromAnyThread)
+      arm_timer(earliest);
+    else
+      wake_io_thread();
+  }
+  return answered_short_request;
 }
 
 Clock::time_point UdpTransport::Engine::earliest_held_ack_locked() const {
