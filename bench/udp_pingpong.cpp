@@ -146,20 +146,17 @@ void throughput(int a, int b, char* buffer, const std::vector<Send>& pattern, co
       if (software) {
         // As softverbs reads: the GRO segment size comes with the datagrams.
         iovec data{buffer, 65536};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+        softverbs::UdpGroControl control;
         msghdr message{};
         message.msg_iov = &data;
         message.msg_iovlen = 1;
-        message.msg_control = control;
-        message.msg_controllen = sizeof control;
+        message.msg_control = control.bytes;
+        message.msg_controllen = sizeof control.bytes;
         got = recvmsg(b, &message, MSG_DONTWAIT);
         if (got > 0) {
-          int segment = static_cast<int>(got);
-          for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header))
-            if (header->cmsg_level == SOL_UDP && header->cmsg_type == UDP_GRO)
-              std::memcpy(&segment, CMSG_DATA(header), sizeof segment);
-          bad += check_write(std::span(reinterpret_cast<const uint8_t*>(buffer), static_cast<size_t>(got)),
-                             static_cast<size_t>(segment), memory.data(), memory_at);
+          const size_t segment = softverbs::udp_gro_segment(message, static_cast<size_t>(got));
+          bad += check_write(std::span(reinterpret_cast<const uint8_t*>(buffer), static_cast<size_t>(got)), segment,
+                             memory.data(), memory_at);
         }
       } else {
         got = recv(b, buffer, 65536, MSG_DONTWAIT);

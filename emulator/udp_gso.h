@@ -1,12 +1,14 @@
 // UDP generic segmentation offload (GSO): one sendmsg that the kernel cuts
-// into datagrams of one size (the last may be shorter). Shared by the UDP
-// transport and the raw-UDP baselines of bench/, which must send the same way.
+// into datagrams of one size (the last may be shorter), and its receiving
+// twin, GRO. Shared by the UDP transport and the raw-UDP baselines of bench/,
+// which must send and read the same way.
 #pragma once
 
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <sys/socket.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -26,6 +28,27 @@ inline void request_udp_segments(msghdr& message, UdpSegmentControl& control, ui
   header->cmsg_type = UDP_SEGMENT;
   header->cmsg_len = CMSG_LEN(sizeof(uint16_t));
   std::memcpy(CMSG_DATA(header), &segment, sizeof segment);
+}
+
+// Room for the UDP_GRO control message that comes with coalesced datagrams.
+// Left uninitialized: the kernel fills it, and the transport sets up a
+// batch of these for every read, most of which find nothing.
+struct UdpGroControl {
+  alignas(cmsghdr) char bytes[CMSG_SPACE(sizeof(int))];
+};
+
+// With UDP_GRO the kernel hands over several datagrams of one flow in one
+// read, all of one size but the last: that size, as the control message of
+// `message` gives it, or `length` (the bytes read) when it gives none.
+inline size_t udp_gro_segment(msghdr& message, size_t length) {
+  for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header)) {
+    if (header->cmsg_level == SOL_UDP && header->cmsg_type == UDP_GRO) {
+      int size = 0;
+      std::memcpy(&size, CMSG_DATA(header), sizeof size);
+      if (size > 0) return static_cast<size_t>(size);
+    }
+  }
+  return length;
 }
 
 }  // namespace softverbs

@@ -1002,14 +1002,14 @@ bool UdpTransport::Engine::drain(Watcher& watcher, Reads reads) {
     mmsghdr messages[kReceiveBatch];
     iovec vectors[kReceiveBatch];
     sockaddr_storage sources[kReceiveBatch];
-    alignas(cmsghdr) char controls[kReceiveBatch][CMSG_SPACE(sizeof(int))];
+    UdpGroControl controls[kReceiveBatch];
     for (size_t i = 0; i < batch; ++i) {
       vectors[i] = {buffers_[i].data(), buffers_[i].size()};
       messages[i] = {};
       messages[i].msg_hdr.msg_iov = &vectors[i];
       messages[i].msg_hdr.msg_iovlen = 1;
-      messages[i].msg_hdr.msg_control = controls[i];
-      messages[i].msg_hdr.msg_controllen = sizeof controls[i];
+      messages[i].msg_hdr.msg_control = controls[i].bytes;
+      messages[i].msg_hdr.msg_controllen = sizeof controls[i].bytes;
       if (!watcher.forward && !watcher.connected) {
         messages[i].msg_hdr.msg_name = &sources[i];
         messages[i].msg_hdr.msg_namelen = sizeof sources[i];
@@ -1034,17 +1034,7 @@ bool UdpTransport::Engine::drain(Watcher& watcher, Reads reads) {
         counters().add(Counter::MalformedPackets);
         continue;
       }
-      // With UDP_GRO the kernel hands over several datagrams of one flow at
-      // once, all `segment` bytes long but the last.
-      size_t segment = bytes.size();
-      for (cmsghdr* header = CMSG_FIRSTHDR(&messages[i].msg_hdr); header != nullptr;
-           header = CMSG_NXTHDR(&messages[i].msg_hdr, header)) {
-        if (header->cmsg_level == SOL_UDP && header->cmsg_type == UDP_GRO) {
-          int size = 0;
-          std::memcpy(&size, CMSG_DATA(header), sizeof size);
-          if (size > 0) segment = static_cast<size_t>(size);
-        }
-      }
+      const size_t segment = udp_gro_segment(messages[i].msg_hdr, bytes.size());
       FlowAddress flow;
       if (watcher.forward) {
         ForwardHeader header;
