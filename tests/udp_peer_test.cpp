@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -643,6 +644,127 @@ TEST(UdpPeer, AnswersReadsAndAtomicsForAnIdleTargetAndThenSleeps) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the target's counter holds every add";
   // A thread left spinning would use the whole half second.
   EXPECT_LT(busy_micros, 100'000u) << "CPU time the idle target used in " << kIdle.count() << " ms";
+}
+
+// A burst of posts with no poll between them (as ib_write_bw and
+// ib_send_bw post up to their queue depth) leaves in UDP GSO sends of many
+// packets. Sizes change within the burst, so batches end early as well as
+// full: every WRITE and SEND must land exactly once, in order, and each
+// completion must come back.
+TEST(UdpPeer, DeliversABurstOfPostsExactlyOnceAndInOrder) {
+  constexpr int kWrites = 200;
+  constexpr int kSends = 200;
+  constexpr size_t kSlot = 64;
+  constexpr size_t kSendArea = kWrites * kSlot;
+  auto send_length = [](int i) { return static_cast<uint32_t>(8 + (i / 7 % 4) * 16); };  // runs of 7 of one size
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], 1 << 16, 256, 14, 7, [&](Endpoint& peer, int fd) {
+    for (int i = 0; i < kSends; ++i)
+      if (peer.post_recv(i, kSendArea + static_cast<size_t>(i) * kSlot, kSlot) != 0) return 1;
+    char token = 'R';
+    write_all(fd, &token, 1);
+    auto received = poll_for(peer, kSends, std::chrono::seconds(10));
+    if (received.size() != static_cast<size_t>(kSends)) return 2;
+    for (int i = 0; i < kSends; ++i) {
+      const ibv_wc& wc = received[static_cast<size_t>(i)];
+      if (wc.status != IBV_WC_SUCCESS || wc.wr_id != static_cast<uint64_t>(i) || wc.byte_len != send_length(i))
+        return 3;
+      if (!matches(peer.data() + kSendArea + static_cast<size_t>(i) * kSlot, send_length(i), 1000 + i)) return 4;
+    }
+    read_all(fd, &token, 1);  // the parent's WRITEs completed
+    for (int i = 0; i < kWrites; ++i)
+      if (!matches(peer.data() + static_cast<size_t>(i) * kSlot, 16 + static_cast<size_t>(i % 3) * 8, i)) return 5;
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  Endpoint self;
+  ConnectInfo peer;
+  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 256, 14, 7, peer));
+  for (int i = 0; i < kWrites; ++i) {
+    const size_t offset = static_cast<size_t>(i) * kSlot;
+    const uint32_t length = 16 + static_cast<uint32_t>(i % 3) * 8;
+    fill(self.data() + offset, length, static_cast<uint64_t>(i));
+    ASSERT_EQ(self.post_send(static_cast<uint64_t>(i), offset, length, IBV_WR_RDMA_WRITE, &peer), 0);
+  }
+  for (int i = 0; i < kSends; ++i) {
+    const size_t offset = kSendArea + static_cast<size_t>(i) * kSlot;
+    fill(self.data() + offset, send_length(i), static_cast<uint64_t>(1000 + i));
+    ASSERT_EQ(self.post_send(static_cast<uint64_t>(kWrites + i), offset, send_length(i)), 0);
+  }
+  auto done = poll_for(self, kWrites + kSends, std::chrono::seconds(10));
+  ASSERT_EQ(done.size(), static_cast<size_t>(kWrites + kSends));
+  for (size_t i = 0; i < done.size(); ++i) {
+    EXPECT_EQ(done[i].status, IBV_WC_SUCCESS) << "work request " << i << ": " << ibv_wc_status_str(done[i].status);
+    EXPECT_EQ(done[i].wr_id, i) << "completions come in the order of the posts";
+  }
+  char token = 'W';
+  ASSERT_TRUE(write_all(sockets[0], &token, 1));
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the peer got every SEND and WRITE, in order (exit " << WEXITSTATUS(status) << ")";
+}
+
+// A program that polls, posts twice in a row (the second post's packets
+// wait in the send batch for a third that never comes), then waits for its
+// peer by spinning on memory, making no verbs call: the io thread must send
+// them within a look, not leave them to the retransmission timer (timeout
+// 18: 1.07 s). Three rounds: the first waits for the io thread, the later
+// ones find posts sent at once (see kDeferralPause in udp_transport.cpp).
+TEST(UdpPeer, SendsWhatABurstLeftWaitingWhenTheApplicationStopsCallingVerbs) {
+  constexpr uint8_t kTimeout = 18;
+  constexpr int kRounds = 3;
+  constexpr size_t kBytes = 32;
+  constexpr size_t kSecond = 256;  // the second WRITE's offset
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], 1 << 16, 16, kTimeout, 1, [&](Endpoint& peer, int fd) {
+    char token = 'R';
+    write_all(fd, &token, 1);
+    for (int round = 1; round <= kRounds; ++round) {
+      // No verbs calls here: the background thread takes the WRITEs in.
+      const auto give_up = Clock::now() + std::chrono::seconds(5);
+      while (!(matches(peer.data(), kBytes, 2 * round) && matches(peer.data() + kSecond, kBytes, 2 * round + 1))) {
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (Clock::now() > give_up) return 1;
+      }
+      write_all(fd, &token, 1);
+      read_all(fd, &token, 1);  // alive until the WRITEs complete: their ACKs go from here
+    }
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  ::close(sockets[1]);  // a peer that gives up and exits ends the reads below
+  Endpoint self;
+  ConnectInfo peer;
+  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 16, kTimeout, 1, peer));
+  for (int round = 1; round <= kRounds; ++round) {
+    // Busy polling first, so that the background thread steps aside.
+    const auto polled_until = Clock::now() + std::chrono::milliseconds(20);
+    while (Clock::now() < polled_until) {
+      ibv_wc wc;
+      ASSERT_EQ(self.poll(&wc, 1), 0);
+    }
+    fill(self.data(), kBytes, 2 * static_cast<uint64_t>(round));
+    fill(self.data() + kSecond, kBytes, 2 * static_cast<uint64_t>(round) + 1);
+    const auto posted = Clock::now();
+    ASSERT_EQ(self.post_send(1, 0, kBytes, IBV_WR_RDMA_WRITE, &peer), 0);
+    ASSERT_EQ(self.post_send(2, kSecond, kBytes, IBV_WR_RDMA_WRITE, &peer), 0);
+    char token;
+    ASSERT_TRUE(read_all(sockets[0], &token, 1)) << "round " << round;  // the peer saw both
+    const double seconds = std::chrono::duration<double>(Clock::now() - posted).count();
+    std::printf("round %d: both WRITEs landed %.6f s after the posts\n", round, seconds);
+    EXPECT_LT(seconds, 0.5) << "round " << round << ": both WRITEs landed " << seconds << " s after the posts";
+    auto done = poll_for(self, 2, std::chrono::seconds(5));
+    ASSERT_EQ(done.size(), 2u) << "round " << round;
+    EXPECT_EQ(done[0].status, IBV_WC_SUCCESS) << "round " << round << ": " << ibv_wc_status_str(done[0].status);
+    EXPECT_EQ(done[1].status, IBV_WC_SUCCESS) << "round " << round << ": " << ibv_wc_status_str(done[1].status);
+    ASSERT_TRUE(write_all(sockets[0], &token, 1));
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the peer saw each round's WRITEs";
 }
 
 }  // namespace
