@@ -83,13 +83,13 @@ constexpr auto kArmedFromAnyThread = std::chrono::milliseconds(5);
 constexpr auto kAppIdleAfterFirst = std::chrono::microseconds(20);
 constexpr auto kAppIdleAfter = std::chrono::microseconds(500);
 // A post made within this long of the return of another, with no poll
-// between (a burst: ib_write_bw posts up to its queue depth, then polls), leaves its
-// packets in the send batch for the next post to join; the application's
-// next poll or other call sends them, or, if it makes none, the io thread
-// on its next look (within app_idle_after_). A send per post was the bound
-// of small messages: a 36-byte WRITE's sendmsg, with the loopback delivery
-// in it, costs ~3.5 us on the CI VM, and udp ib_write_bw 2 B moved 0.25
-// Mmsg/s; with bursts in batches of up to 64, 1.4 Mmsg/s.
+// between (a burst: ib_write_bw posts up to its queue depth, then polls),
+// leaves its packets in the send batch for the next post to join; the
+// application's next poll or other call sends them, or, if it makes none,
+// the io thread on its next look (within app_idle_after_). A send per post
+// was the bound of small messages: a 36-byte WRITE's sendmsg, with the
+// loopback delivery in it, costs ~3.5 us on the CI VM, and udp ib_write_bw
+// 2 B moved 0.28 Mmsg/s; with bursts in batches of up to 64, 1.35 Mmsg/s.
 constexpr auto kBurstGap = std::chrono::microseconds(10);
 // A program that posts twice, then waits for its peer's answer by spinning
 // on memory, made no call to send the second post's packets: the io thread
