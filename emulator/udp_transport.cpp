@@ -587,8 +587,10 @@ class UdpTransport::Engine : public udp::TransportPort {
     const SendBatch& b = batch_;
     return b.count > 0 && !b.closed && b.count < kMaxGsoSegments && b.used + b.segment <= kMaxGsoBytes && gso_ok_;
   }
-  // A post in a burst left the batch for the next one (see kBurstGap).
-  bool sends_deferred_ = false;
+  // Did a post in a burst leave the batch for the next one (see
+  // kBurstGap)? Every other pass sends its batch before it ends, so outside
+  // a pass a batch with packets in it is one a post left.
+  bool sends_waiting() const { return batch_.count > 0; }
   uint32_t posts_since_drive_ = 0;
   Clock::time_point last_post_returned_{};
   Clock::time_point deferral_paused_until_{};
@@ -981,7 +983,7 @@ void UdpTransport::Engine::io_check() {
     Clock::time_point held = Clock::time_point::max();
     const Clock::time_point last_call(Clock::duration(last_drive_.load(std::memory_order_relaxed)));
     if (guard.owns_lock()) {
-      if (sends_deferred_) {
+      if (sends_waiting()) {
         // Packets a post left for the next one; if the application has
         // stopped calling, it waits for them (see kDeferralPause).
         if (now - last_call >= kAppIdleAfterFirst) deferral_paused_until_ = now + kDeferralPause;
@@ -1000,7 +1002,7 @@ void UdpTransport::Engine::io_check() {
   if (!guard.owns_lock()) guard.lock();
   // The application went quiet with packets a post left for the next one:
   // the pass below sends them (see kDeferralPause).
-  if (sends_deferred_) deferral_paused_until_ = now + kDeferralPause;
+  if (sends_waiting()) deferral_paused_until_ = now + kDeferralPause;
   const auto pass = [this] {
     drain_all_locked(Reads::All);
     return after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
@@ -1266,10 +1268,7 @@ bool UdpTransport::Engine::after_work(Acks acks, Sends sends) {
       after_work(Acks::Hold);
     });
   }
-  if (sends == Sends::MayWait && batch_can_grow())
-    sends_deferred_ = true;
-  else
-    flush_sends();
+  if (sends == Sends::Now || !batch_can_grow()) flush_sends();
   // The io thread must know of a new deadline if it would sleep past it:
   // on its own thread it re-arms its timer, from another it is woken (or,
   // for a distant deadline, the timer is set from here: kArmedFromAnyThread).
@@ -1371,7 +1370,6 @@ void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, st
 
 void UdpTransport::Engine::flush_sends() {
   SendBatch& b = batch_;
-  sends_deferred_ = false;
   if (b.count == 0) return;
   iovec whole{b.bytes.data(), b.used};
   send_now(b.fd, b.to, std::span(&whole, 1), b.used, b.count > 1 ? b.segment : 0);
