@@ -591,6 +591,15 @@ class UdpTransport::Engine : public udp::TransportPort {
   // kBurstGap)? Every other pass sends its batch before it ends, so outside
   // a pass a batch with packets in it is one a post left.
   bool sends_waiting() const { return batch_.count > 0; }
+  // io thread, mutex_ held: sends what a post left waiting. An application
+  // that has made no call since for kAppIdleAfterFirst was waiting for it
+  // (see kDeferralPause); one that made its last call just now is in the
+  // middle of a burst, whether or not the io thread counts it as polling.
+  void send_what_posts_left_locked(Clock::time_point now, Clock::time_point last_call) {
+    if (!sends_waiting()) return;
+    if (now - last_call >= kAppIdleAfterFirst) deferral_paused_until_ = now + kDeferralPause;
+    flush_sends();
+  }
   uint32_t posts_since_drive_ = 0;
   Clock::time_point last_post_returned_{};
   Clock::time_point deferral_paused_until_{};
@@ -960,6 +969,7 @@ void UdpTransport::Engine::io_check() {
   const Clock::time_point now = Clock::now();
   std::unique_lock guard(mutex_, std::try_to_lock);
   const bool polling = app_active(now);
+  const Clock::time_point last_call(Clock::duration(last_drive_.load(std::memory_order_relaxed)));
   // A polling application's thread inside a verbs call holds the lock: it
   // is at work even if it made few calls since the last look. ib_write_bw's
   // sender, whose posts of 64 KiB take ~10 us each (two sends of 32 KiB),
@@ -981,14 +991,8 @@ void UdpTransport::Engine::io_check() {
     if (watching_) stop_watching();
     // ACKs held past kAckHold leave now, whoever else is at work.
     Clock::time_point held = Clock::time_point::max();
-    const Clock::time_point last_call(Clock::duration(last_drive_.load(std::memory_order_relaxed)));
     if (guard.owns_lock()) {
-      if (sends_waiting()) {
-        // Packets a post left for the next one; if the application has
-        // stopped calling, it waits for them (see kDeferralPause).
-        if (now - last_call >= kAppIdleAfterFirst) deferral_paused_until_ = now + kDeferralPause;
-        flush_sends();
-      }
+      send_what_posts_left_locked(now, last_call);
       if (earliest_held_ack_locked() <= now) after_work(Acks::Hold);
       held = earliest_held_ack_locked();
       guard.unlock();
@@ -1000,9 +1004,7 @@ void UdpTransport::Engine::io_check() {
   app_idle_after_ = kAppIdleAfterFirst;
   if (!watching_) start_watching();
   if (!guard.owns_lock()) guard.lock();
-  // The application went quiet with packets a post left for the next one:
-  // the pass below sends them (see kDeferralPause).
-  if (sends_waiting()) deferral_paused_until_ = now + kDeferralPause;
+  send_what_posts_left_locked(now, last_call);
   const auto pass = [this] {
     drain_all_locked(Reads::All);
     return after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
