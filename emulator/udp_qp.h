@@ -127,6 +127,8 @@ struct Response {
   uint32_t psn = 0;
   uint8_t syndrome = aeth::kAck;
   uint32_t msn = 0;
+  // Ack: a packet it acknowledges set AckReq (see Engine::after_work).
+  bool requested = false;
   // ReadData
   uint64_t address = 0;  // in this process, resolved at request time
   uint32_t rkey = 0;

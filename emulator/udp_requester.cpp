@@ -19,9 +19,14 @@ using namespace wire;
 // resends everything after a loss, so a window much larger than what the
 // receiving socket buffers hold only adds to what a loss costs.
 constexpr int32_t kWindow = 256;
-// An RC requester asks for an ACK at the end of each message and every so
-// many packets within a long one, so the window keeps moving.
-constexpr uint32_t kAckRequestInterval = 16;
+// An RC requester asks for an ACK (AckReq) at the end of a message that has
+// nothing older in flight, and on every so many PSNs (half the
+// window), so that the window keeps moving. A responder whose application
+// does not answer sends an asked-for ACK at once and holds the others to
+// acknowledge several requests in one (see Engine::after_work): a stream's
+// requester, with messages in flight, waits for none of them, and a
+// requester with one request in flight, which waits for its ACK, asks.
+constexpr uint32_t kAckRequestInterval = kWindow / 2;
 
 Service service_of(QpType type) {
   switch (type) {
@@ -90,7 +95,9 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) 
   packet.bth.psn = psn_add(wqe.first_psn, index);
   const bool last = index + 1 == wqe.psn_count;
   packet.bth.solicited = last && (wqe.flags & send_flag::kSolicited);
-  packet.bth.ack_request = qp.type == QpType::Rc && (last || (index + 1) % kAckRequestInterval == 0);
+  const bool nothing_older_in_flight = &wqe == &qp.requester.queue.front();
+  packet.bth.ack_request = qp.type == QpType::Rc && ((last && nothing_older_in_flight) ||
+                                                     (psn_add(packet.bth.psn, 1) % kAckRequestInterval) == 0);
   packet.reth = {wqe.remote_address, wqe.rkey, static_cast<uint32_t>(wqe.length)};
   packet.immediate = be32toh(wqe.imm_data);
 

@@ -77,18 +77,20 @@ QpRecord& record_of(TransportPort& port, const UdpQp& qp) { return port.memory()
 
 // ---- answers -------------------------------------------------------------------
 
-void queue_ack(UdpQp& qp) {
+void queue_ack(UdpQp& qp, bool requested) {
   ResponderState& s = qp.responder;
   uint32_t psn = psn_add(s.expected_psn, kPsnMask);  // expected - 1
   if (!s.outbox.empty() && s.outbox.back().kind == Response::Kind::Ack) {
     s.outbox.back().psn = psn;
     s.outbox.back().msn = s.msn;
+    s.outbox.back().requested |= requested;
     return;
   }
   Response ack;
   ack.kind = Response::Kind::Ack;
   ack.psn = psn;
   ack.msn = s.msn;
+  ack.requested = requested;
   s.outbox.push_back(ack);
 }
 
@@ -532,7 +534,8 @@ Verdict handle_duplicate(TransportPort& port, UdpQp& qp, const TransportPacket& 
   port.counters().add(Counter::DuplicatesReceived);
   const uint32_t psn = packet.bth.psn;
   if (what.kind == Kind::Send || what.kind == Kind::Write) {
-    queue_ack(qp);
+    // The requester is waiting for this ACK (its first one was lost).
+    queue_ack(qp, true);
     return Verdict::Done;
   }
   for (auto entry = s.replay.rbegin(); entry != s.replay.rend(); ++entry) {
@@ -681,11 +684,16 @@ void responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& pa
       break;
   }
   if (!qp.connected || qp.type != QpType::Rc) return;
-  // READ and atomic answers acknowledge by themselves.
+  // READ and atomic answers acknowledge by themselves. Every message is
+  // acknowledged (several in one ACK where they arrive close together);
+  // AckReq asks for it without delay (see Engine::after_work).
   if (what.kind == Kind::Send || what.kind == Kind::Write) {
-    if (packet.bth.ack_request || ++s.unacknowledged >= kAckEveryPackets) {
+    if (packet.bth.ack_request || ends_message(what.position) || ++s.unacknowledged >= kAckEveryPackets) {
       s.unacknowledged = 0;
-      queue_ack(qp);
+      // Only the end of a message waits for its ACK: an AckReq within one
+      // keeps the requester's window moving, for which a held ACK is soon
+      // enough.
+      queue_ack(qp, packet.bth.ack_request && ends_message(what.position));
     }
   }
 }

@@ -106,12 +106,14 @@ constexpr auto kDeferralPause = std::chrono::milliseconds(100);
 constexpr uint64_t kBusyPollCalls = 8;
 constexpr uint32_t kLookAroundEvery = 8;
 // A process whose background thread answers short READs and atomics for an
-// idle application (a READ target: ib_read_lat's server) keeps reading for
-// this long after each answer, rather than sleep until the peer's next
-// request wakes it: a wake-up (on a virtual machine, an interrupt to a halted
-// CPU) cost ib_read_lat over UDP 9-28 us a round trip against 7-8 us. After
-// a long answer the thread is busy sending, and spinning between long ones
-// cost ib_read_bw 64 KiB 2-7% (3 alternated pairs).
+// idle application (a READ target: ib_read_lat's server), or sends an ACK
+// that a requester with nothing else in flight asked for (a WRITE target of
+// ib_write_bw -t 1), keeps reading for this long after each answer, rather
+// than sleep until the peer's next request wakes it: a wake-up (on a virtual
+// machine, an interrupt to a halted CPU) cost ib_read_lat over UDP 9-28 us a
+// round trip against 7-8 us, and ib_write_bw -t 1 2 B 27 us a WRITE against
+// 9. After a long answer the thread is busy sending, and spinning between
+// long ones cost ib_read_bw 64 KiB 2-7% (3 alternated pairs).
 constexpr auto kAnswerSpin = std::chrono::microseconds(50);
 constexpr uint32_t kAnswerSpinAfterPackets = 1;
 constexpr auto kAnswerSpinPerLook = std::chrono::milliseconds(1);
@@ -651,6 +653,10 @@ class UdpTransport::Engine : public udp::TransportPort {
     return it == ack_pacing_.end() ? Clock::duration(kAckHold) : it->second.hold;
   }
   Clock::time_point held_ack_due(const HeldAck& held) const { return held.since + ack_hold(held.qpn); }
+  bool app_left_last_ack_alone(uint32_t qpn) const {
+    auto it = ack_pacing_.find(qpn);
+    return it != ack_pacing_.end() && it->second.left_alone_since != Clock::time_point::max();
+  }
   void learn_ack_hold_locked(uint32_t qpn, Clock::time_point now);
   std::vector<Delayed> delayed_;
   std::unordered_map<uint32_t, Delayed> held_;  // reordering: one packet held back per QP
@@ -1257,10 +1263,20 @@ bool UdpTransport::Engine::after_work(Acks acks, Sends sends) {
     const auto held = find_held_ack(qpn);
     const bool hold_ran_out = held != acks_held_.end() && held_ack_due(*held) <= now;
     const auto& outbox = qp->responder.outbox;
-    if (acks == Acks::Hold && outbox.size() == 1 && outbox.front().kind == udp::Response::Kind::Ack && !hold_ran_out) {
+    // An ACK that its requester asked for, from a QP whose application let
+    // the last hold run out without posting, leaves now: that application
+    // takes requests in and does not answer them (a WRITE's target, a
+    // receiver of SENDs), and a requester with nothing else in flight (see
+    // udp_requester.cpp) would wait out the hold and a wake-up of this
+    // thread for each request: udp ib_write_bw -t 1 2 B took 62 us per
+    // WRITE (18 us per SEND with ib_send_bw, whose server polls).
+    const bool only_ack = outbox.size() == 1 && outbox.front().kind == udp::Response::Kind::Ack;
+    const bool ack_awaited = only_ack && outbox.front().requested && app_left_last_ack_alone(qpn);
+    if (acks == Acks::Hold && only_ack && !hold_ran_out && !ack_awaited) {
       if (held == acks_held_.end()) acks_held_.push_back({qpn, now});
       continue;
     }
+    if (ack_awaited) answered_short_request = true;  // see kAnswerSpin
     if (held != acks_held_.end()) {
       // Left alone because its hold ran out (see learn_ack_hold_locked).
       if (acks == Acks::Hold && hold_ran_out) ack_pacing_[qpn].left_alone_since = held->since;

@@ -364,6 +364,58 @@ bool matches(const uint8_t* at, size_t bytes, uint64_t sequence) {
   return true;
 }
 
+// Only a request with nothing older in flight asks for its ACK (AckReq);
+// the responder of an application that makes no verbs calls holds the
+// other ACKs to acknowledge several requests in one, but must still send
+// them: with retry count 0, an ACK that never comes fails the WRITE with
+// IBV_WC_RETRY_EXC_ERR once the timer (timeout 18: 1.07 s) runs out. Each
+// round a lone WRITE, then a burst of WRITEs of which only the first asks.
+TEST(UdpPeer, AcknowledgesEveryWriteOfABurstToATargetThatMakesNoVerbsCalls) {
+  constexpr uint8_t kTimeout = 18;
+  constexpr uint8_t kRetries = 0;
+  constexpr int kRounds = 3;
+  constexpr int kBurst = 7;
+  constexpr size_t kSlot = 64;
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], 1 << 16, 16, kTimeout, kRetries, [&](Endpoint& peer, int fd) {
+    char token = 'R';
+    write_all(fd, &token, 1);
+    read_all(fd, &token, 1);  // no verbs calls: the background thread answers
+    for (int i = 0; i <= kBurst; ++i)
+      if (!matches(peer.data() + static_cast<size_t>(i) * kSlot, kSlot, 100 * kRounds + i)) return 1;
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  ::close(sockets[1]);
+  Endpoint self;
+  ConnectInfo peer;
+  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 16, kTimeout, kRetries, peer));
+  auto write = [&](int round, int i) {
+    const size_t offset = static_cast<size_t>(i) * kSlot;
+    fill(self.data() + offset, kSlot, static_cast<uint64_t>(100 * round + i));
+    return self.post_send(static_cast<uint64_t>(i), offset, kSlot, IBV_WR_RDMA_WRITE, &peer);
+  };
+  auto expect_done = [&](int round, size_t count) {
+    auto done = poll_for(self, count, std::chrono::seconds(5));
+    ASSERT_EQ(done.size(), count) << "round " << round;
+    for (const ibv_wc& wc : done)
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS)
+          << "round " << round << ", WRITE " << wc.wr_id << ": " << ibv_wc_status_str(wc.status);
+  };
+  for (int round = 1; round <= kRounds; ++round) {
+    ASSERT_EQ(write(round, 0), 0);
+    expect_done(round, 1);
+    for (int i = 1; i <= kBurst; ++i) ASSERT_EQ(write(round, i), 0);
+    expect_done(round, kBurst);
+  }
+  char token = 'D';
+  ASSERT_TRUE(write_all(sockets[0], &token, 1));
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the peer holds the last round's WRITEs";
+}
+
 // A peer that polls through a long run of RDMA WRITEs (its application
 // reads its socket on every pass, and after 1,024 reads the socket leaves
 // the epoll set), then stops calling verbs: the WRITE after that must still
