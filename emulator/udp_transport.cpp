@@ -535,6 +535,13 @@ class UdpTransport::Engine : public udp::TransportPort {
   std::vector<GidEntry> gids_;
   std::vector<IpAddress> local_addresses_;
   unsigned ifindex_ = 0;
+  // The netdev's addresses, read again when a GID is not among them. The
+  // table starts with the link-local GID of the MAC, as rxe's does, which a
+  // netdev may lack as an address (lo has no link-local address): packets
+  // from or to it go nowhere, and a QP on it saw only IBV_WC_RETRY_EXC_ERR.
+  mutable std::mutex netdev_addresses_mutex_;
+  mutable std::vector<IpAddress> netdev_addresses_;
+  bool netdev_has_address(const IpAddress& address) const;
   std::optional<FaultSettings> fault_override_;
   uint64_t instance_ = 0;
 
@@ -1572,6 +1579,21 @@ std::optional<udp::Path> UdpTransport::Engine::resolve_path(int sgid_index, cons
     return std::nullopt;
   }
   const IpAddress& local = gids_[sgid_index].gid.raw;
+  if (!netdev_has_address(local)) {
+    *error = "source GID index " + std::to_string(sgid_index) + " (" + format_address(local) +
+             ") is not an address of " + config_.netdev +
+             ": the UDP transport sends from and receives at the GID's IP address; the RoCE v2 GIDs of " +
+             config_.netdev + "'s addresses are";
+    const char* separator = " index ";
+    for (size_t index = 0; index < gids_.size(); ++index) {
+      if (gids_[index].type != GidType::RoceV2 || gids_[index].gid.is_zero() ||
+          !netdev_has_address(gids_[index].gid.raw))
+        continue;
+      *error += separator + std::to_string(index) + " (" + format_address(gids_[index].gid.raw) + ")";
+      separator = ", ";
+    }
+    return std::nullopt;
+  }
   if (dgid.is_zero()) {
     *error = "the destination GID is zero";
     return std::nullopt;
@@ -1589,6 +1611,20 @@ std::optional<udp::Path> UdpTransport::Engine::resolve_path(int sgid_index, cons
   path.hop_limit = hop_limit != 0 ? hop_limit : 64;
   path.flow_label = flow_label;
   return path;
+}
+
+bool UdpTransport::Engine::netdev_has_address(const IpAddress& address) const {
+  std::lock_guard guard(netdev_addresses_mutex_);
+  auto known = [&] {
+    return std::find(netdev_addresses_.begin(), netdev_addresses_.end(), address) != netdev_addresses_.end();
+  };
+  if (known()) return true;
+  auto netdev = query_netdev(config_.netdev);
+  if (!netdev) return true;  // gone, or not readable here: sends will say
+  netdev_addresses_.clear();
+  for (const auto& v4 : netdev->ipv4_addresses) netdev_addresses_.push_back(Gid::from_ipv4(v4).raw);
+  for (const auto& v6 : netdev->ipv6_addresses) netdev_addresses_.push_back(v6);
+  return known();
 }
 
 int UdpTransport::Engine::sync_qp(int qp_index) {

@@ -207,6 +207,29 @@ TEST_F(UdpOnLoopback, RcAndUdOverIpv6Gids) {
   EXPECT_EQ(count["icrc_errors"], 0u);
 }
 
+TEST_F(UdpOnLoopback, ALinkLocalGidThatLoLacksFailsAtRtrNamingTheGidsToUse) {
+  // GID index 0 is the link-local GID of lo's MAC, as in rxe's table, but lo
+  // has no link-local address: packets from it went nowhere and the tool
+  // failed only after its retries ran out. Now the QP's move to RTR fails
+  // at once, and says which GIDs lo can carry.
+  auto status = run_process({SOFTVERBS_CLI, "status"}, env_);
+  ASSERT_NE(status.out.find("GID[0] fe80:"), std::string::npos) << status.out;
+  const std::string usable = ipv4_gid_index();
+  ASSERT_FALSE(usable.empty());
+  std::vector<std::string> command = {"ibv_rc_pingpong", "-d", "softverbs0", "-g", "0", "-p",
+                                      port_for("lacks"), "-n", "5"};
+  std::vector<std::string> client = command;
+  client.push_back("127.0.0.1");
+  Pair r = run_pair(command, client);
+  EXPECT_NE(r.server.exit_code, 0);
+  EXPECT_NE(r.client.exit_code, 0);
+  const std::string said = r.server.err + r.client.err;
+  EXPECT_NE(said.find("source GID index 0 (fe80::200:ff:fe00:0) is not an address of lo"), std::string::npos) << said;
+  EXPECT_NE(said.find("index " + usable + " (127.0.0.1)"), std::string::npos) << said;
+  EXPECT_NE(said.find("Failed to modify QP to RTR"), std::string::npos) << said;
+  EXPECT_EQ(counters()["tx_packets"], 0u) << "nothing was sent from an address lo lacks";
+}
+
 TEST_F(UdpOnLoopback, RpingThroughTheRdmacmShim) {
   auto runtime = dir_.path() + "/rt";
   auto background = std::async(std::launch::async, [&] {
