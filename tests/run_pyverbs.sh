@@ -2,10 +2,21 @@
 # Runs rdma-core's own pyverbs test suite (Debian: python3-pyverbs ships it,
 # gzipped, under /usr/share/doc/rdma-core/tests) against softverbs0.
 # usage: run_pyverbs.sh SOFTVERBS_CLI WORK_DIR MODULE...
+# With PYVERBS_GID_OF_IPV4=a.b.c.d the tests name the RoCE v2 GID of that
+# address (--gid), as a device on the UDP transport needs.
 set -euo pipefail
 cli=$1
 work=$2
 shift 2
+if [ -n "${PYVERBS_GID_OF_IPV4:-}" ]; then
+  mapped=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' ${PYVERBS_GID_OF_IPV4//./ })
+  gid=$("$cli" status | sed -n "s/.*GID\[\([0-9]*\)\] $mapped  RoCE v2.*/\1/p" | head -n 1)
+  if [ -z "$gid" ]; then
+    echo "run_pyverbs: softverbs status lists no RoCE v2 GID of $PYVERBS_GID_OF_IPV4" >&2
+    exit 1
+  fi
+  set -- --gid "$gid" "$@"
+fi
 source=/usr/share/doc/rdma-core/tests
 if [ ! -f "$source/run_tests.py" ]; then
   echo "run_pyverbs: $source is missing (install python3-pyverbs)" >&2
