@@ -364,6 +364,7 @@ class UdpTransport::Engine : public udp::TransportPort {
       if (!entry.gid.is_zero() && entry.gid == gid) return true;
     return false;
   }
+  bool usable_source_gid(int sgid_index, std::string* error) const;
   std::optional<udp::Path> resolve_path(int sgid_index, const Gid& dgid, uint8_t traffic_class, uint8_t hop_limit,
                                         uint32_t flow_label, std::string* error) const;
   int sync_qp(int qp_index);
@@ -1592,29 +1593,32 @@ void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint3
   }
 }
 
+bool UdpTransport::Engine::usable_source_gid(int sgid_index, std::string* error) const {
+  if (sgid_index < 0 || static_cast<size_t>(sgid_index) >= gids_.size() || gids_[sgid_index].gid.is_zero()) {
+    *error = "source GID index " + std::to_string(sgid_index) + " is empty";
+    return false;
+  }
+  const IpAddress& local = gids_[sgid_index].gid.raw;
+  if (netdev_has_address(local)) return true;
+  *error = "source GID index " + std::to_string(sgid_index) + " (" + format_address(local) + ") is not an address of " +
+           config_.netdev +
+           ": the UDP transport sends from and receives at the GID's IP address; the RoCE v2 GIDs of " +
+           config_.netdev + "'s addresses are";
+  const char* separator = " index ";
+  for (size_t index = 0; index < gids_.size(); ++index) {
+    if (gids_[index].type != GidType::RoceV2 || gids_[index].gid.is_zero() || !netdev_has_address(gids_[index].gid.raw))
+      continue;
+    *error += separator + std::to_string(index) + " (" + format_address(gids_[index].gid.raw) + ")";
+    separator = ", ";
+  }
+  return false;
+}
+
 std::optional<udp::Path> UdpTransport::Engine::resolve_path(int sgid_index, const Gid& dgid, uint8_t traffic_class,
                                                             uint8_t hop_limit, uint32_t flow_label,
                                                             std::string* error) const {
-  if (sgid_index < 0 || static_cast<size_t>(sgid_index) >= gids_.size() || gids_[sgid_index].gid.is_zero()) {
-    *error = "source GID index " + std::to_string(sgid_index) + " is empty";
-    return std::nullopt;
-  }
+  if (!usable_source_gid(sgid_index, error)) return std::nullopt;
   const IpAddress& local = gids_[sgid_index].gid.raw;
-  if (!netdev_has_address(local)) {
-    *error = "source GID index " + std::to_string(sgid_index) + " (" + format_address(local) +
-             ") is not an address of " + config_.netdev +
-             ": the UDP transport sends from and receives at the GID's IP address; the RoCE v2 GIDs of " +
-             config_.netdev + "'s addresses are";
-    const char* separator = " index ";
-    for (size_t index = 0; index < gids_.size(); ++index) {
-      if (gids_[index].type != GidType::RoceV2 || gids_[index].gid.is_zero() ||
-          !netdev_has_address(gids_[index].gid.raw))
-        continue;
-      *error += separator + std::to_string(index) + " (" + format_address(gids_[index].gid.raw) + ")";
-      separator = ", ";
-    }
-    return std::nullopt;
-  }
   if (dgid.is_zero()) {
     *error = "the destination GID is zero";
     return std::nullopt;
@@ -1824,6 +1828,10 @@ void UdpTransport::hold_data_paths(const DeviceMemory& memory, const std::functi
 }
 
 bool UdpTransport::is_local_gid(const Gid& gid) const { return engine_->is_local_gid(gid); }
+
+bool UdpTransport::usable_source_gid(int sgid_index, std::string* error) const {
+  return engine_->usable_source_gid(sgid_index, error);
+}
 
 std::optional<udp::Path> UdpTransport::resolve_path(int sgid_index, const Gid& dgid, uint8_t traffic_class,
                                                     uint8_t hop_limit, uint32_t flow_label, std::string* error) const {

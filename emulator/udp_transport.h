@@ -45,8 +45,13 @@ class UdpTransport {
   // True if `gid` is one of this device's GIDs.
   bool is_local_gid(const Gid& gid) const;
 
+  // Whether packets can leave from GID `sgid_index`: it is set, and its IP
+  // address is one of the netdev's; if not, false and a message that names
+  // the GIDs that can.
+  bool usable_source_gid(int sgid_index, std::string* error) const;
   // The path to `dgid` from the address of GID `sgid_index`; nullopt (and
-  // a message) if either is not an IP address of the same family.
+  // a message) if the source is not usable or the two are not IP addresses
+  // of the same family.
   std::optional<udp::Path> resolve_path(int sgid_index, const Gid& dgid, uint8_t traffic_class, uint8_t hop_limit,
                                         uint32_t flow_label, std::string* error) const;
 

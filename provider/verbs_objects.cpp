@@ -448,6 +448,22 @@ ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
+  // Where UD datagrams go over UDP, an address handle that they could not
+  // leave by (a source GID that is not an address of the netdev) fails
+  // here, as a QP's move to RTR does, rather than every send with it.
+  ContextState& state = state_of(pd->context);
+  const TransportChoice choice = state.config.transport;
+  const bool over_udp =
+      choice == TransportChoice::Udp || (choice == TransportChoice::Auto && !state.netdev_is_loopback);
+  if (attr->is_global && over_udp) {
+    std::string error;
+    if (UdpTransport* udp = udp_transport(state);
+        udp != nullptr && !udp->usable_source_gid(attr->grh.sgid_index, &error)) {
+      std::fprintf(stderr, "softverbs: address handle: %s\n", error.c_str());
+      errno = EINVAL;
+      return nullptr;
+    }
+  }
   return &ah.release()->ibv;
 }
 

@@ -207,11 +207,12 @@ TEST_F(UdpOnLoopback, RcAndUdOverIpv6Gids) {
   EXPECT_EQ(count["icrc_errors"], 0u);
 }
 
-TEST_F(UdpOnLoopback, ALinkLocalGidThatLoLacksFailsAtRtrNamingTheGidsToUse) {
+TEST_F(UdpOnLoopback, ALinkLocalGidThatLoLacksFailsAtOnceNamingTheGidsToUse) {
   // GID index 0 is the link-local GID of lo's MAC, as in rxe's table, but lo
   // has no link-local address: packets from it went nowhere and the tool
-  // failed only after its retries ran out. Now the QP's move to RTR fails
-  // at once, and says which GIDs lo can carry.
+  // failed only after its retries ran out (a UD send at once, unexplained).
+  // Now the QP's move to RTR, or the making of the address handle, fails,
+  // and says which GIDs lo can carry.
   auto status = run_process({SOFTVERBS_CLI, "status"}, env_);
   ASSERT_NE(status.out.find("GID[0] fe80:"), std::string::npos) << status.out;
   const std::string usable = ipv4_gid_index();
@@ -227,6 +228,17 @@ TEST_F(UdpOnLoopback, ALinkLocalGidThatLoLacksFailsAtRtrNamingTheGidsToUse) {
   EXPECT_NE(said.find("source GID index 0 (fe80::200:ff:fe00:0) is not an address of lo"), std::string::npos) << said;
   EXPECT_NE(said.find("index " + usable + " (127.0.0.1)"), std::string::npos) << said;
   EXPECT_NE(said.find("Failed to modify QP to RTR"), std::string::npos) << said;
+  // A UD address handle from that GID fails the same way, when it is made.
+  command[0] = client[0] = "ibv_ud_pingpong";
+  command[6] = client[6] = port_for("lacks ud");
+  r = run_pair(command, client);
+  EXPECT_NE(r.server.exit_code, 0);
+  EXPECT_NE(r.client.exit_code, 0);
+  const std::string said_ud = r.server.err + r.client.err;
+  EXPECT_NE(said_ud.find("address handle: source GID index 0 (fe80::200:ff:fe00:0) is not an address of lo"),
+            std::string::npos)
+      << said_ud;
+  EXPECT_NE(said_ud.find("Failed to create AH"), std::string::npos) << said_ud;
   EXPECT_EQ(counters()["tx_packets"], 0u) << "nothing was sent from an address lo lacks";
 }
 
