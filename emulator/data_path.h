@@ -60,6 +60,25 @@ int post_srq_receive(DeviceMemory& memory, SrqRecord& srq, uint64_t wr_id, std::
 // channel if the CQ is armed for it. False if the CQ overflowed.
 bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& completion, bool solicited);
 
+// While one lives on a thread, the completion channel wake-ups that
+// deliver_completion makes on that thread wait for flush() or its end
+// (nested ones: the outermost). A transport that delivers completions
+// under its lock holds one around the lock, so that the application it
+// wakes finds the lock free: woken first, it waited for the lock in a
+// futex, and each round trip of udp ibv_rc_pingpong -e had two handovers.
+class DeferredChannelWakeups {
+ public:
+  DeferredChannelWakeups();
+  ~DeferredChannelWakeups();
+  DeferredChannelWakeups(const DeferredChannelWakeups&) = delete;
+  DeferredChannelWakeups& operator=(const DeferredChannelWakeups&) = delete;
+  // Sends what waits now (the outermost one only).
+  void flush();
+
+ private:
+  bool outermost_;
+};
+
 // Completes every receive WQE still queued on `qp` with IBV_WC_WR_FLUSH_ERR.
 void flush_receive_queue(DeviceMemory& memory, QpRecord& qp);
 

@@ -2,6 +2,7 @@
 // the target, and completions (including completion-channel wake-ups).
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "data_path.h"
 #include "event_socket.h"
@@ -60,11 +61,37 @@ struct ChannelTarget {
 
 // The owner reads 8 bytes (its ibv_cq pointer) from the channel fd, as
 // libibverbs' ibv_get_cq_event expects of a kernel completion channel.
-void notify_channel(const ChannelTarget& target) {
+void send_channel_wakeup(const ChannelTarget& target) {
   send_datagram(target.address, &target.owner_handle, sizeof target.owner_handle);
 }
 
+// This thread's wake-ups held back by a DeferredChannelWakeups, and whether
+// one lives.
+thread_local std::vector<ChannelTarget> deferred_wakeups;
+thread_local bool deferring_wakeups = false;
+
+void notify_channel(const ChannelTarget& target) {
+  if (deferring_wakeups)
+    deferred_wakeups.push_back(target);
+  else
+    send_channel_wakeup(target);
+}
+
 }  // namespace
+
+DeferredChannelWakeups::DeferredChannelWakeups() : outermost_(!deferring_wakeups) { deferring_wakeups = true; }
+
+DeferredChannelWakeups::~DeferredChannelWakeups() {
+  if (!outermost_) return;
+  flush();
+  deferring_wakeups = false;
+}
+
+void DeferredChannelWakeups::flush() {
+  if (!outermost_) return;
+  for (const ChannelTarget& target : deferred_wakeups) send_channel_wakeup(target);
+  deferred_wakeups.clear();
+}
 
 bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& completion, bool solicited) {
   if (cq_index < 0 || cq_index >= limits::kMaxCq) return false;

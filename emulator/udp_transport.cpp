@@ -1015,6 +1015,7 @@ void UdpTransport::Engine::wake_io_thread() {
 
 void UdpTransport::Engine::io_check() {
   const Clock::time_point now = Clock::now();
+  DeferredChannelWakeups wakeups;  // sent once the lock is free
   std::unique_lock guard(mutex_, std::try_to_lock);
   const bool polling = app_active(now);
   const Clock::time_point last_call(Clock::duration(last_drive_.load(std::memory_order_relaxed)));
@@ -1069,6 +1070,7 @@ void UdpTransport::Engine::io_check() {
     Clock::time_point last_answer = started;
     for (;;) {
       guard.unlock();
+      wakeups.flush();
       guard.lock();
       // The application is back (its calls read the sockets), or stopping.
       if (drive_count_.load(std::memory_order_relaxed) != calls || io_.stopped()) break;
@@ -1324,6 +1326,7 @@ bool UdpTransport::Engine::after_work(Acks acks, Sends sends) {
     for (auto& [qpn, qp] : qps_)
       if (!qp.responder.outbox.empty()) touched_.push_back(qpn);
     boost::asio::post(io_, [this] {
+      DeferredChannelWakeups wakeups;  // sent once the lock is free
       std::lock_guard guard(mutex_);
       after_work(Acks::Hold);
     });
@@ -1740,6 +1743,7 @@ void UdpTransport::Engine::forget_qp(uint32_t qpn) {
 }
 
 int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe&& wqe) {
+  DeferredChannelWakeups wakeups;  // sent once the lock is free
   std::lock_guard guard(mutex_);
   // Read once the lock is ours: the io thread may have held it for a while.
   const Clock::time_point now = note_app_active();
@@ -1766,6 +1770,7 @@ int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe&& wqe) {
 
 void UdpTransport::Engine::drive() {
   const Clock::time_point now = note_app_active();
+  DeferredChannelWakeups wakeups;  // sent once the lock is free
   std::unique_lock guard(mutex_, std::try_to_lock);
   if (!guard.owns_lock()) return;  // the background thread is at it
   PassClock clock(*this, now);
