@@ -33,38 +33,16 @@ bool socket_address_of(int fd, SocketAddress* address) {
   return true;
 }
 
-namespace {
-
-// An unbound datagram socket for one thread's sends, made on its first and
-// closed when the thread ends. A socket per datagram cost two more system
-// calls for each completion event (socket and close: ~3 us a notification
-// on the 2-core CI VM, where ibv_rc_pingpong -e sends four a round trip).
-class SendingSocket {
- public:
-  ~SendingSocket() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() {
-    if (fd_ < 0) fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    return fd_;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-}  // namespace
-
 bool send_datagram(const SocketAddress& to, const void* bytes, size_t length) {
   if (to.length == 0 || to.length > sizeof to.path) return false;
-  thread_local SendingSocket sending;
-  int fd = sending.get();
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   std::memcpy(address.sun_path, to.path, to.length);
   ssize_t sent = sendto(fd, bytes, length, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&address),
                         static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + to.length));
+  close(fd);
   return sent == static_cast<ssize_t>(length);
 }
 
