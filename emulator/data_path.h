@@ -13,6 +13,7 @@
 
 #include "completion_ring.h"
 #include "device_memory.h"
+#include "event_socket.h"
 #include "work_request.h"
 
 namespace softverbs {
@@ -74,9 +75,12 @@ class DeferredChannelWakeups {
   DeferredChannelWakeups& operator=(const DeferredChannelWakeups&) = delete;
   // Sends what waits now (the outermost one only).
   void flush();
+  // deliver_completion's: a wake-up of `channel` for CQ `owner_handle`.
+  void hold(uint64_t owner_handle, const SocketAddress& channel);
 
  private:
-  bool outermost_;
+  struct Held;
+  std::unique_ptr<Held> held_;  // the outermost one's; null in nested ones
 };
 
 // Completes every receive WQE still queued on `qp` with IBV_WC_WR_FLUSH_ERR.

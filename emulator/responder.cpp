@@ -65,32 +65,46 @@ void send_channel_wakeup(const ChannelTarget& target) {
   send_datagram(target.address, &target.owner_handle, sizeof target.owner_handle);
 }
 
-// This thread's wake-ups held back by a DeferredChannelWakeups, and whether
-// one lives.
-thread_local std::vector<ChannelTarget> deferred_wakeups;
-thread_local bool deferring_wakeups = false;
+// The outermost DeferredChannelWakeups living on this thread, if any. (A
+// plain pointer: the wake-ups it holds back are its own. Initial-exec: in
+// glibc's static TLS, which this library, dlopen'ed by libibverbs, may use;
+// TLS allocated on a thread's first use was a block LeakSanitizer's
+// scan of thread memory crashed on.)
+thread_local DeferredChannelWakeups* deferring_wakeups __attribute__((tls_model("initial-exec"))) = nullptr;
 
 void notify_channel(const ChannelTarget& target) {
-  if (deferring_wakeups)
-    deferred_wakeups.push_back(target);
+  if (deferring_wakeups != nullptr)
+    deferring_wakeups->hold(target.owner_handle, target.address);
   else
     send_channel_wakeup(target);
 }
 
 }  // namespace
 
-DeferredChannelWakeups::DeferredChannelWakeups() : outermost_(!deferring_wakeups) { deferring_wakeups = true; }
+struct DeferredChannelWakeups::Held {
+  std::vector<ChannelTarget> targets;
+};
+
+DeferredChannelWakeups::DeferredChannelWakeups() {
+  if (deferring_wakeups != nullptr) return;  // an outer one sends them
+  held_ = std::make_unique<Held>();
+  deferring_wakeups = this;
+}
 
 DeferredChannelWakeups::~DeferredChannelWakeups() {
-  if (!outermost_) return;
+  if (!held_) return;
   flush();
-  deferring_wakeups = false;
+  deferring_wakeups = nullptr;
+}
+
+void DeferredChannelWakeups::hold(uint64_t owner_handle, const SocketAddress& channel) {
+  held_->targets.push_back({owner_handle, channel});
 }
 
 void DeferredChannelWakeups::flush() {
-  if (!outermost_) return;
-  for (const ChannelTarget& target : deferred_wakeups) send_channel_wakeup(target);
-  deferred_wakeups.clear();
+  if (!held_) return;
+  for (const ChannelTarget& target : held_->targets) send_channel_wakeup(target);
+  held_->targets.clear();
 }
 
 bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& completion, bool solicited) {
