@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "completion_ring.h"
 #include "device_memory.h"
@@ -67,6 +68,13 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
 // under its lock holds one around the lock, so that the application it
 // wakes finds the lock free: woken first, it waited for the lock in a
 // futex, and each round trip of udp ibv_rc_pingpong -e had two handovers.
+// A completion channel's wake-up: the datagram that tells its owner that
+// CQ `owner_handle` has an event.
+struct ChannelWakeup {
+  uint64_t owner_handle = 0;
+  SocketAddress channel;
+};
+
 class DeferredChannelWakeups {
  public:
   DeferredChannelWakeups();
@@ -75,12 +83,14 @@ class DeferredChannelWakeups {
   DeferredChannelWakeups& operator=(const DeferredChannelWakeups&) = delete;
   // Sends what waits now (the outermost one only).
   void flush();
-  // deliver_completion's: a wake-up of `channel` for CQ `owner_handle`.
-  void hold(uint64_t owner_handle, const SocketAddress& channel);
+  // deliver_completion's, on the outermost one.
+  void hold(const ChannelWakeup& wakeup) { held_.push_back(wakeup); }
 
  private:
-  struct Held;
-  std::unique_ptr<Held> held_;  // the outermost one's; null in nested ones
+  // Made around every poll and post of a UDP device: no allocation until
+  // something is held.
+  bool outermost_ = false;
+  std::vector<ChannelWakeup> held_;
 };
 
 // Completes every receive WQE still queued on `qp` with IBV_WC_WR_FLUSH_ERR.

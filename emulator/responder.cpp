@@ -2,7 +2,6 @@
 // the target, and completions (including completion-channel wake-ups).
 #include <cerrno>
 #include <cstring>
-#include <vector>
 
 #include "data_path.h"
 #include "event_socket.h"
@@ -54,15 +53,10 @@ int post_srq_receive(DeviceMemory& memory, SrqRecord& srq, uint64_t wr_id, std::
 
 namespace {
 
-struct ChannelTarget {
-  uint64_t owner_handle = 0;
-  SocketAddress address;
-};
-
 // The owner reads 8 bytes (its ibv_cq pointer) from the channel fd, as
 // libibverbs' ibv_get_cq_event expects of a kernel completion channel.
-void send_channel_wakeup(const ChannelTarget& target) {
-  send_datagram(target.address, &target.owner_handle, sizeof target.owner_handle);
+void send_channel_wakeup(const ChannelWakeup& wakeup) {
+  send_datagram(wakeup.channel, &wakeup.owner_handle, sizeof wakeup.owner_handle);
 }
 
 // The outermost DeferredChannelWakeups living on this thread, if any. (A
@@ -72,39 +66,28 @@ void send_channel_wakeup(const ChannelTarget& target) {
 // scan of thread memory crashed on.)
 thread_local DeferredChannelWakeups* deferring_wakeups __attribute__((tls_model("initial-exec"))) = nullptr;
 
-void notify_channel(const ChannelTarget& target) {
+void notify_channel(const ChannelWakeup& wakeup) {
   if (deferring_wakeups != nullptr)
-    deferring_wakeups->hold(target.owner_handle, target.address);
+    deferring_wakeups->hold(wakeup);
   else
-    send_channel_wakeup(target);
+    send_channel_wakeup(wakeup);
 }
 
 }  // namespace
 
-struct DeferredChannelWakeups::Held {
-  std::vector<ChannelTarget> targets;
-};
-
-DeferredChannelWakeups::DeferredChannelWakeups() {
-  if (deferring_wakeups != nullptr) return;  // an outer one sends them
-  held_ = std::make_unique<Held>();
-  deferring_wakeups = this;
+DeferredChannelWakeups::DeferredChannelWakeups() : outermost_(deferring_wakeups == nullptr) {
+  if (outermost_) deferring_wakeups = this;  // else the outer one sends them
 }
 
 DeferredChannelWakeups::~DeferredChannelWakeups() {
-  if (!held_) return;
+  if (!outermost_) return;
   flush();
   deferring_wakeups = nullptr;
 }
 
-void DeferredChannelWakeups::hold(uint64_t owner_handle, const SocketAddress& channel) {
-  held_->targets.push_back({owner_handle, channel});
-}
-
 void DeferredChannelWakeups::flush() {
-  if (!held_) return;
-  for (const ChannelTarget& target : held_->targets) send_channel_wakeup(target);
-  held_->targets.clear();
+  for (const ChannelWakeup& wakeup : held_) send_channel_wakeup(wakeup);
+  held_.clear();
 }
 
 bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& completion, bool solicited) {
@@ -112,7 +95,7 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
   CqRecord& cq = memory.shared().cqs[cq_index];
   bool wake = false;
   bool stored = false;
-  ChannelTarget target;
+  ChannelWakeup target;
   {
     SharedLock lock(cq.lock);
     if (!cq.live) return false;
@@ -136,7 +119,7 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
       cq.armed = CqArm::None;
       wake = true;
       target.owner_handle = cq.owner_handle;
-      target.address = cq.channel;
+      target.channel = cq.channel;
     }
   }
   if (wake) notify_channel(target);
