@@ -364,6 +364,7 @@ class UdpTransport::Engine : public udp::TransportPort {
       if (!entry.gid.is_zero() && entry.gid == gid) return true;
     return false;
   }
+  bool source_gid_set(int sgid_index, std::string* error) const;
   bool usable_source_gid(int sgid_index, std::string* error) const;
   std::optional<udp::Path> resolve_path(int sgid_index, const Gid& dgid, uint8_t traffic_class, uint8_t hop_limit,
                                         uint32_t flow_label, std::string* error) const;
@@ -1596,11 +1597,15 @@ void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint3
   }
 }
 
+bool UdpTransport::Engine::source_gid_set(int sgid_index, std::string* error) const {
+  if (sgid_index >= 0 && static_cast<size_t>(sgid_index) < gids_.size() && !gids_[sgid_index].gid.is_zero())
+    return true;
+  *error = "source GID index " + std::to_string(sgid_index) + " is empty";
+  return false;
+}
+
 bool UdpTransport::Engine::usable_source_gid(int sgid_index, std::string* error) const {
-  if (sgid_index < 0 || static_cast<size_t>(sgid_index) >= gids_.size() || gids_[sgid_index].gid.is_zero()) {
-    *error = "source GID index " + std::to_string(sgid_index) + " is empty";
-    return false;
-  }
+  if (!source_gid_set(sgid_index, error)) return false;
   const IpAddress& local = gids_[sgid_index].gid.raw;
   if (netdev_has_address(local)) return true;
   *error = "source GID index " + std::to_string(sgid_index) + " (" + format_address(local) + ") is not an address of " +
@@ -1620,7 +1625,7 @@ bool UdpTransport::Engine::usable_source_gid(int sgid_index, std::string* error)
 std::optional<udp::Path> UdpTransport::Engine::resolve_path(int sgid_index, const Gid& dgid, uint8_t traffic_class,
                                                             uint8_t hop_limit, uint32_t flow_label,
                                                             std::string* error) const {
-  if (!usable_source_gid(sgid_index, error)) return std::nullopt;
+  if (!source_gid_set(sgid_index, error)) return std::nullopt;
   const IpAddress& local = gids_[sgid_index].gid.raw;
   if (dgid.is_zero()) {
     *error = "the destination GID is zero";

@@ -47,10 +47,11 @@ class UdpTransport {
 
   // Whether packets can leave from GID `sgid_index`: it is set, and its IP
   // address is one of the netdev's; if not, false and a message that names
-  // the GIDs that can.
+  // the GIDs that can. Asked when a QP or an address handle is set up (it
+  // may read the netdev), not for each datagram.
   bool usable_source_gid(int sgid_index, std::string* error) const;
   // The path to `dgid` from the address of GID `sgid_index`; nullopt (and
-  // a message) if the source is not usable or the two are not IP addresses
+  // a message) if the source GID is empty or the two are not IP addresses
   // of the same family.
   std::optional<udp::Path> resolve_path(int sgid_index, const Gid& dgid, uint8_t traffic_class, uint8_t hop_limit,
                                         uint32_t flow_label, std::string* error) const;

@@ -435,6 +435,14 @@ struct ProviderAh {
   ibv_gid source_gid{};
 };
 
+// Whether UD datagrams go over UDP: on a udp device, and on an auto one
+// whose netdev is not a loopback (a UD QP listens on UDP wherever a peer
+// may be elsewhere).
+bool ud_over_udp(const ContextState& state) {
+  const TransportChoice choice = state.config.transport;
+  return choice == TransportChoice::Udp || (choice == TransportChoice::Auto && !state.netdev_is_loopback);
+}
+
 ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   if (attr == nullptr || attr->port_num != 1 || (attr->is_global && attr->grh.sgid_index >= limits::kGidTableLength)) {
     errno = EINVAL;
@@ -452,10 +460,7 @@ ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   // leave by (a source GID that is not an address of the netdev) fails
   // here, as a QP's move to RTR does, rather than every send with it.
   ContextState& state = state_of(pd->context);
-  const TransportChoice choice = state.config.transport;
-  const bool over_udp =
-      choice == TransportChoice::Udp || (choice == TransportChoice::Auto && !state.netdev_is_loopback);
-  if (attr->is_global && over_udp) {
+  if (attr->is_global && ud_over_udp(state)) {
     std::string error;
     if (UdpTransport* udp = udp_transport(state);
         udp != nullptr && !udp->usable_source_gid(attr->grh.sgid_index, &error)) {
@@ -902,8 +907,7 @@ TransportDecision choose_transport(ContextState& state, uint32_t qpn, QpType typ
   const TransportChoice choice = state.config.transport;
   if (choice == TransportChoice::SharedMemory) return {};
   if (type == QpType::Ud) {
-    // A UD QP listens on UDP wherever a peer may be elsewhere.
-    if (choice == TransportChoice::Auto && state.netdev_is_loopback) return {};
+    if (!ud_over_udp(state)) return {};
     UdpTransport* udp = udp_transport(state);
     if (udp == nullptr) return {false, choice == TransportChoice::Udp ? EADDRNOTAVAIL : 0};
     return {true, 0};
@@ -927,7 +931,8 @@ TransportDecision choose_transport(ContextState& state, uint32_t qpn, QpType typ
   UdpTransport* udp = udp_transport(state);
   if (udp == nullptr) return {false, EADDRNOTAVAIL};
   std::string error;
-  if (!udp->resolve_path(next.sgid_index, dgid, next.traffic_class, next.hop_limit, next.flow_label, &error)) {
+  if (!udp->usable_source_gid(next.sgid_index, &error) ||
+      !udp->resolve_path(next.sgid_index, dgid, next.traffic_class, next.hop_limit, next.flow_label, &error)) {
     std::fprintf(stderr, "softverbs: QP %#x: %s\n", qpn, error.c_str());
     return {false, EINVAL};
   }
