@@ -35,6 +35,7 @@ enum class Counter : uint8_t {
   FaultsReordered,
   FaultsDelayed,
   FaultsCorrupted,
+  ReceiveWaits,  // SENDs that found no receive just after a completion and waited for one
   Count
 };
 
@@ -53,6 +54,7 @@ inline constexpr std::array<const char*, kCounterCount> kCounterNames = {
     "send_errors",         "faults_dropped",
     "faults_duplicated",   "faults_reordered",
     "faults_delayed",      "faults_corrupted",
+    "receive_waits",
 };
 
 // One process's counts. A process adds only to its own slot: counters on a

@@ -291,6 +291,7 @@ void completer_receive(TransportPort& port, UdpQp& qp, const TransportPacket& pa
 void complete_in_order(TransportPort& port, UdpQp& qp) {
   RequesterState& r = qp.requester;
   DeviceMemory& memory = port.memory();
+  bool retired = false;
   while (!r.queue.empty()) {
     SendWqe& wqe = r.queue.front();
     if (wqe.error != WcStatus::Success) {
@@ -312,8 +313,13 @@ void complete_in_order(TransportPort& port, UdpQp& qp) {
     if (!done) break;
     if (wqe.holds_rd_atomic) --r.rd_atomic_in_flight;
     if (wqe.signaled) deliver_completion(memory, qp.send_cq, completion_of(qp, wqe, WcStatus::Success), false);
+    retired = true;
     r.queue.pop_front();
     if (r.cursor > 0) --r.cursor;
+  }
+  if (retired) {
+    r.last_completion = port.now();
+    r.completed_at_call = port.application_calls();
   }
   if (r.queue.empty() || !r.queue.front().assigned) {
     r.ack_deadline = Clock::time_point::max();
@@ -385,6 +391,7 @@ void enter_error(TransportPort& port, UdpQp& qp) {
   r.ack_deadline = Clock::time_point::max();
   r.resume_at = Clock::time_point::min();
   qp.responder.outbox.clear();
+  qp.responder.awaiting_receive.clear();  // a QP in ERR takes nothing in
   qp.responder.in_message = MessageKind::None;
   qp.sending = false;
   qp.connected = false;

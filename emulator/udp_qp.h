@@ -118,6 +118,11 @@ struct RequesterState {
   // ignored until it arrives or the timer fires.
   bool rerequest_pending = false;
   uint32_t rerequest_psn = 0;
+  // When a WQE last completed, and the application's verbs calls made by
+  // then (TransportPort::application_calls): an answer to it may follow at
+  // once (see ResponderState::awaiting_receive).
+  Clock::time_point last_completion = Clock::time_point::min();
+  uint64_t completed_at_call = UINT64_MAX;
 };
 
 // An answer queued by the responder, sent in order (a READ's responses, then
@@ -172,6 +177,14 @@ struct ResponderState {
   uint32_t unacknowledged = 0;    // packets since the last ACK was queued
   std::deque<Response> outbox;
   std::deque<ReplayEntry> replay;
+  // A SEND that found no receive posted just after a completion of this
+  // QP's send queue, and the request packets that arrived behind it (each
+  // without its ICRC, checked on arrival): they wait, until `await_until`,
+  // for the receive that the application may be posting in answer to that
+  // completion (see kReceiveGrace in udp_transport.cpp).
+  std::deque<std::vector<uint8_t>> awaiting_receive;
+  Clock::time_point await_until = Clock::time_point::max();
+  bool may_await_receive = false;  // for the packet being handed in
 };
 
 struct UdpQp {
@@ -205,6 +218,8 @@ class TransportPort {
     return *counter_slot_;
   }
   virtual Clock::time_point now() const = 0;
+  // How many posts and polls the application has made on the device.
+  virtual uint64_t application_calls() const = 0;
   // Sends a transport packet whose payload is the bytes of `payload` (local
   // buffers, already checked); the port adds pad and ICRC and applies
   // fault injection and capture.
@@ -235,8 +250,13 @@ void go_back(TransportPort& port, UdpQp& qp, uint32_t psn);
 
 // ---- responder ----------------------------------------------------------------
 
-// A request packet for an RC or UC QP.
-void responder_receive(TransportPort& port, UdpQp& qp, const wire::TransportPacket& packet);
+// A request packet for an RC or UC QP. If `may_await_receive`, an RC SEND
+// that finds no receive posted is left as it is (no RNR NAK, no state
+// changed) and the call returns AwaitsReceive: the caller keeps the packet
+// and hands it in again later.
+enum class Taken : uint8_t { Done, AwaitsReceive };
+Taken responder_receive(TransportPort& port, UdpQp& qp, const wire::TransportPacket& packet,
+                        bool may_await_receive = false);
 // A UD SEND; `flow` is where it came from (for the GRH in the receive buffer).
 void ud_receive(TransportPort& port, UdpQp& qp, const wire::TransportPacket& packet, const wire::FlowAddress& flow);
 // Sends queued responses in order; a READ's data at most `budget` packets

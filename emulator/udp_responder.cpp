@@ -142,7 +142,11 @@ void drop_message(UdpQp& qp, const Classified& what) {
 
 // ---- the checks ----------------------------------------------------------------
 
-enum class Verdict : uint8_t { Continue, Done };
+enum class Verdict : uint8_t {
+  Continue,
+  Done,
+  AwaitReceive,  // no receive posted, and the caller lets the packet wait for one
+};
 
 Verdict handle_duplicate(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what);
 
@@ -241,6 +245,7 @@ Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& pa
       s.expected_psn = psn_add(packet.bth.psn, 1);
       return Verdict::Done;
     }
+    if (s.may_await_receive) return Verdict::AwaitReceive;
     port.counters().add(Counter::RnrNaksSent);
     queue_nak(qp, packet.bth.psn, static_cast<uint8_t>(aeth::kRnrNak | (qp.attributes.min_rnr_timer & 0x1f)));
     return Verdict::Done;
@@ -649,25 +654,30 @@ bool responder_send(TransportPort& port, UdpQp& qp, uint32_t budget) {
   return !s.outbox.empty();
 }
 
-void responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet) {
+Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, bool may_await_receive) {
   if (!qp.connected) {
     port.counters().add(Counter::UnknownQp);
-    return;
+    return Taken::Done;
   }
   const Service service = qp.type == QpType::Rc ? Service::Rc : Service::Uc;
   if ((packet.bth.opcode & 0xe0) != static_cast<uint8_t>(service)) {
     port.counters().add(Counter::MalformedPackets);
-    return;
+    return Taken::Done;
   }
   const Classified what = classify(packet.bth.opcode & 0x1f);
   using Check = Verdict (*)(TransportPort&, UdpQp&, const TransportPacket&, const Classified&);
   static constexpr Check kPipeline[] = {check_psn,      check_op_sequence, check_op_valid,
                                         check_resource, check_length,      check_rkey};
-  for (Check check : kPipeline) {
-    if (check(port, qp, packet, what) == Verdict::Done) return;
-    if (!qp.connected) return;  // a check failed the QP
-  }
   ResponderState& s = qp.responder;
+  // The checks before check_resource change nothing for a packet they let
+  // through, so one that waits can be handed in again as it is.
+  s.may_await_receive = may_await_receive;
+  for (Check check : kPipeline) {
+    const Verdict verdict = check(port, qp, packet, what);
+    if (verdict == Verdict::AwaitReceive) return Taken::AwaitsReceive;
+    if (verdict == Verdict::Done) return Taken::Done;
+    if (!qp.connected) return Taken::Done;  // a check failed the QP
+  }
   s.sequence_nak_sent = false;
   switch (what.kind) {
     case Kind::Send:
@@ -683,7 +693,7 @@ void responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& pa
       execute_atomic(port, qp, packet);
       break;
   }
-  if (!qp.connected || qp.type != QpType::Rc) return;
+  if (!qp.connected || qp.type != QpType::Rc) return Taken::Done;
   // READ and atomic answers acknowledge by themselves. Every message is
   // acknowledged (several in one ACK where they arrive close together);
   // AckReq asks for it without delay (see Engine::after_work).
@@ -696,6 +706,7 @@ void responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& pa
       queue_ack(qp, packet.bth.ack_request && ends_message(what.position));
     }
   }
+  return Taken::Done;
 }
 
 void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const FlowAddress& flow) {

@@ -63,6 +63,24 @@ constexpr auto kAckHold = std::chrono::microseconds(10);
 // retransmission timer's 1 ms floor.
 constexpr auto kMaxAckHold = std::chrono::microseconds(100);
 constexpr auto kReorderHold = std::chrono::milliseconds(1);
+// An RC SEND that finds no receive posted waits up to this long for one,
+// rather than being RNR-NAKed at once, if it may be the answer to a request
+// of its QP whose completion the application has not yet acted on: the
+// request is not yet complete, or the application has made at most one
+// poll since (the one that could return the completion), or it completed
+// less than this long ago. The answer arrives with the request's held ACK
+// (kAckHold), where an HCA's ACK comes a round trip and the peer's time to
+// answer before it: an application that posts the receive for the answer
+// once its request completes (rdma-core's pyverbs test
+// test_rdmacm_async_traffic_external_qp does) found its answer RNR-NAKed,
+// 0.64 ms lost each time, and on a busy machine IBV_WC_RNR_RETRY_EXC_ERR.
+// The receive's ibv_post_recv takes the SEND in at once (receive_posted()).
+// Below the retransmission timer's 1 ms floor, so that a waiting SEND is not
+// sent again.
+constexpr auto kReceiveGrace = std::chrono::microseconds(500);
+// Request packets that may wait behind such a SEND; a sender that goes on
+// past this many gets the RNR NAK at once.
+constexpr size_t kMaxAwaitingPackets = 256;
 // A deadline at least this far off (a retransmission timer: 67 ms for
 // perftest's QPs) is armed by whichever thread finds it. Setting a timerfd
 // costs about 0.45 us then, but 7-11 us for one due within 100 us, which
@@ -353,6 +371,7 @@ class UdpTransport::Engine : public udp::TransportPort {
   // read it five times. Deadlines set or checked against it are at most one
   // pass (a few microseconds) off, against timers of 10 us and more.
   Clock::time_point now() const override { return pass_clock_set_ ? pass_now_ : Clock::now(); }
+  uint64_t application_calls() const override { return drive_count_.load(std::memory_order_relaxed); }
   void transmit(udp::UdpQp& qp, const udp::Path& path, uint32_t destination_qpn, const TransportPacket& packet,
                 std::span<const iovec> payload) override;
 
@@ -376,6 +395,13 @@ class UdpTransport::Engine : public udp::TransportPort {
   }
   int post_send(uint32_t qpn, udp::SendWqe&& wqe);
   void drive();
+  void receive_posted() {
+    if (awaiting_receive_count_.load(std::memory_order_relaxed) == 0) return;
+    DeferredChannelWakeups wakeups;  // sent once the lock is free
+    std::lock_guard guard(mutex_);
+    PassClock clock(*this, Clock::now());
+    after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
+  }
   void application_waits() {
     app_uses_events_.store(true, std::memory_order_relaxed);
     last_drive_.store(0, std::memory_order_relaxed);
@@ -497,6 +523,15 @@ class UdpTransport::Engine : public udp::TransportPort {
   // handles it; mutex_ held. Returns whether anything was read.
   bool drain(Watcher& watcher, Reads reads);
   void handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded);
+  // A request packet for an RC or UC QP (`bytes`: the packet without its
+  // ICRC), which may wait for a receive (see kReceiveGrace).
+  void take_request_locked(udp::UdpQp& qp, const TransportPacket& packet, std::span<const uint8_t> bytes);
+  // Hands the QP's waiting request packets in again, in order; they go on
+  // waiting only if `may_wait`.
+  void retry_awaiting_locked(udp::UdpQp& qp, bool may_wait);
+  void note_awaiting_count_locked() {
+    awaiting_receive_count_.store(awaiting_receive_qps_.size(), std::memory_order_relaxed);
+  }
   void forward(uint16_t port, const FlowAddress& flow, std::span<const uint8_t> datagram);
   // mutex_ held: answers, due timers. A pass that may hold ACKs back is one
   // that did not post a request (see kAckHold).
@@ -508,6 +543,7 @@ class UdpTransport::Engine : public udp::TransportPort {
   // kAnswerSpin).
   bool after_work(Acks acks = Acks::Send, Sends sends = Sends::Now);
   Clock::time_point earliest_held_ack_locked() const;
+  Clock::time_point earliest_receive_wait_locked() const;
   // Sends the ACK held for `qpn` now, if any (the QP going away or to ERR,
   // the engine stopping).
   void send_held_ack_locked(uint32_t qpn);
@@ -680,6 +716,10 @@ class UdpTransport::Engine : public udp::TransportPort {
   void learn_ack_hold_locked(uint32_t qpn, Clock::time_point now);
   std::vector<Delayed> delayed_;
   std::unordered_map<uint32_t, Delayed> held_;  // reordering: one packet held back per QP
+  // QPs whose responder has request packets waiting for a receive (see
+  // kReceiveGrace), and how many (read by receive_posted() without the lock).
+  std::vector<uint32_t> awaiting_receive_qps_;
+  std::atomic<size_t> awaiting_receive_count_{0};
   // While the application is in verbs calls (drive() within
   // app_idle_after_) it does the work; the io thread stops watching the
   // sockets, so packets do not wake it, and checks back when the
@@ -888,6 +928,8 @@ void UdpTransport::Engine::forget_locked(uint32_t qpn) {
   qps_.erase(qpn);
   held_.erase(qpn);
   std::erase(touched_, qpn);
+  std::erase(awaiting_receive_qps_, qpn);
+  note_awaiting_count_locked();
   if (auto it = qp_watchers_.find(qpn); it != qp_watchers_.end()) {
     retire_watcher_locked(it->second);
     qp_watchers_.erase(it);
@@ -1040,11 +1082,12 @@ void UdpTransport::Engine::io_check() {
     if (in_call && watching_) reads_left_to_call_.store(true, std::memory_order_relaxed);
     if (watching_) stop_watching();
     // ACKs held past kAckHold leave now, whoever else is at work.
+    // So do SENDs that waited out kReceiveGrace, as RNR NAKs.
     Clock::time_point held = Clock::time_point::max();
     if (guard.owns_lock()) {
       send_what_posts_left_locked(now, last_call);
-      if (earliest_held_ack_locked() <= now) after_work(Acks::Hold);
-      held = earliest_held_ack_locked();
+      if (std::min(earliest_held_ack_locked(), earliest_receive_wait_locked()) <= now) after_work(Acks::Hold);
+      held = std::min(earliest_held_ack_locked(), earliest_receive_wait_locked());
       guard.unlock();
     }
     arm_timer(std::min(held, (polling ? last_call : now) + app_idle_after_));
@@ -1220,10 +1263,56 @@ void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<co
   }
   if (is_response(packet->bth.opcode)) {
     udp::completer_receive(*this, *qp, *packet);
+    touched_.push_back(qpn);
   } else {
-    udp::responder_receive(*this, *qp, *packet);
+    take_request_locked(*qp, *packet, datagram.first(datagram.size() - kIcrcBytes));
   }
-  touched_.push_back(qpn);
+}
+
+void UdpTransport::Engine::take_request_locked(udp::UdpQp& qp, const TransportPacket& packet,
+                                               std::span<const uint8_t> bytes) {
+  udp::ResponderState& s = qp.responder;
+  touched_.push_back(qp.qpn);
+  bool may_wait = true;
+  if (!s.awaiting_receive.empty()) {
+    if (s.awaiting_receive.size() < kMaxAwaitingPackets) {
+      s.awaiting_receive.emplace_back(bytes.begin(), bytes.end());  // in order, behind the one that waits
+      return;
+    }
+    // The requester goes on sending: waiting on would only buffer more.
+    retry_awaiting_locked(qp, false);
+    may_wait = false;
+  }
+  const Clock::time_point now = this->now();
+  // The answer to a request may come before the request's ACK (in the same
+  // UDP GSO send: see after_work), or after it while the application is
+  // still on its way from the poll that can have returned the completion to
+  // the receive it posts in answer (one call since, or none), or soon after.
+  const udp::RequesterState& r = qp.requester;
+  const bool calls_since_completion_at_most_one =
+      r.completed_at_call != UINT64_MAX && application_calls() - r.completed_at_call <= 1;
+  may_wait = may_wait && qp.type == QpType::Rc &&
+             (!r.queue.empty() || calls_since_completion_at_most_one || r.last_completion > now - kReceiveGrace);
+  if (udp::responder_receive(*this, qp, packet, may_wait) != udp::Taken::AwaitsReceive) return;
+  s.awaiting_receive.emplace_back(bytes.begin(), bytes.end());
+  debug_log("QP %#x: SEND at PSN %#x waits for a receive", qp.qpn, packet.bth.psn);
+  s.await_until = now + kReceiveGrace;
+  awaiting_receive_qps_.push_back(qp.qpn);
+  note_awaiting_count_locked();
+  counters().add(Counter::ReceiveWaits);
+}
+
+void UdpTransport::Engine::retry_awaiting_locked(udp::UdpQp& qp, bool may_wait) {
+  udp::ResponderState& s = qp.responder;
+  while (!s.awaiting_receive.empty()) {
+    const auto packet = parse(s.awaiting_receive.front());  // parsed once already: cannot fail
+    if (packet && udp::responder_receive(*this, qp, *packet, may_wait) == udp::Taken::AwaitsReceive) return;
+    s.awaiting_receive.pop_front();
+  }
+  s.await_until = Clock::time_point::max();
+  touched_.push_back(qp.qpn);
+  std::erase(awaiting_receive_qps_, qp.qpn);
+  note_awaiting_count_locked();
 }
 
 void UdpTransport::Engine::forward(uint16_t port, const FlowAddress& flow, std::span<const uint8_t> datagram) {
@@ -1273,6 +1362,13 @@ bool UdpTransport::Engine::after_work(Acks acks, Sends sends) {
     } else {
       ++it;
     }
+  }
+  // SENDs that wait for a receive: one may have been posted since, or
+  // their time is up (an RNR NAK then).
+  if (!awaiting_receive_qps_.empty()) {
+    const std::vector<uint32_t> waiting = awaiting_receive_qps_;  // retrying shortens the list
+    for (uint32_t qpn : waiting)
+      if (udp::UdpQp* qp = find(qpn)) retry_awaiting_locked(*qp, now < qp->responder.await_until);
   }
   // An ACK that left on its own would reach a peer that, having its
   // completion, stops polling and waits for the answer to its request some
@@ -1360,6 +1456,15 @@ Clock::time_point UdpTransport::Engine::earliest_held_ack_locked() const {
   return earliest;
 }
 
+Clock::time_point UdpTransport::Engine::earliest_receive_wait_locked() const {
+  Clock::time_point earliest = Clock::time_point::max();
+  for (uint32_t qpn : awaiting_receive_qps_) {
+    auto it = qps_.find(qpn);
+    if (it != qps_.end()) earliest = std::min(earliest, it->second.responder.await_until);
+  }
+  return earliest;
+}
+
 Clock::time_point UdpTransport::Engine::earliest_deadline_locked() const {
   return std::min(earliest_protocol_deadline_locked(), earliest_held_ack_locked());
 }
@@ -1369,7 +1474,7 @@ Clock::time_point UdpTransport::Engine::earliest_protocol_deadline_locked() cons
   for (const auto& [qpn, qp] : qps_) earliest = std::min(earliest, udp::next_deadline(qp));
   for (const Delayed& item : delayed_) earliest = std::min(earliest, item.due);
   for (const auto& [qpn, item] : held_) earliest = std::min(earliest, item.due);
-  return earliest;
+  return std::min(earliest, earliest_receive_wait_locked());
 }
 
 int UdpTransport::Engine::send_socket(const IpAddress& local, uint16_t port) {
@@ -1853,6 +1958,7 @@ void UdpTransport::forget_qp(uint32_t qpn) { engine_->forget_qp(qpn); }
 bool UdpTransport::carries(uint32_t qpn) const { return engine_->carries(qpn); }
 int UdpTransport::post_send(uint32_t qpn, udp::SendWqe&& wqe) { return engine_->post_send(qpn, std::move(wqe)); }
 void UdpTransport::drive() { engine_->drive(); }
+void UdpTransport::receive_posted() { engine_->receive_posted(); }
 void UdpTransport::application_waits() { engine_->application_waits(); }
 
 }  // namespace softverbs

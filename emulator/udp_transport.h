@@ -71,6 +71,9 @@ class UdpTransport {
   // Progress from a verbs call: handles what has arrived and what is due,
   // without blocking (skipped if the background thread is at it).
   void drive();
+  // A receive was posted (to a QP or an SRQ): a SEND that waits for one
+  // (see kReceiveGrace in udp_transport.cpp) is taken in now.
+  void receive_posted();
   // The application is about to block (it armed a CQ for an event): the
   // background thread takes over at once.
   void application_waits();

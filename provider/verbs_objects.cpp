@@ -607,21 +607,25 @@ int destroy_srq(ibv_srq* ibv) {
   return 0;
 }
 
+// Over UDP, a SEND may be waiting for the receive just posted.
+void receives_posted(ibv_context* context) {
+  if (UdpTransport* udp = state_of(context).udp_running.load(std::memory_order_acquire)) udp->receive_posted();
+}
+
 int post_srq_recv(ibv_srq* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   SrqRecord& record = record_of(to_srq(ibv));
   DeviceMemory& memory = memory_of(ibv->context);
-  for (; wr != nullptr; wr = wr->next) {
-    int error =
+  int error = 0;
+  for (; wr != nullptr && error == 0; wr = wr->next) {
+    error =
         wr->num_sge < 0
             ? EINVAL
             : post_srq_receive(memory, record, wr->wr_id,
                                std::span(reinterpret_cast<const Sge*>(wr->sg_list), static_cast<size_t>(wr->num_sge)));
-    if (error) {
-      *bad_wr = wr;
-      return error;
-    }
+    if (error) *bad_wr = wr;
   }
-  return 0;
+  receives_posted(ibv->context);
+  return error;
 }
 
 }  // namespace
@@ -1041,18 +1045,16 @@ int query_qp(ibv_qp* ibv, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) {
 int post_recv(ibv_qp* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   ProviderQp* qp = to_qp(ibv);
   DeviceMemory& memory = memory_of(ibv->context);
-  for (; wr != nullptr; wr = wr->next) {
-    if (wr->num_sge < 0) {
-      *bad_wr = wr;
-      return EINVAL;
-    }
-    std::span<const Sge> sges(reinterpret_cast<const Sge*>(wr->sg_list), static_cast<size_t>(wr->num_sge));
-    if (int error = post_receive(memory, record_of(qp), wr->wr_id, sges)) {
-      *bad_wr = wr;
-      return error;
-    }
+  int error = 0;
+  for (; wr != nullptr && error == 0; wr = wr->next) {
+    error = wr->num_sge < 0
+                ? EINVAL
+                : post_receive(memory, record_of(qp), wr->wr_id,
+                               std::span(reinterpret_cast<const Sge*>(wr->sg_list), static_cast<size_t>(wr->num_sge)));
+    if (error) *bad_wr = wr;
   }
-  return 0;
+  receives_posted(ibv->context);
+  return error;
 }
 static_assert(sizeof(Sge) == sizeof(ibv_sge) && offsetof(Sge, lkey) == offsetof(ibv_sge, lkey));
 

@@ -37,6 +37,7 @@ class PacketHarness : public udp::TransportPort {
   // TransportPort
   DeviceMemory& memory() override { return *memory_; }
   udp::Clock::time_point now() const override { return now_; }
+  uint64_t application_calls() const override { return 0; }
   void transmit(udp::UdpQp& qp, const udp::Path& path, uint32_t destination_qpn, const wire::TransportPacket& packet,
                 std::span<const iovec> payload) override;
 
