@@ -44,6 +44,7 @@ TEST(PacketFuzz, RandomBytesAndBitFlips) {
     ASSERT_TRUE(harness.feed(input)) << harness.failure() << " (round " << round << ")";
   }
   EXPECT_GT(harness.packets_accepted(), 10000u);
+  EXPECT_GT(harness.packets_awaited(), 0u) << "no SEND found the receive queue empty where it could wait";
 }
 
 }  // namespace

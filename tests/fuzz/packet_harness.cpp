@@ -6,6 +6,7 @@
 #include <random>
 
 #include "data_path.h"
+#include "receive_queue.h"
 #include "roce_headers.h"
 
 namespace softverbs::fuzz {
@@ -69,18 +70,31 @@ int PacketHarness::make_qp(QpType type) {
   return index;
 }
 
+void PacketHarness::fill_receive_queue(size_t role) {
+  const uint64_t base = reinterpret_cast<uint64_t>(arena_.data() + kGuardBytes);
+  QpRecord& record = memory_->shared().qps[qp_indices_[role]];
+  // Receive WQEs of two SGEs each, inside the registered buffer. (None to a
+  // QP in ERR, where each would complete at once, flushed.)
+  while (record.state != QpState::Error && record.rq.posted - record.rq.consumed < record.rq.capacity) {
+    Sge sges[2] = {{base + 1024 * role, 700, key_}, {base + 1024 * role + 4096, 3000, key_}};
+    if (post_receive(*memory_, record, 42, sges) != 0) break;
+  }
+}
+
+void PacketHarness::empty_receive_queue(size_t role) {
+  QpRecord& record = memory_->shared().qps[qp_indices_[role]];
+  SharedLock lock(record.lock);
+  ReceivePlacement taken;
+  while (take_receive(*memory_, record, taken)) {
+  }
+}
+
 void PacketHarness::reset_qps() {
   qps_.clear();
-  uint8_t* registered = arena_.data() + kGuardBytes;
-  const uint64_t base = reinterpret_cast<uint64_t>(registered);
   for (size_t role = 0; role < qp_indices_.size(); ++role) {
     QpRecord& record = memory_->shared().qps[qp_indices_[role]];
     record.state = QpState::Rts;
-    // Receive WQEs of two SGEs each, inside the registered buffer.
-    while (record.rq.posted - record.rq.consumed < record.rq.capacity) {
-      Sge sges[2] = {{base + 1024 * role, 700, key_}, {base + 1024 * role + 4096, 3000, key_}};
-      if (post_receive(*memory_, record, 42, sges) != 0) break;
-    }
+    fill_receive_queue(role);
     udp::UdpQp qp;
     qp.index = qp_indices_[role];
     qp.qpn = record.qpn;
@@ -106,6 +120,7 @@ void PacketHarness::reset_qps() {
     qps_.push_back(std::move(qp));
   }
   // The requester has a READ, an atomic and a SEND outstanding.
+  const uint64_t base = reinterpret_cast<uint64_t>(arena_.data() + kGuardBytes);
   udp::UdpQp& requester = qps_[3];
   udp::SendWqe read;
   read.opcode = SendOpcode::RdmaRead;
@@ -142,6 +157,19 @@ void PacketHarness::transmit(udp::UdpQp&, const udp::Path&, uint32_t, const wire
   }
   std::array<uint8_t, wire::kMaxHeaderBytes> headers;
   if (wire::build_headers(packet, length, headers) == 0) failure_ = "the transport built an invalid packet";
+}
+
+PacketHarness::ResponderSnapshot PacketHarness::snapshot(const udp::ResponderState& s) {
+  return {s.expected_psn,
+          s.msn,
+          static_cast<uint8_t>(s.in_message),
+          s.have_receive,
+          s.sequence_nak_sent,
+          s.received,
+          s.written,
+          s.unacknowledged,
+          s.outbox.size(),
+          s.replay.size()};
 }
 
 bool PacketHarness::guards_intact() {
@@ -185,7 +213,20 @@ bool PacketHarness::feed(std::span<const uint8_t> input) {
     } else if (response) {
       udp::completer_receive(*this, qp, *packet);
     } else {
-      udp::responder_receive(*this, qp, *packet);
+      // With the first byte's top bit, the packet may wait for a receive
+      // (as the UDP engine lets an answer wait): then it must have changed
+      // nothing, since the engine hands it in again later as it is. With
+      // the next bit, the receive queue is empty for this packet.
+      const bool may_wait = (input[0] & 0x80) != 0;
+      const bool no_receives = (input[0] & 0x40) != 0;
+      if (no_receives) empty_receive_queue(role);
+      const ResponderSnapshot before = snapshot(qp.responder);
+      if (udp::responder_receive(*this, qp, *packet, may_wait) == udp::Taken::AwaitsReceive) {
+        ++awaited_;
+        if (!may_wait) failure_ = "a packet waited for a receive that it was not allowed to wait for";
+        if (snapshot(qp.responder) != before) failure_ = "a packet left waiting for a receive changed the responder";
+      }
+      if (no_receives) fill_receive_queue(role);
     }
     udp::responder_send(*this, qp, 1u << 20);
     now_ += std::chrono::seconds(1);  // past every timer

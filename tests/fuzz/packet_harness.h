@@ -4,8 +4,9 @@
 // the libFuzzer target and by a deterministic test in the normal build.
 //
 // It checks the promises a malformed packet must not break: nothing outside
-// the registered buffer is written (guard zones around it stay intact) and
-// every payload the transport sends lies inside a registered region.
+// the registered buffer is written (guard zones around it stay intact),
+// every payload the transport sends lies inside a registered region, and a
+// packet left waiting for a receive changed nothing.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,8 @@ class PacketHarness : public udp::TransportPort {
 
   size_t packets_sent() const { return packets_sent_; }
   size_t packets_accepted() const { return accepted_; }
+  // Request packets that were left waiting for a receive (see feed()).
+  size_t packets_awaited() const { return awaited_; }
   const std::string& failure() const { return failure_; }
 
   // TransportPort
@@ -43,8 +46,21 @@ class PacketHarness : public udp::TransportPort {
 
  private:
   void reset_qps();
+  void fill_receive_queue(size_t role);
+  void empty_receive_queue(size_t role);
   int make_qp(QpType type);
   bool guards_intact();
+  // What a packet that waits for a receive must leave as it was.
+  struct ResponderSnapshot {
+    uint32_t expected_psn, msn;
+    uint8_t in_message;
+    bool have_receive, sequence_nak_sent;
+    uint64_t received, written;
+    uint32_t unacknowledged;
+    size_t outbox, replay;
+    bool operator==(const ResponderSnapshot&) const = default;
+  };
+  static ResponderSnapshot snapshot(const udp::ResponderState& s);
 
   std::filesystem::path directory_;
   std::shared_ptr<DeviceMemory> memory_;
@@ -57,6 +73,7 @@ class PacketHarness : public udp::TransportPort {
   udp::Clock::time_point now_{};
   size_t packets_sent_ = 0;
   size_t accepted_ = 0;
+  size_t awaited_ = 0;
   std::string failure_;
 };
 
