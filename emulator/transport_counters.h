@@ -35,7 +35,7 @@ enum class Counter : uint8_t {
   FaultsReordered,
   FaultsDelayed,
   FaultsCorrupted,
-  ReceiveWaits,  // SENDs that found no receive just after a completion and waited for one
+  ReceiveWaits,  // SENDs that found no receive posted and waited for one (kReceiveGrace)
   Count
 };
 

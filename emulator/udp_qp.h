@@ -177,11 +177,11 @@ struct ResponderState {
   uint32_t unacknowledged = 0;    // packets since the last ACK was queued
   std::deque<Response> outbox;
   std::deque<ReplayEntry> replay;
-  // A SEND that found no receive posted just after a completion of this
-  // QP's send queue, and the request packets that arrived behind it (each
-  // without its ICRC, checked on arrival): they wait, until `await_until`,
-  // for the receive that the application may be posting in answer to that
-  // completion (see kReceiveGrace in udp_transport.cpp).
+  // A SEND that found no receive posted while it may answer a request of
+  // this QP, and the request packets that arrived behind it (each without
+  // its ICRC, checked on arrival): they wait, until `await_until`, for the
+  // receive that the application may be posting once it sees that request
+  // complete (see kReceiveGrace in udp_transport.cpp).
   std::deque<std::vector<uint8_t>> awaiting_receive;
   Clock::time_point await_until = Clock::time_point::max();
   bool may_await_receive = false;  // for the packet being handed in
