@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <regex>
+#include <sstream>
 
 namespace softverbs::test {
 
@@ -17,6 +18,19 @@ std::string roce_v2_gid_index(const std::string& status, const std::string& gid)
   std::smatch match;
   if (gid.empty() || !std::regex_search(status, match, std::regex("GID\\[(\\d+)\\] " + gid + "  RoCE v2"))) return "";
   return match[1].str();
+}
+
+std::map<std::string, uint64_t> parse_counters(const std::string& stat) {
+  std::map<std::string, uint64_t> counters;
+  std::istringstream in(stat);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string name;
+    uint64_t value;
+    if (fields >> name >> value) counters[name] = value;
+  }
+  return counters;
 }
 
 }  // namespace softverbs::test

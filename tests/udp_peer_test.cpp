@@ -20,6 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include "device_status.h"
+#include "process_runner.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -234,17 +237,10 @@ std::vector<ibv_wc> poll_for(Endpoint& endpoint, size_t count, std::chrono::mill
 uint64_t device_counter(const std::string& name) {
   const char* cli = std::getenv("SOFTVERBS_CLI");
   if (cli == nullptr) return UINT64_MAX;
-  FILE* output = ::popen((std::string("'") + cli + "' stat softverbs0").c_str(), "r");
-  if (output == nullptr) return UINT64_MAX;
-  uint64_t value = UINT64_MAX;
-  char line[256];
-  while (std::fgets(line, sizeof line, output) != nullptr) {
-    char key[64];
-    unsigned long long number;
-    if (std::sscanf(line, " %63s %llu", key, &number) == 2 && name == key) value = number;
-  }
-  ::pclose(output);
-  return value;
+  const auto stat = softverbs::test::run_process({cli, "stat", "softverbs0"});
+  const auto counters = softverbs::test::parse_counters(stat.out);
+  const auto it = counters.find(name);
+  return stat.exit_code == 0 && it != counters.end() ? it->second : UINT64_MAX;
 }
 
 double implied_seconds(uint8_t timeout, uint8_t retry_count) {

@@ -25,23 +25,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::ipv4_mapped_gid;
+using test::parse_counters;
 using test::ProcessResult;
 using test::roce_v2_gid_index;
 using test::run_process;
 using test::TemporaryDirectory;
-
-std::map<std::string, uint64_t> parse_counters(const std::string& text) {
-  std::map<std::string, uint64_t> counters;
-  std::istringstream in(text);
-  std::string name;
-  uint64_t value;
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    if (fields >> name >> value) counters[name] = value;
-  }
-  return counters;
-}
 
 class UdpOnLoopback : public ::testing::Test {
  protected:
