@@ -607,25 +607,28 @@ int destroy_srq(ibv_srq* ibv) {
   return 0;
 }
 
-// Over UDP, a SEND may be waiting for the receive just posted.
-void receives_posted(ibv_context* context) {
+// Posts each receive of the chain with `post_one` (a QP's or an SRQ's), up
+// to the first it refuses (*bad_wr); then, over UDP, a SEND may be waiting
+// for one of them.
+template <typename PostOne>
+int post_receive_chain(ibv_context* context, ibv_recv_wr* wr, ibv_recv_wr** bad_wr, PostOne post_one) {
+  int error = 0;
+  for (; wr != nullptr && error == 0; wr = wr->next) {
+    error = wr->num_sge < 0 ? EINVAL
+                            : post_one(wr->wr_id, std::span(reinterpret_cast<const Sge*>(wr->sg_list),
+                                                            static_cast<size_t>(wr->num_sge)));
+    if (error) *bad_wr = wr;
+  }
   if (UdpTransport* udp = state_of(context).udp_running.load(std::memory_order_acquire)) udp->receive_posted();
+  return error;
 }
 
 int post_srq_recv(ibv_srq* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   SrqRecord& record = record_of(to_srq(ibv));
   DeviceMemory& memory = memory_of(ibv->context);
-  int error = 0;
-  for (; wr != nullptr && error == 0; wr = wr->next) {
-    error =
-        wr->num_sge < 0
-            ? EINVAL
-            : post_srq_receive(memory, record, wr->wr_id,
-                               std::span(reinterpret_cast<const Sge*>(wr->sg_list), static_cast<size_t>(wr->num_sge)));
-    if (error) *bad_wr = wr;
-  }
-  receives_posted(ibv->context);
-  return error;
+  return post_receive_chain(ibv->context, wr, bad_wr, [&](uint64_t wr_id, std::span<const Sge> sges) {
+    return post_srq_receive(memory, record, wr_id, sges);
+  });
 }
 
 }  // namespace
@@ -1043,18 +1046,11 @@ int query_qp(ibv_qp* ibv, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) {
 }
 
 int post_recv(ibv_qp* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
-  ProviderQp* qp = to_qp(ibv);
+  QpRecord& record = record_of(to_qp(ibv));
   DeviceMemory& memory = memory_of(ibv->context);
-  int error = 0;
-  for (; wr != nullptr && error == 0; wr = wr->next) {
-    error = wr->num_sge < 0
-                ? EINVAL
-                : post_receive(memory, record_of(qp), wr->wr_id,
-                               std::span(reinterpret_cast<const Sge*>(wr->sg_list), static_cast<size_t>(wr->num_sge)));
-    if (error) *bad_wr = wr;
-  }
-  receives_posted(ibv->context);
-  return error;
+  return post_receive_chain(ibv->context, wr, bad_wr, [&](uint64_t wr_id, std::span<const Sge> sges) {
+    return post_receive(memory, record, wr_id, sges);
+  });
 }
 static_assert(sizeof(Sge) == sizeof(ibv_sge) && offsetof(Sge, lkey) == offsetof(ibv_sge, lkey));
 
