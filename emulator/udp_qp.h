@@ -184,7 +184,6 @@ struct ResponderState {
   // complete (see kReceiveGrace in udp_transport.cpp).
   std::deque<std::vector<uint8_t>> awaiting_receive;
   Clock::time_point await_until = Clock::time_point::max();
-  bool may_await_receive = false;  // for the packet being handed in
 };
 
 struct UdpQp {

@@ -33,6 +33,9 @@ struct Classified {
   Kind kind = Kind::Send;
   Position position = Position::Only;
   bool immediate = false;
+  // Not of the packet but of this handing-in: whether the caller lets it
+  // wait for a receive (see responder_receive).
+  bool may_await_receive = false;
 };
 
 Classified classify(uint8_t operation) {
@@ -245,7 +248,7 @@ Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& pa
       s.expected_psn = psn_add(packet.bth.psn, 1);
       return Verdict::Done;
     }
-    if (s.may_await_receive) return Verdict::AwaitReceive;
+    if (what.may_await_receive) return Verdict::AwaitReceive;
     port.counters().add(Counter::RnrNaksSent);
     queue_nak(qp, packet.bth.psn, static_cast<uint8_t>(aeth::kRnrNak | (qp.attributes.min_rnr_timer & 0x1f)));
     return Verdict::Done;
@@ -664,20 +667,20 @@ Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& p
     port.counters().add(Counter::MalformedPackets);
     return Taken::Done;
   }
-  const Classified what = classify(packet.bth.opcode & 0x1f);
+  Classified what = classify(packet.bth.opcode & 0x1f);
+  // The checks before check_resource change nothing for a packet they let
+  // through, so one that waits can be handed in again as it is.
+  what.may_await_receive = may_await_receive;
   using Check = Verdict (*)(TransportPort&, UdpQp&, const TransportPacket&, const Classified&);
   static constexpr Check kPipeline[] = {check_psn,      check_op_sequence, check_op_valid,
                                         check_resource, check_length,      check_rkey};
-  ResponderState& s = qp.responder;
-  // The checks before check_resource change nothing for a packet they let
-  // through, so one that waits can be handed in again as it is.
-  s.may_await_receive = may_await_receive;
   for (Check check : kPipeline) {
     const Verdict verdict = check(port, qp, packet, what);
     if (verdict == Verdict::AwaitReceive) return Taken::AwaitsReceive;
     if (verdict == Verdict::Done) return Taken::Done;
     if (!qp.connected) return Taken::Done;  // a check failed the QP
   }
+  ResponderState& s = qp.responder;
   s.sequence_nak_sent = false;
   switch (what.kind) {
     case Kind::Send:
