@@ -20,7 +20,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 7;
+constexpr uint32_t kVersion = 8;
 constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
 constexpr unsigned kMinBlockShift = 12;
 
