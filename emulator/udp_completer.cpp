@@ -381,8 +381,8 @@ void enter_error(TransportPort& port, UdpQp& qp) {
     owner_handle = record.owner_handle;
   }
   RequesterState& r = qp.requester;
-  for (const SendWqe& wqe : r.queue) {
-    Completion flushed = completion_of(qp, wqe, WcStatus::WrFlushError);
+  for (size_t i = 0; i < r.queue.size(); ++i) {
+    Completion flushed = completion_of(qp, r.queue[i], WcStatus::WrFlushError);
     deliver_completion(memory, qp.send_cq, flushed, false);
   }
   r.queue.clear();

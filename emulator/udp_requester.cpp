@@ -193,8 +193,8 @@ bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uin
   return length == 0;
 }
 
-void requester_post(TransportPort& port, UdpQp& qp, SendWqe&& wqe) {
-  qp.requester.queue.push_back(std::move(wqe));
+void requester_post(TransportPort& port, UdpQp& qp, const SendWqe& wqe) {
+  qp.requester.queue.push_back(wqe);
   requester_run(port, qp);
 }
 

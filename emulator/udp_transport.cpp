@@ -393,7 +393,7 @@ class UdpTransport::Engine : public udp::TransportPort {
     std::lock_guard guard(mutex_);
     return qps_.count(qpn) != 0;
   }
-  int post_send(uint32_t qpn, udp::SendWqe&& wqe);
+  int post_send(uint32_t qpn, const udp::SendWqe& wqe);
   void drive();
   void receive_posted() {
     if (awaiting_receive_count_.load(std::memory_order_relaxed) == 0) return;
@@ -1852,7 +1852,7 @@ void UdpTransport::Engine::forget_qp(uint32_t qpn) {
   forget_locked(qpn);
 }
 
-int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe&& wqe) {
+int UdpTransport::Engine::post_send(uint32_t qpn, const udp::SendWqe& wqe) {
   DeferredChannelWakeups wakeups;  // sent once the lock is free
   std::lock_guard guard(mutex_);
   // Read once the lock is ours: the io thread may have held it for a while.
@@ -1865,7 +1865,7 @@ int UdpTransport::Engine::post_send(uint32_t qpn, udp::SendWqe&& wqe) {
   }
   if (qp == nullptr || !qp->sending) return EINVAL;
   learn_ack_hold_locked(qpn, now);
-  udp::requester_post(*this, *qp, std::move(wqe));
+  udp::requester_post(*this, *qp, wqe);
   if (reads_left_to_this_call()) drain_all_locked(Reads::All);
   // Not for a program that sleeps in CQ events, nor while the io thread
   // watches the sockets: then no poll, and no look of the io thread's
@@ -1956,7 +1956,7 @@ std::optional<udp::Path> UdpTransport::resolve_path(int sgid_index, const Gid& d
 int UdpTransport::sync_qp(int qp_index) { return engine_->sync_qp(qp_index); }
 void UdpTransport::forget_qp(uint32_t qpn) { engine_->forget_qp(qpn); }
 bool UdpTransport::carries(uint32_t qpn) const { return engine_->carries(qpn); }
-int UdpTransport::post_send(uint32_t qpn, udp::SendWqe&& wqe) { return engine_->post_send(qpn, std::move(wqe)); }
+int UdpTransport::post_send(uint32_t qpn, const udp::SendWqe& wqe) { return engine_->post_send(qpn, wqe); }
 void UdpTransport::drive() { engine_->drive(); }
 void UdpTransport::receive_posted() { engine_->receive_posted(); }
 void UdpTransport::application_waits() { engine_->application_waits(); }

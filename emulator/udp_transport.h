@@ -66,7 +66,7 @@ class UdpTransport {
 
   // Queues a send work request on an attached QP: 0, or EINVAL if the QP
   // is not attached or not in RTS/SQD.
-  int post_send(uint32_t qpn, udp::SendWqe&& wqe);
+  int post_send(uint32_t qpn, const udp::SendWqe& wqe);
 
   // Progress from a verbs call: handles what has arrived and what is due,
   // without blocking (skipped if the background thread is at it).

@@ -662,6 +662,7 @@ struct ProviderQp {
   ProviderCq* recv_cq = nullptr;
   ProviderSrq* srq = nullptr;
   std::vector<BuiltRequest> batch;  // between ibv_wr_start and ibv_wr_complete
+  udp::SendWqe udp_wqe;             // scratch for posts over UDP (under the QP's post lock)
   int batch_error = 0;
   std::mutex mutex;  // serializes this QP's send queue
   std::deque<DeferredSend> deferred;
@@ -1245,11 +1246,20 @@ bool goes_over_udp(ContextState& state, const QpRecord& record, const ibv_send_w
   return true;
 }
 
-// The UDP requester's copy of a work request. Errors an HCA finds while
-// executing (lengths, an unroutable address) ride along and complete in order.
-udp::SendWqe to_udp_wqe(ContextState& state, const QpRecord& record, const ibv_send_wr* wr, const DeferredSend& send) {
+// The UDP requester's copy of a work request, built in `wqe` (the QP's
+// scratch, whose vectors keep their buffers from post to post). Errors an
+// HCA finds while executing (lengths, an unroutable address) ride along and
+// complete in order.
+void to_udp_wqe(ContextState& state, const QpRecord& record, const ibv_send_wr* wr, const DeferredSend& send,
+                udp::SendWqe& wqe) {
   const SendRequest& r = send.request;
-  udp::SendWqe wqe;
+  std::vector<Sge> sges = std::move(wqe.sges);
+  std::vector<uint8_t> inline_bytes = std::move(wqe.inline_bytes);
+  sges.clear();
+  inline_bytes.clear();
+  wqe = udp::SendWqe{};
+  wqe.sges = std::move(sges);
+  wqe.inline_bytes = std::move(inline_bytes);
   wqe.wr_id = r.wr_id;
   wqe.opcode = r.opcode;
   wqe.flags = r.flags;
@@ -1290,7 +1300,6 @@ udp::SendWqe to_udp_wqe(ContextState& state, const QpRecord& record, const ibv_s
     uint32_t mtu = record.attributes.path_mtu != 0 ? mtu_bytes(static_cast<Mtu>(record.attributes.path_mtu)) : 4096;
     if (wqe.length > mtu) wqe.error = WcStatus::LocalLengthError;
   }
-  return wqe;
 }
 
 // Posts under the QP's lock; a deferral is reported in `due` so that the
@@ -1322,8 +1331,8 @@ int post_send_locked(ProviderQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Cloc
       continue;
     }
     if (qp->over_udp && goes_over_udp(state_of(qp->verbs.qp.context), record, wr)) {
-      udp::SendWqe wqe = to_udp_wqe(state_of(qp->verbs.qp.context), record, wr, send);
-      if (int error = udp_transport(state_of(qp->verbs.qp.context))->post_send(record.qpn, std::move(wqe))) {
+      to_udp_wqe(state_of(qp->verbs.qp.context), record, wr, send, qp->udp_wqe);
+      if (int error = udp_transport(state_of(qp->verbs.qp.context))->post_send(record.qpn, qp->udp_wqe)) {
         *bad_wr = wr;
         return error;
       }
