@@ -53,6 +53,39 @@ void wait_for_stage(const SharedState& state, uint32_t stage) {
   while (state.stage.load(std::memory_order_acquire) < stage) usleep(100);
 }
 
+// Runs `body` in a forked child, which then exits 0; returns the child's pid.
+template <typename Body>
+pid_t run_in_child(Body body) {
+  pid_t child = fork();
+  if (child == 0) {
+    body();
+    _exit(0);
+  }
+  return child;
+}
+
+void expect_clean_exit(pid_t child) {
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// A child that takes the lock and exits without giving it back.
+pid_t child_that_dies_holding(SharedMutex& mutex) {
+  return run_in_child([&] { mutex.lock(); });
+}
+
+// Takes the lock that `dead` left held, then checks that it works as before.
+void expect_taken_over(SharedMutex& mutex, pid_t dead) {
+  EXPECT_EQ(mutex.owner(), dead);
+  mutex.lock();
+  EXPECT_EQ(mutex.owner(), getpid());
+  mutex.unlock();
+  mutex.lock();
+  mutex.unlock();
+  EXPECT_EQ(mutex.owner(), 0);
+}
+
 TEST(SharedMutex, KeepsProcessesOutOfEachOthersCriticalSections) {
   Watchdog watchdog(60);
   SharedPage page;
@@ -60,9 +93,7 @@ TEST(SharedMutex, KeepsProcessesOutOfEachOthersCriticalSections) {
   constexpr int kRounds = 20000;
   pid_t children[kProcesses];
   for (pid_t& child : children) {
-    child = fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
+    child = run_in_child([&] {
       for (int i = 0; i < kRounds; ++i) {
         SharedLock lock(page->mutex);
         volatile uint32_t& inside = page->inside;
@@ -73,14 +104,10 @@ TEST(SharedMutex, KeepsProcessesOutOfEachOthersCriticalSections) {
         if (i % 64 == 0) sched_yield();  // let another process find it held
         inside = 0;
       }
-      _exit(0);
-    }
+    });
+    ASSERT_GT(child, 0);
   }
-  for (pid_t child : children) {
-    int status = 0;
-    ASSERT_EQ(waitpid(child, &status, 0), child);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
+  for (pid_t child : children) expect_clean_exit(child);
   EXPECT_EQ(page->overlaps, 0u);
   EXPECT_EQ(page->counter, uint64_t{kProcesses} * kRounds);
   EXPECT_EQ(page->mutex.owner(), 0);
@@ -89,17 +116,15 @@ TEST(SharedMutex, KeepsProcessesOutOfEachOthersCriticalSections) {
 TEST(SharedMutex, AWaiterSleepsUntilTheLiveHolderUnlocks) {
   Watchdog watchdog(30);
   SharedPage page;
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  pid_t child = run_in_child([&] {
     page->mutex.lock();
     page->stage.store(1, std::memory_order_release);
     // Held across many of the waiter's owner checks: a live owner keeps it.
     usleep(200 * 1000);
     page->stage.store(2, std::memory_order_release);
     page->mutex.unlock();
-    _exit(0);
-  }
+  });
+  ASSERT_GT(child, 0);
   wait_for_stage(*page, 1);
   EXPECT_EQ(page->mutex.owner(), child);
   auto start = std::chrono::steady_clock::now();
@@ -110,50 +135,29 @@ TEST(SharedMutex, AWaiterSleepsUntilTheLiveHolderUnlocks) {
   EXPECT_EQ(page->mutex.owner(), getpid());
   page->mutex.unlock();
   EXPECT_EQ(page->mutex.owner(), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+  expect_clean_exit(child);
 }
 
 TEST(SharedMutex, ALockWhoseOwnerDiedIsTakenOver) {
   Watchdog watchdog(30);
   SharedPage page;
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    page->mutex.lock();
-    _exit(0);  // never unlocks
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_EQ(page->mutex.owner(), child);
-  page->mutex.lock();
-  EXPECT_EQ(page->mutex.owner(), getpid());
-  page->mutex.unlock();
-  // And it works as before afterwards.
-  page->mutex.lock();
-  page->mutex.unlock();
-  EXPECT_EQ(page->mutex.owner(), 0);
+  pid_t child = child_that_dies_holding(page->mutex);
+  ASSERT_GT(child, 0);
+  expect_clean_exit(child);
+  expect_taken_over(page->mutex, child);
 }
 
 TEST(SharedMutex, AnOwnerThatIsAZombieCountsAsDead) {
   Watchdog watchdog(30);
   SharedPage page;
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    page->mutex.lock();
-    _exit(0);
-  }
+  pid_t child = child_that_dies_holding(page->mutex);
+  ASSERT_GT(child, 0);
   // Exited but not reaped: kill(pid, 0) still succeeds for it.
   siginfo_t info{};
   ASSERT_EQ(waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT), 0);
   ASSERT_EQ(kill(child, 0), 0);
-  EXPECT_EQ(page->mutex.owner(), child);
-  page->mutex.lock();
-  EXPECT_EQ(page->mutex.owner(), getpid());
-  page->mutex.unlock();
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+  expect_taken_over(page->mutex, child);
+  expect_clean_exit(child);
 }
 
 TEST(SharedMutex, WaitersThatSleptAreAllWokenInTurn) {
@@ -163,23 +167,16 @@ TEST(SharedMutex, WaitersThatSleptAreAllWokenInTurn) {
   constexpr int kWaiters = 3;
   pid_t children[kWaiters];
   for (pid_t& child : children) {
-    child = fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      page->mutex.lock();
+    child = run_in_child([&] {
+      SharedLock lock(page->mutex);
       ++page->counter;
-      page->mutex.unlock();
-      _exit(0);
-    }
+    });
+    ASSERT_GT(child, 0);
   }
   usleep(100 * 1000);  // all three past their spins, asleep on the futex
   EXPECT_EQ(page->counter, 0u);
   page->mutex.unlock();
-  for (pid_t child : children) {
-    int status = 0;
-    ASSERT_EQ(waitpid(child, &status, 0), child);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
+  for (pid_t child : children) expect_clean_exit(child);
   EXPECT_EQ(page->counter, uint64_t{kWaiters});
   EXPECT_EQ(page->mutex.owner(), 0);
 }
