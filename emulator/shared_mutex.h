@@ -4,10 +4,10 @@
 // Not a robust pthread mutex: every post and poll of the shared-memory
 // transport takes three to eight of these, and glibc's robust, process-shared
 // lock and unlock (its robust-list bookkeeping, about 190 instructions a
-// pair) were a fifth of a 2-byte ib_write_lat iteration's instructions. This
+// pair) were about a third of a 2-byte ib_write_lat iteration's instructions. This
 // one is a futex word holding the owner's process id: one compare-and-swap
-// to take, one exchange to give back. A waiter sleeps on the futex and, each
-// kOwnerCheck it waits, asks whether the owner still lives; a dead (or
+// to take, one exchange to give back. A waiter sleeps on the futex and, every
+// 10 ms it waits (kOwnerCheckNs), asks whether the owner still lives; a dead (or
 // zombie) owner's lock is taken over, as EOWNERDEAD allowed before. What the
 // locks protect (queues and tables whose updates end in single stores)
 // stays usable after such a death. The owner is a process, not a thread: a
