@@ -8,9 +8,12 @@
 #include <netinet/udp.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
+#include <vector>
 
 namespace softverbs {
 
@@ -49,6 +52,32 @@ inline size_t udp_gro_segment(msghdr& message, size_t length) {
     }
   }
   return length;
+}
+
+// The datagrams of a GSO send of `total` bytes, given as the pieces
+// `parts`, for a host where GSO fails: `send_one(pieces, length)` for each
+// datagram of `segment` bytes (the last may be shorter), with the parts of
+// `parts` it spans, which may begin and end within a piece.
+template <typename SendOne>
+void for_each_datagram(std::span<const iovec> parts, size_t total, size_t segment, SendOne&& send_one) {
+  std::vector<iovec> datagram;
+  size_t part = 0;
+  size_t offset = 0;  // into parts[part]: where the next datagram starts
+  for (size_t at = 0; at < total && segment > 0; at += segment) {
+    const size_t length = std::min(segment, total - at);
+    datagram.clear();
+    for (size_t left = length; left > 0 && part < parts.size();) {
+      const size_t take = std::min(left, parts[part].iov_len - offset);
+      if (take > 0) datagram.push_back({static_cast<uint8_t*>(parts[part].iov_base) + offset, take});
+      left -= take;
+      offset += take;
+      if (offset == parts[part].iov_len) {
+        ++part;
+        offset = 0;
+      }
+    }
+    send_one(std::span<const iovec>(datagram), length);
+  }
 }
 
 }  // namespace softverbs

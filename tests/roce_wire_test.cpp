@@ -10,6 +10,7 @@
 #include "icrc.h"
 #include "roce_headers.h"
 #include "roce_packet.h"
+#include "udp_gso.h"
 #include "udp_qp.h"
 
 namespace softverbs {
@@ -418,6 +419,48 @@ TEST(FaultGenerator, SameSeedSameDecisionsAndRatesAsAsked) {
   EXPECT_NEAR(corrupted / double(kPackets), 0.02, 0.003);
   FaultSettings off;
   for (int i = 0; i < 1000; ++i) EXPECT_EQ(a.decide(off).action, FaultAction::Deliver);
+}
+
+// Where GSO fails, a batch goes out one datagram at a time: each must be
+// exactly its segment's bytes of the batch, whether its edges fall within
+// a piece (a payload sent from the application's memory) or between two.
+TEST(UdpGso, EachDatagramIsItsSegmentOfTheBatchsPieces) {
+  // Pieces of 12, 300, 4, 12, 300, 4 and 368 bytes, each in a buffer of
+  // its own (with bytes around it that belong to no piece); `bytes` is what
+  // they hold, back to back.
+  const std::vector<size_t> lengths = {12, 300, 4, 12, 300, 4, 368};
+  std::vector<std::vector<uint8_t>> buffers;
+  std::vector<iovec> parts;
+  std::vector<uint8_t> bytes;
+  for (size_t length : lengths) {
+    std::vector<uint8_t>& buffer = buffers.emplace_back(length + 16, uint8_t{0xee});
+    for (size_t i = 0; i < length; ++i) buffer[8 + i] = static_cast<uint8_t>(bytes.size() + i * 13 + 5);
+    parts.push_back({buffer.data() + 8, length});
+    bytes.insert(bytes.end(), buffer.begin() + 8, buffer.begin() + 8 + static_cast<std::ptrdiff_t>(length));
+  }
+  ASSERT_EQ(bytes.size(), 1000u);
+  for (size_t segment : {316u, 100u, 1u, 999u, 1000u, 4096u}) {
+    SCOPED_TRACE("segment " + std::to_string(segment));
+    std::vector<std::vector<uint8_t>> datagrams;
+    for_each_datagram(parts, bytes.size(), segment, [&](std::span<const iovec> pieces, size_t length) {
+      std::vector<uint8_t> datagram;
+      for (const iovec& piece : pieces) {
+        EXPECT_GT(piece.iov_len, 0u) << "no empty pieces";
+        const auto* from = static_cast<const uint8_t*>(piece.iov_base);
+        datagram.insert(datagram.end(), from, from + piece.iov_len);
+      }
+      EXPECT_EQ(datagram.size(), length);
+      datagrams.push_back(std::move(datagram));
+    });
+    ASSERT_EQ(datagrams.size(), (bytes.size() + segment - 1) / segment);
+    for (size_t i = 0; i < datagrams.size(); ++i) {
+      const size_t start = i * segment;
+      const size_t length = std::min(segment, bytes.size() - start);
+      EXPECT_EQ(datagrams[i], std::vector<uint8_t>(bytes.begin() + static_cast<std::ptrdiff_t>(start),
+                                                   bytes.begin() + static_cast<std::ptrdiff_t>(start + length)))
+          << "datagram " << i;
+    }
+  }
 }
 
 }  // namespace
