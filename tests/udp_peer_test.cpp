@@ -844,6 +844,86 @@ TEST(UdpPeer, SendsWhatABurstLeftWaitingWhenTheApplicationStopsCallingVerbs) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the peer saw each round's WRITEs";
 }
 
+// The packets a burst leaves waiting in the send batch (as in the test
+// above) are sent later, by the io thread: the batch must hold its own copy
+// of their bytes by then. Long payloads are sent from the application's
+// registered memory within the engine pass that builds them; a batch that
+// outlives its pass must have copied them, or a region deregistered and
+// reused right after the posts would be read afterwards. Here the source of
+// the waiting WRITE is overwritten at once, with no verbs call: the peer
+// must get the bytes as they were at the post. (Had the batch pointed at
+// the source, its packet would carry the new bytes under the old ICRC: the
+// peer drops it, and the WRITE lands only after the retransmission timer,
+// with the new bytes.)
+TEST(UdpPeer, ASourceOverwrittenAfterABurstStillSendsWhatWasPosted) {
+  constexpr uint8_t kTimeout = 18;  // 1.07 s: far beyond the io thread's look
+  constexpr size_t kBytes = 2048;   // long enough to be sent in place
+  constexpr size_t kSecond = 4096;  // the second WRITE's offset
+  // Whether a post is left waiting depends on whether the io thread has
+  // stepped aside by then, which it does in most rounds, not all.
+  constexpr int kRounds = 6;
+  auto posted = [](int round) { return static_cast<uint64_t>(10 * round + 2); };
+  auto overwritten = [](int round) { return static_cast<uint64_t>(10 * round + 3); };
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], 1 << 16, 16, kTimeout, 1, [&](Endpoint& peer, int fd) {
+    char token = 'R';
+    write_all(fd, &token, 1);
+    for (int round = 1; round <= kRounds; ++round) {
+      const uint8_t* second = peer.data() + kSecond;
+      const auto give_up = Clock::now() + std::chrono::seconds(5);
+      while (!matches(second, kBytes, posted(round)) && !matches(second, kBytes, overwritten(round))) {
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (Clock::now() > give_up) return 1;
+      }
+      if (!matches(second, kBytes, posted(round))) return 10 + round;
+      write_all(fd, &token, 1);
+      read_all(fd, &token, 1);  // alive until the WRITEs complete: their ACKs go from here
+    }
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  ::close(sockets[1]);
+  Endpoint self;
+  ConnectInfo peer;
+  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 16, kTimeout, 1, peer));
+  char token;
+  for (int round = 1; round <= kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    // Busy polling first, so that the background thread steps aside and
+    // the second post's packets wait in the batch for a third post. A
+    // watching background thread looks only when a packet wakes it:
+    // WRITEs, each followed by a millisecond of polling, bring it ACKs.
+    fill(self.data(), kBytes, 1);
+    for (int i = 0; i < 20; ++i) {
+      ASSERT_EQ(self.post_send(0, 0, kBytes, IBV_WR_RDMA_WRITE, &peer), 0);
+      ASSERT_EQ(poll_for(self, 1, std::chrono::seconds(5)).size(), 1u);
+      const auto polled_until = Clock::now() + std::chrono::milliseconds(1);
+      while (Clock::now() < polled_until) {
+        ibv_wc wc;
+        ASSERT_EQ(self.poll(&wc, 1), 0);
+      }
+    }
+    fill(self.data() + kSecond, kBytes, posted(round));
+    ASSERT_EQ(self.post_send(1, 0, kBytes, IBV_WR_RDMA_WRITE, &peer), 0);
+    ASSERT_EQ(self.post_send(2, kSecond, kBytes, IBV_WR_RDMA_WRITE, &peer), 0);
+    fill(self.data() + kSecond, kBytes, overwritten(round));
+    if (!read_all(sockets[0], &token, 1)) break;  // the peer gave up: its exit status says why
+    auto done = poll_for(self, 2, std::chrono::seconds(5));
+    ASSERT_EQ(done.size(), 2u);
+    EXPECT_EQ(done[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(done[0].status);
+    EXPECT_EQ(done[1].status, IBV_WC_SUCCESS) << ibv_wc_status_str(done[1].status);
+    ASSERT_TRUE(write_all(sockets[0], &token, 1));
+    // Past kDeferralPause: the next round's posts may be left waiting again.
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the peer got every round's second WRITE as posted (exit " << WEXITSTATUS(status)
+      << "; 10 + n: round n's WRITE landed with the bytes written after the post)";
+}
+
 // A client that posts the receive for the answer to its SEND only once the
 // SEND has completed, as rdma-core's test_rdmacm_async_traffic_external_qp
 // does, and sleeps a little after each post (so that its background thread
