@@ -232,6 +232,18 @@ std::vector<ibv_wc> poll_for(Endpoint& endpoint, size_t count, std::chrono::mill
   return out;
 }
 
+// Polls busily for `how_long` (so that the background thread takes the
+// application for a polling one and steps aside); false if a poll found a
+// completion or failed.
+bool polls_nothing_for(Endpoint& endpoint, std::chrono::milliseconds how_long) {
+  const auto until = Clock::now() + how_long;
+  while (Clock::now() < until) {
+    ibv_wc wc;
+    if (endpoint.poll(&wc, 1) != 0) return false;
+  }
+  return true;
+}
+
 // A counter of the device, as `softverbs stat` prints it (UINT64_MAX if it
 // cannot be read).
 uint64_t device_counter(const std::string& name) {
@@ -818,11 +830,7 @@ TEST(UdpPeer, SendsWhatABurstLeftWaitingWhenTheApplicationStopsCallingVerbs) {
   ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 16, kTimeout, 1, peer));
   for (int round = 1; round <= kRounds; ++round) {
     // Busy polling first, so that the background thread steps aside.
-    const auto polled_until = Clock::now() + std::chrono::milliseconds(20);
-    while (Clock::now() < polled_until) {
-      ibv_wc wc;
-      ASSERT_EQ(self.poll(&wc, 1), 0);
-    }
+    ASSERT_TRUE(polls_nothing_for(self, std::chrono::milliseconds(20)));
     fill(self.data(), kBytes, 2 * static_cast<uint64_t>(round));
     fill(self.data() + kSecond, kBytes, 2 * static_cast<uint64_t>(round) + 1);
     const auto posted = Clock::now();
@@ -898,11 +906,7 @@ TEST(UdpPeer, ASourceOverwrittenAfterABurstStillSendsWhatWasPosted) {
     for (int i = 0; i < 20; ++i) {
       ASSERT_EQ(self.post_send(0, 0, kBytes, IBV_WR_RDMA_WRITE, &peer), 0);
       ASSERT_EQ(poll_for(self, 1, std::chrono::seconds(5)).size(), 1u);
-      const auto polled_until = Clock::now() + std::chrono::milliseconds(1);
-      while (Clock::now() < polled_until) {
-        ibv_wc wc;
-        ASSERT_EQ(self.poll(&wc, 1), 0);
-      }
+      ASSERT_TRUE(polls_nothing_for(self, std::chrono::milliseconds(1)));
     }
     fill(self.data() + kSecond, kBytes, posted(round));
     ASSERT_EQ(self.post_send(1, 0, kBytes, IBV_WR_RDMA_WRITE, &peer), 0);
