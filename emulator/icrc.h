@@ -21,11 +21,13 @@ uint32_t icrc(std::span<const uint8_t> headers, std::span<const uint8_t> transpo
 
 // The same in pieces: icrc_headers() covers the masked IP and UDP headers,
 // which are the same for every datagram of one flow and length
-// (roce_packet.h keeps them), icrc_add_bth() the masked BTH; continue with
-// crc32() over the rest of the transport packet and invert the result to get
-// what icrc() returns. icrc_from_headers() does the last three steps.
+// (roce_packet.h keeps them); icrc_add_transport() goes on over a transport
+// packet's start (the BTH, masked, and what follows it in that span);
+// continue with crc32() over the pieces after it and invert the result to
+// get what icrc() returns. icrc_from_headers() does the last two steps for a
+// transport packet in one span.
 uint32_t icrc_headers(std::span<const uint8_t> headers);
-uint32_t icrc_add_bth(uint32_t crc, std::span<const uint8_t> bth);
+uint32_t icrc_add_transport(uint32_t crc, std::span<const uint8_t> transport);
 uint32_t icrc_from_headers(uint32_t headers_crc, std::span<const uint8_t> transport);
 
 // The same for a whole IP packet without its ICRC.
