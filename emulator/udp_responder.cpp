@@ -9,6 +9,7 @@
 // leave in order; READ responses are paced by responder_send().
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "data_path.h"
 #include "debug_log.h"
@@ -357,7 +358,10 @@ Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet
   if (length == 0) return Verdict::Continue;
   ResolvedRange where;
   KeyCheck verdict = check_remote(port, qp, rkey, iova, length, needed, where);
-  if (verdict == KeyCheck::Ok) return Verdict::Continue;
+  if (verdict == KeyCheck::Ok) {
+    if (what.kind == Kind::Write) qp.responder.write_checked_address = where.address;
+    return Verdict::Continue;
+  }
   debug_log("QP %#x: %s rkey %#x addr %#llx len %llu refused (check %d)", qp.qpn, opcode_info(packet.bth.opcode).name,
             rkey, static_cast<unsigned long long>(iova), static_cast<unsigned long long>(length),
             static_cast<int>(verdict));
@@ -432,9 +436,14 @@ void execute_write(TransportPort& port, UdpQp& qp, const TransportPacket& packet
     s.written = 0;
   }
   // Checked again per packet: the region may have been deregistered since
-  // the first one.
+  // the first one (which check_rkey checked just now).
+  const std::optional<uint64_t> checked = std::exchange(s.write_checked_address, std::nullopt);
   auto place = [&]() {
     if (packet.payload.empty()) return true;
+    if (checked && s.written == 0) {
+      std::memcpy(reinterpret_cast<void*>(*checked), packet.payload.data(), packet.payload.size());
+      return true;
+    }
     ResolvedRange where;
     if (check_remote(port, qp, s.write_rkey, s.write_iova + s.written, packet.payload.size(), access::kRemoteWrite,
                      where) != KeyCheck::Ok)
