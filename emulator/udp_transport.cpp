@@ -1708,6 +1708,7 @@ void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint3
     std::memcpy(at, header.data(), header_length);
     at += header_length;
     for (const iovec& piece : payload) {
+      if (piece.iov_len == 0) continue;  // its base may be null
       std::memcpy(at, piece.iov_base, piece.iov_len);
       at += piece.iov_len;
     }
