@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -216,10 +215,6 @@ struct ResponderState {
   uint32_t write_rkey = 0;
   uint64_t write_length = 0;
   uint64_t written = 0;
-  // Where check_rkey found the first byte of the WRITE it let through, for
-  // execute_write to place that packet's payload without a second lookup:
-  // the region stays registered while the engine's mutex is held.
-  std::optional<uint64_t> write_checked_address;
   bool drop_until_first = false;  // UC: the rest of a message whose packet was lost
   uint32_t unacknowledged = 0;    // packets since the last ACK was queued
   std::deque<Response> outbox;

@@ -9,7 +9,7 @@
 // leave in order; READ responses are paced by responder_send().
 #include <algorithm>
 #include <cstring>
-#include <utility>
+#include <optional>
 
 #include "data_path.h"
 #include "debug_log.h"
@@ -35,8 +35,12 @@ struct Classified {
   Position position = Position::Only;
   bool immediate = false;
   // Not of the packet but of this handing-in: whether the caller lets it
-  // wait for a receive (see responder_receive).
+  // wait for a receive (see responder_receive), and where check_rkey found
+  // the first byte of the WRITE it let through, for execute_write to place
+  // the payload without a second lookup (the region stays registered while
+  // the engine's mutex is held).
   bool may_await_receive = false;
+  std::optional<uint64_t> write_checked_address{};
 };
 
 Classified classify(uint8_t operation) {
@@ -154,7 +158,7 @@ enum class Verdict : uint8_t {
 
 Verdict handle_duplicate(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what);
 
-Verdict check_psn(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
+Verdict check_psn(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
   ResponderState& s = qp.responder;
   const int32_t distance = psn_distance(packet.bth.psn, s.expected_psn);
   if (qp.type == QpType::Uc) {
@@ -187,7 +191,7 @@ Verdict check_psn(TransportPort& port, UdpQp& qp, const TransportPacket& packet,
   return Verdict::Continue;
 }
 
-Verdict check_op_sequence(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
+Verdict check_op_sequence(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
   ResponderState& s = qp.responder;
   bool valid;
   if (what.position == Position::Middle || what.position == Position::Last)
@@ -206,7 +210,7 @@ Verdict check_op_sequence(TransportPort& port, UdpQp& qp, const TransportPacket&
   return Verdict::Done;
 }
 
-Verdict check_op_valid(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
+Verdict check_op_valid(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
   uint32_t needed = 0;
   if (what.kind == Kind::Write) needed = access::kRemoteWrite;
   if (what.kind == Kind::Read) needed = access::kRemoteRead;
@@ -231,7 +235,7 @@ Verdict check_op_valid(TransportPort& port, UdpQp& qp, const TransportPacket& pa
 
 // A SEND's first packet, or the last of a WRITE with immediate, needs a
 // receive WQE: none posted means RNR (RC) or a dropped message (UC).
-Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
+Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
   ResponderState& s = qp.responder;
   const bool needs_receive = (what.kind == Kind::Send && starts_message(what.position)) ||
                              (what.kind == Kind::Write && what.immediate && ends_message(what.position));
@@ -272,7 +276,7 @@ Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& pa
   return Verdict::Continue;
 }
 
-Verdict check_length(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
+Verdict check_length(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
   ResponderState& s = qp.responder;
   const uint64_t length = packet.payload.size();
   bool valid = true;
@@ -333,7 +337,7 @@ KeyCheck check_remote(TransportPort& port, const UdpQp& qp, uint32_t rkey, uint6
   return verdict;
 }
 
-Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
+Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
   if (!starts_message(what.position) || what.kind == Kind::Send) return Verdict::Continue;
   uint32_t rkey;
   uint64_t iova, length;
@@ -359,7 +363,7 @@ Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet
   ResolvedRange where;
   KeyCheck verdict = check_remote(port, qp, rkey, iova, length, needed, where);
   if (verdict == KeyCheck::Ok) {
-    if (what.kind == Kind::Write) qp.responder.write_checked_address = where.address;
+    if (what.kind == Kind::Write) what.write_checked_address = where.address;
     return Verdict::Continue;
   }
   debug_log("QP %#x: %s rkey %#x addr %#llx len %llu refused (check %d)", qp.qpn, opcode_info(packet.bth.opcode).name,
@@ -437,11 +441,10 @@ void execute_write(TransportPort& port, UdpQp& qp, const TransportPacket& packet
   }
   // Checked again per packet: the region may have been deregistered since
   // the first one (which check_rkey checked just now).
-  const std::optional<uint64_t> checked = std::exchange(s.write_checked_address, std::nullopt);
   auto place = [&]() {
     if (packet.payload.empty()) return true;
-    if (checked && s.written == 0) {
-      std::memcpy(reinterpret_cast<void*>(*checked), packet.payload.data(), packet.payload.size());
+    if (what.write_checked_address) {  // the first packet, whose range check_rkey found
+      std::memcpy(reinterpret_cast<void*>(*what.write_checked_address), packet.payload.data(), packet.payload.size());
       return true;
     }
     ResolvedRange where;
@@ -680,7 +683,7 @@ Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& p
   // The checks before check_resource change nothing for a packet they let
   // through, so one that waits can be handed in again as it is.
   what.may_await_receive = may_await_receive;
-  using Check = Verdict (*)(TransportPort&, UdpQp&, const TransportPacket&, const Classified&);
+  using Check = Verdict (*)(TransportPort&, UdpQp&, const TransportPacket&, Classified&);
   static constexpr Check kPipeline[] = {check_psn,      check_op_sequence, check_op_valid,
                                         check_resource, check_length,      check_rkey};
   for (Check check : kPipeline) {
