@@ -32,7 +32,11 @@ namespace softverbs::cm {
 namespace {
 
 constexpr int kConnectTimeoutMs = 5000;
-constexpr uint8_t kMinRnrTimer = 12;  // librdmacm's default (0.64 ms)
+// What the kernel's IB CM gives an RC QP at RTR, and so what rdma_cm
+// applications get on hardware: 0, the longest RNR NAK delay (655.36 ms).
+// A receive posted a little late then costs one long wait, not an
+// IBV_WC_RNR_RETRY_EXC_ERR after a few short ones.
+constexpr uint8_t kMinRnrTimer = 0;
 constexpr uint8_t kHopLimit = 64;
 
 int fail(int error) {

@@ -183,6 +183,17 @@ TEST_F(RdmaCm, SeedCallsBetweenTwoProcesses) {
   ASSERT_EQ(id->event->param.conn.private_data_len, 196) << "a REP's whole private data area";
   Advert advert;
   std::memcpy(&advert, id->event->param.conn.private_data, sizeof advert);
+  // The QP got what the kernel's CM would give it: the connection's retry
+  // counts and the longest RNR NAK delay.
+  ibv_qp_attr connected{};
+  ibv_qp_init_attr created{};
+  ASSERT_EQ(ibv_query_qp(id->qp, &connected, IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER | IBV_QP_RNR_RETRY | IBV_QP_RETRY_CNT,
+                         &created),
+            0);
+  EXPECT_EQ(connected.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(connected.min_rnr_timer, 0) << "655.36 ms, as an RC QP's RTR attributes from the IB CM";
+  EXPECT_EQ(connected.rnr_retry, 7);
+  EXPECT_EQ(connected.retry_cnt, 7);
 
   ibv_wc wc{};
   // rdma_post_sendv: two SGEs, 10 + 10 bytes; the context comes back as wr_id.
