@@ -73,7 +73,8 @@ constexpr auto kReorderHold = std::chrono::milliseconds(1);
 // answer before it: an application that posts the receive for the answer
 // once its request completes (rdma-core's pyverbs test
 // test_rdmacm_async_traffic_external_qp does) found its answer RNR-NAKed,
-// 0.64 ms lost each time, and on a busy machine IBV_WC_RNR_RETRY_EXC_ERR.
+// a min_rnr_timer lost each time (655 ms with rdma_cm's 0), and with short
+// timers on a busy machine IBV_WC_RNR_RETRY_EXC_ERR.
 // The receive's ibv_post_recv takes the SEND in at once (receive_posted()).
 // Below the retransmission timer's 1 ms floor, so that a waiting SEND is not
 // sent again.
