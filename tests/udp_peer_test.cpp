@@ -529,14 +529,10 @@ TEST(UdpPeer, RetransmitsALostRequestWhileTheApplicationMakesNoVerbsCall) {
     peer.post_recv(1, 0, 4096);
     char token = 'R';
     write_all(fd, &token, 1);
-    ibv_wc wc;
-    int got;
     // Until the SEND lands, or long after the sender gave up on it.
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while ((got = peer.poll(&wc, 1)) == 0 && std::chrono::steady_clock::now() < give_up) {
-    }
+    const std::vector<ibv_wc> got = poll_for(peer, 1, std::chrono::seconds(10));
     read_all(fd, &token, 1);  // (its QP stays, as long as the parent's)
-    return got == 1 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 4096 ? 0 : 1;
+    return got.size() == 1 && got[0].status == IBV_WC_SUCCESS && got[0].byte_len == 4096 ? 0 : 1;
   });
   ASSERT_GT(child, 0);
   Endpoint self;
