@@ -1701,6 +1701,10 @@ void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint3
   SmallVector<iovec, limits::kMaxSge + 4> parts;
   std::array<uint8_t, 3 + kIcrcBytes> trailer{};
   std::array<uint8_t, kMaxHeaderBytes + kAssembledPayloadUpTo + 3 + kIcrcBytes> assembled;
+  // These buffers die with this call, so send_bytes must copy them, which it
+  // does for every piece shorter than kSentInPlaceFrom.
+  static_assert(sizeof assembled < kSentInPlaceFrom && kMaxHeaderBytes < kSentInPlaceFrom,
+                "a packet's own header, trailer or assembled bytes would be sent in place");
   if (payload_length <= kAssembledPayloadUpTo) {
     // A short packet is put together in one buffer: one CRC pass over it
     // and one piece for the send batch to copy, where the pieces each cost
