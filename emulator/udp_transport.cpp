@@ -1113,15 +1113,26 @@ void UdpTransport::Engine::io_check() {
     if (watching_) stop_watching();
     // ACKs held past kAckHold leave now, whoever else is at work.
     // So do SENDs that waited out kReceiveGrace, as RNR NAKs.
-    Clock::time_point held = Clock::time_point::max();
     if (guard.owns_lock()) {
       send_what_posts_left_locked(now, last_call);
       if (std::min(earliest_held_ack_locked(), earliest_receive_wait_locked()) <= now) after_work(Acks::Hold);
-      held = std::min(earliest_held_ack_locked(), earliest_receive_wait_locked());
       guard.unlock();
     }
-    arm_timer(std::min(held, (polling ? last_call : now) + app_idle_after_));
-    if (polling) app_idle_after_ = std::min<Clock::duration>(2 * app_idle_after_, kAppIdleAfter);
+    // The next look comes when the application may have stopped, not when
+    // an ACK still held (or a SEND still waiting) falls due: the
+    // application's own passes send those on time while it calls, and if
+    // it stops, that look does. A look per held ACK came every 10-100 us
+    // in ib_write_lat, whose ACKs are held about half the time.
+    arm_timer((polling ? last_call : now) + app_idle_after_);
+    // The wait doubles for an application found inside a call too. While
+    // it stayed at kAppIdleAfterFirst, the io threads of udp ib_write_lat
+    // on 2 cores could lock into looking every 20 us: each look took a
+    // core from a polling thread for ~15 us, often the thread of its own
+    // process, found it inside the call it had interrupted (holding the
+    // lock) with fewer than kBusyPollCalls made since, and came back 20 us
+    // later. Runs in that state made 2,000-7,000 looks per process instead
+    // of ~600, and 10-30% of their iterations took over 15 us.
+    app_idle_after_ = std::min<Clock::duration>(2 * app_idle_after_, kAppIdleAfter);
     return;
   }
   app_idle_after_ = kAppIdleAfterFirst;
