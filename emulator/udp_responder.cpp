@@ -443,15 +443,17 @@ void execute_write(TransportPort& port, UdpQp& qp, const TransportPacket& packet
   // the first one (which check_rkey checked just now).
   auto place = [&]() {
     if (packet.payload.empty()) return true;
-    if (what.write_checked_address) {  // the first packet, whose range check_rkey found
-      std::memcpy(reinterpret_cast<void*>(*what.write_checked_address), packet.payload.data(), packet.payload.size());
-      return true;
+    uint64_t address;
+    if (what.write_checked_address) {
+      address = *what.write_checked_address;  // the first packet, whose range check_rkey found
+    } else {
+      ResolvedRange where;
+      if (check_remote(port, qp, s.write_rkey, s.write_iova + s.written, packet.payload.size(), access::kRemoteWrite,
+                       where) != KeyCheck::Ok)
+        return false;
+      address = where.address;
     }
-    ResolvedRange where;
-    if (check_remote(port, qp, s.write_rkey, s.write_iova + s.written, packet.payload.size(), access::kRemoteWrite,
-                     where) != KeyCheck::Ok)
-      return false;
-    std::memcpy(reinterpret_cast<void*>(where.address), packet.payload.data(), packet.payload.size());
+    std::memcpy(reinterpret_cast<void*>(address), packet.payload.data(), packet.payload.size());
     return true;
   };
   if (!place()) {
