@@ -1,9 +1,11 @@
 // Micro-benchmarks of the UDP transport's per-packet work: building and
-// parsing transport headers, and the ICRC (zlib's CRC-32 underneath).
+// parsing transport headers, the ICRC (ISA-L's or zlib's CRC-32 underneath),
+// and finding the packets of a coalesced read.
 #include <benchmark/benchmark.h>
 
 #include <vector>
 
+#include "coalesced_read.h"
 #include "icrc.h"
 #include "roce_headers.h"
 #include "roce_packet.h"
@@ -72,5 +74,53 @@ void IcrcCheck(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes.size()));
 }
 BENCHMARK(IcrcCheck)->Arg(2)->Arg(64)->Arg(4096);
+
+// Where the first packet of a read ends (coalesced_read.h), for the reads
+// the latency tests make: a WRITE or SEND of `range(0)` bytes and the ACK
+// held for it (range(1) 1: a WRITE, 0: a SEND, whose length only its end
+// tells). The first packet's ICRC check is part of it, and the receive path
+// then skips it.
+void FindFirstPacket(benchmark::State& state) {
+  const FlowAddress f = flow();
+  const size_t length = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> payload(length, 0x5a);
+  TransportPacket request;
+  request.bth.opcode = opcode(Service::Rc, state.range(1) ? op::kWriteOnly : op::kSendOnly);
+  request.bth.dest_qp = 0x12;
+  request.reth = {0x7f0000001000ull, 0x1234, static_cast<uint32_t>(length)};
+  request.payload = payload;
+  TransportPacket ack;
+  ack.bth.opcode = opcode(Service::Rc, op::kAcknowledge);
+  ack.bth.dest_qp = 0x12;
+  std::vector<uint8_t> read = build(request);
+  seal(f, read);
+  std::vector<uint8_t> ack_bytes = build(ack);
+  seal(f, ack_bytes);
+  read.insert(read.end(), ack_bytes.begin(), ack_bytes.end());
+  IcrcHeaderCache cache;
+  for (auto _ : state) benchmark::DoNotOptimize(find_first_packet(f, read, {0x12, 4096}, cache));
+}
+BENCHMARK(FindFirstPacket)->Args({2, 1})->Args({2, 0})->Args({1024, 0})->Args({4096, 0});
+
+// The same for a read of `range(0)` SENDs of 2 bytes (a stream GRO or a
+// GSO send coalesced), whose length only a packet's end tells.
+void FindFirstPacketOfStream(benchmark::State& state) {
+  const FlowAddress f = flow();
+  std::vector<uint8_t> payload(2, 0x5a);
+  std::vector<uint8_t> read;
+  for (int64_t i = 0; i < state.range(0); ++i) {
+    TransportPacket send;
+    send.bth.opcode = opcode(Service::Rc, op::kSendOnly);
+    send.bth.dest_qp = 0x12;
+    send.bth.psn = static_cast<uint32_t>(i);
+    send.payload = payload;
+    std::vector<uint8_t> bytes = build(send);
+    seal(f, bytes);
+    read.insert(read.end(), bytes.begin(), bytes.end());
+  }
+  IcrcHeaderCache cache;
+  for (auto _ : state) benchmark::DoNotOptimize(find_first_packet(f, read, {0x12, 4096}, cache));
+}
+BENCHMARK(FindFirstPacketOfStream)->Arg(2)->Arg(7)->Arg(64);
 
 }  // namespace

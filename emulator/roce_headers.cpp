@@ -107,6 +107,13 @@ class Reader {
 
 const OpcodeInfo& opcode_info(uint8_t opcode) { return kOpcodes[opcode]; }
 
+size_t header_bytes(const OpcodeInfo& info) {
+  return kBthBytes + ((info.headers & kDeth) ? 8 : 0) + ((info.headers & kReth) ? 16 : 0) +
+         ((info.headers & kAtomicEth) ? 28 : 0) + ((info.headers & kAeth) ? 4 : 0) +
+         ((info.headers & kAtomicAckEth) ? 8 : 0) + ((info.headers & kImmDt) ? 4 : 0) +
+         ((info.headers & kIeth) ? 4 : 0);
+}
+
 size_t build_headers(const TransportPacket& packet, size_t payload_length, std::span<uint8_t, kMaxHeaderBytes> out) {
   const OpcodeInfo& info = opcode_info(packet.bth.opcode);
   if (!info.valid || (!(info.headers & kPayload) && payload_length != 0)) return 0;
@@ -177,10 +184,7 @@ std::optional<TransportPacket> parse(std::span<const uint8_t> transport) {
   bth.psn = in.u24();
   const OpcodeInfo& info = opcode_info(bth.opcode);
   if (!info.valid || bth.transport_version != 0) return std::nullopt;
-  size_t extension = ((info.headers & kDeth) ? 8 : 0) + ((info.headers & kReth) ? 16 : 0) +
-                     ((info.headers & kAtomicEth) ? 28 : 0) + ((info.headers & kAeth) ? 4 : 0) +
-                     ((info.headers & kAtomicAckEth) ? 8 : 0) + ((info.headers & kImmDt) ? 4 : 0) +
-                     ((info.headers & kIeth) ? 4 : 0);
+  const size_t extension = header_bytes(info) - kBthBytes;
   if (!in.has(extension)) return std::nullopt;
   if (info.headers & kDeth) {
     packet.deth.qkey = in.u32();

@@ -73,6 +73,9 @@ struct OpcodeInfo {
 // The opcode table; invalid entries for reserved and unsupported (RD) codes.
 const OpcodeInfo& opcode_info(uint8_t opcode);
 
+// The BTH and the extension headers an opcode carries, in bytes.
+size_t header_bytes(const OpcodeInfo& info);
+
 struct Bth {
   uint8_t opcode = 0;
   bool solicited = false;

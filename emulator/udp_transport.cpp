@@ -28,6 +28,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "coalesced_read.h"
 #include "debug_log.h"
 #include "icrc.h"
 #include "netdev.h"
@@ -46,6 +47,10 @@ using udp::Clock;
 constexpr size_t kReceiveBatch = 16;
 // A GRO batch of datagrams (or one datagram of path MTU 4096 plus headers).
 constexpr size_t kMaxDatagram = 65536;
+// How many reads of a connected socket ask the kernel for the UDP GRO
+// segment size after finding it took a search through a read (see
+// coalesced_read.h): a flow that sends such reads once tends to again.
+constexpr uint32_t kReadsWithGroSizeAfterSearch = 1024;
 constexpr int kSocketBuffer = 8 << 20;
 constexpr uint32_t kReadBudgetPerPass = 64;
 // How long an ACK may wait to leave with the next request of its QP (see
@@ -441,6 +446,11 @@ class UdpTransport::Engine : public udp::TransportPort {
     bool connected = false;
     IpAddress peer{};
     uint16_t peer_port = 0;
+    // A connected socket's packets are all for one QP; the polling path
+    // tells them apart without the kernel's help (read_connected), unless
+    // that took a search lately: then its reads ask for the GRO size.
+    wire::FlowReceiver receiver;
+    uint32_t reads_with_gro_size = 0;
   };
   uint64_t add_watcher_locked(Fd fd, const IpAddress& local, bool forward);
   void connect_flow_locked(const udp::UdpQp& qp);
@@ -535,7 +545,11 @@ class UdpTransport::Engine : public udp::TransportPort {
   // Reads what waits on `watcher` (one datagram or all, as `reads` says) and
   // handles it; mutex_ held. Returns whether anything was read.
   bool drain(Watcher& watcher, Reads reads);
-  void handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded);
+  // One read of a connected socket with recv (see coalesced_read.h).
+  bool read_connected(Watcher& watcher);
+  // `icrc_checked`: the datagram's ICRC was already found good.
+  void handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded,
+                       bool icrc_checked = false);
   // A request packet for an RC or UC QP (`bytes`: the packet without its
   // ICRC), which may wait for a receive (see kReceiveGrace).
   void take_request_locked(udp::UdpQp& qp, const TransportPacket& packet, std::span<const uint8_t> bytes);
@@ -917,6 +931,7 @@ void UdpTransport::Engine::connect_flow_locked(const udp::UdpQp& qp) {
   watcher.connected = true;
   watcher.peer = qp.path.remote;
   watcher.peer_port = flow_source_port(qp.dest_qpn, qp.qpn);
+  watcher.receiver = {qp.qpn, qp.mtu};
   qp_watchers_[qp.qpn] = id;
 }
 
@@ -1170,7 +1185,40 @@ void UdpTransport::Engine::io_check() {
   arm_timer(next);
 }
 
+bool UdpTransport::Engine::read_connected(Watcher& watcher) {
+  std::span<uint8_t> buffer(buffers_[0]);
+  const ssize_t length = ::recv(watcher.fd.get(), buffer.data(), buffer.size(), MSG_DONTWAIT | MSG_TRUNC);
+  if (length < 0) return false;
+  if (static_cast<size_t>(length) > buffer.size()) {
+    counters().add(Counter::MalformedPackets);
+    return true;
+  }
+  const std::span<const uint8_t> bytes = buffer.first(static_cast<size_t>(length));
+  FlowAddress flow;
+  flow.source = watcher.peer;
+  flow.source_port = watcher.peer_port;
+  flow.destination = watcher.local;
+  flow.destination_port = kRoceV2Port;
+  const wire::FirstPacket first = wire::find_first_packet(flow, bytes, watcher.receiver, icrc_headers_);
+  // A flow whose reads need searching (an unusual mix of packet lengths)
+  // pays the recvmsg rather than the search for a while.
+  if (first.searched) watcher.reads_with_gro_size = kReadsWithGroSizeAfterSearch;
+  uint64_t packets = 0;
+  for (size_t at = 0; at < bytes.size(); at += first.bytes, ++packets)
+    handle_datagram(flow, bytes.subspan(at, std::min(first.bytes, bytes.size() - at)), false,
+                    at == 0 && first.icrc_checked);
+  if (packets != 0) {
+    counters().add(Counter::RxPackets, packets);
+    counters().add(Counter::RxBytes, bytes.size());
+  }
+  return true;
+}
+
 bool UdpTransport::Engine::drain(Watcher& watcher, Reads reads) {
+  if (reads == Reads::One && watcher.connected) {
+    if (watcher.reads_with_gro_size == 0) return read_connected(watcher);
+    --watcher.reads_with_gro_size;
+  }
   const int fd = watcher.fd.get();
   const size_t batch = reads == Reads::One ? 1 : kReceiveBatch;
   bool any = false;
@@ -1249,7 +1297,8 @@ bool UdpTransport::Engine::drain(Watcher& watcher, Reads reads) {
   }
 }
 
-void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded) {
+void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded,
+                                           bool icrc_checked) {
   if (!forwarded) {
     // A packet from one of our own addresses was captured when it was sent.
     if (memory_->shared().capture.active.load(std::memory_order_relaxed) && !is_local_address(flow.source)) {
@@ -1261,7 +1310,7 @@ void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<co
     counters().add(Counter::MalformedPackets);
     return;
   }
-  if (!check_icrc(flow, datagram, icrc_headers_)) {
+  if (!icrc_checked && !check_icrc(flow, datagram, icrc_headers_)) {
     counters().add(Counter::IcrcErrors);
     debug_log("packet from %s:%u dropped: bad ICRC", format_address(flow.source).c_str(), flow.source_port);
     return;
@@ -1933,6 +1982,8 @@ int UdpTransport::Engine::sync_qp(int qp_index) {
   // Never above what the netdev carries (packets leave with DF set).
   const uint32_t port_mtu = mtu_bytes(port_attributes(config_).active_mtu);
   qp->mtu = std::min(attributes.path_mtu != 0 ? mtu_bytes(static_cast<Mtu>(attributes.path_mtu)) : 1024, port_mtu);
+  if (auto flow = qp_watchers_.find(qpn); flow != qp_watchers_.end())
+    watchers_.at(flow->second)->receiver.path_mtu = qp->mtu;
   qp->attributes = attributes;
   if ((state == QpState::Rts || state == QpState::Sqd) && !qp->sending) {
     qp->sending = true;

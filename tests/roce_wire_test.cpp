@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 
+#include "coalesced_read.h"
 #include "fault_injection.h"
 #include "icrc.h"
 #include "roce_headers.h"
@@ -438,6 +439,171 @@ TEST(FaultGenerator, SameSeedSameDecisionsAndRatesAsAsked) {
   EXPECT_NEAR(corrupted / double(kPackets), 0.02, 0.003);
   FaultSettings off;
   for (int i = 0; i < 1000; ++i) EXPECT_EQ(a.decide(off).action, FaultAction::Deliver);
+}
+
+// The packets of a read from a connected flow's socket, as UDP GRO hands
+// them over (all of one length but the last), found without the kernel's
+// segment size.
+constexpr uint32_t kFlowQpn = 0xabcdef;  // sample_packet's destination QP
+
+std::vector<uint8_t> sealed_packet(const FlowAddress& flow, uint8_t operation, size_t payload_length,
+                                   uint32_t psn = 0x123456) {
+  auto payload = sample_payload(payload_length);
+  TransportPacket packet = sample_packet(opcode(Service::Rc, operation), payload);
+  packet.reth.dma_length = static_cast<uint32_t>(payload_length);
+  packet.bth.psn = psn;
+  auto bytes = build(packet);
+  seal(flow, bytes);
+  return bytes;
+}
+
+struct Coalesced {
+  std::vector<uint8_t> read;
+  std::vector<size_t> lengths;  // of each packet in it
+};
+
+// Packets with consecutive PSNs, wrapping at 2^24 (the ACKs' too, which
+// the receive path does not mind).
+Coalesced coalesce(const FlowAddress& flow, std::initializer_list<std::pair<uint8_t, size_t>> packets) {
+  Coalesced out;
+  uint32_t psn = 0xfffffe;
+  for (auto [operation, payload_length] : packets) {
+    auto bytes = sealed_packet(flow, operation, payload_length, psn++ & 0xffffff);
+    out.lengths.push_back(bytes.size());
+    out.read.insert(out.read.end(), bytes.begin(), bytes.end());
+  }
+  return out;
+}
+
+TEST(CoalescedRead, FindsThePacketsOfTheReadsSoftverbsAndGroMake) {
+  struct Case {
+    const char* name;
+    std::initializer_list<std::pair<uint8_t, size_t>> packets;
+    uint32_t path_mtu;
+    bool searched;
+  };
+  const Case cases[] = {
+      {"an ACK", {{op::kAcknowledge, 0}}, 4096, false},
+      {"a WRITE ONLY", {{op::kWriteOnly, 2}}, 4096, false},
+      {"a SEND ONLY", {{op::kSendOnly, 1000}}, 4096, false},
+      {"a WRITE and the held ACK (ib_write_lat)", {{op::kWriteOnly, 2}, {op::kAcknowledge, 0}}, 4096, false},
+      {"a SEND and the held ACK, of one length", {{op::kSendOnly, 2}, {op::kAcknowledge, 0}}, 4096, false},
+      {"a longer SEND and the held ACK", {{op::kSendOnly, 1024}, {op::kAcknowledge, 0}}, 4096, false},
+      {"a SEND LAST and a READ request", {{op::kSendLast, 300}, {op::kReadRequest, 0}}, 1024, false},
+      {"64 short SENDs of one PSN", {}, 4096, false},  // filled below
+      {"a stream of short SENDs",
+       {{op::kSendOnly, 8},
+        {op::kSendOnly, 8},
+        {op::kSendOnly, 8},
+        {op::kSendOnly, 8},
+        {op::kSendOnly, 8},
+        {op::kSendOnly, 8}},
+       4096,
+       false},
+      {"WRITE MIDDLEs and the LAST",
+       {{op::kWriteMiddle, 4096}, {op::kWriteMiddle, 4096}, {op::kWriteMiddle, 4096}, {op::kWriteLast, 4096}},
+       4096,
+       false},
+      {"a WRITE FIRST and a shorter MIDDLE", {{op::kWriteFirst, 4096}, {op::kWriteMiddle, 4096}}, 4096, false},
+      {"READ responses and a shorter LAST",
+       {{op::kReadResponseMiddle, 1024}, {op::kReadResponseMiddle, 1024}, {op::kReadResponseLast, 500}},
+       1024,
+       false},
+      {"SEND ONLYs and a shorter one (only a search tells)",
+       {{op::kSendOnly, 100}, {op::kSendOnly, 100}, {op::kSendOnly, 100}, {op::kSendOnly, 40}},
+       4096,
+       true},
+  };
+  for (const FlowAddress& flow : {ipv4_flow(), ipv6_flow()}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name);
+      Coalesced read = coalesce(flow, c.packets);
+      if (c.packets.size() == 0) {
+        for (int i = 0; i < 64; ++i) {
+          auto bytes = sealed_packet(flow, op::kSendOnly, 8);
+          read.lengths.push_back(bytes.size());
+          read.read.insert(read.read.end(), bytes.begin(), bytes.end());
+        }
+      }
+      IcrcHeaderCache cache;
+      const FirstPacket first = find_first_packet(flow, read.read, {kFlowQpn, c.path_mtu}, cache);
+      EXPECT_EQ(first.bytes, read.lengths.front());
+      EXPECT_EQ(first.searched, c.searched);
+      // Told checked only where it was; a read of several always is.
+      if (first.icrc_checked || read.lengths.size() > 1) {
+        EXPECT_TRUE(first.icrc_checked && check_icrc(flow, std::span(read.read).first(first.bytes)));
+      }
+      // Split as the receive path splits it, every packet is whole.
+      size_t count = 0;
+      for (size_t at = 0; at < read.read.size(); at += first.bytes, ++count) {
+        const size_t length = std::min(first.bytes, read.read.size() - at);
+        ASSERT_LT(count, read.lengths.size());
+        EXPECT_EQ(length, read.lengths[count]);
+        EXPECT_TRUE(check_icrc(flow, std::span(read.read).subspan(at, length))) << "packet " << count;
+      }
+      EXPECT_EQ(count, read.lengths.size());
+    }
+  }
+}
+
+TEST(CoalescedRead, APayloadFullOfTheFlowsPacketsIsOnePacket) {
+  // A SEND whose payload is the flow's own ACKs, back to back: a BTH of the
+  // flow sits at every equal division of the read, but the ICRC of the
+  // whole says it is one packet.
+  const FlowAddress flow = ipv4_flow();
+  auto ack = sealed_packet(flow, op::kAcknowledge, 0);
+  std::vector<uint8_t> payload;
+  for (int i = 0; i < 50; ++i) payload.insert(payload.end(), ack.begin(), ack.end());
+  TransportPacket packet = sample_packet(opcode(Service::Rc, op::kSendOnly), payload);
+  auto read = build(packet);
+  seal(flow, read);
+  IcrcHeaderCache cache;
+  const FirstPacket first = find_first_packet(flow, read, {kFlowQpn, 4096}, cache);
+  EXPECT_EQ(first.bytes, read.size());
+  EXPECT_TRUE(first.icrc_checked);
+  EXPECT_FALSE(first.searched);
+}
+
+TEST(CoalescedRead, ADamagedPacketIsDroppedAndTheOthersStandWhereItsHeadersGiveItsLength) {
+  const FlowAddress flow = ipv4_flow();
+  Coalesced read = coalesce(flow, {{op::kWriteOnly, 2}, {op::kAcknowledge, 0}});
+  read.read[30] ^= 0x10;  // the WRITE's payload
+  IcrcHeaderCache cache;
+  FirstPacket first = find_first_packet(flow, read.read, {kFlowQpn, 4096}, cache);
+  EXPECT_EQ(first.bytes, read.lengths.front());
+  EXPECT_FALSE(first.icrc_checked);
+  EXPECT_FALSE(check_icrc(flow, std::span(read.read).first(first.bytes)));
+  EXPECT_TRUE(check_icrc(flow, std::span(read.read).subspan(first.bytes)));
+
+  // A damaged SEND's length only its ICRC could tell: the read goes whole,
+  // for the receive path to drop; never split where no packet ends.
+  read = coalesce(flow, {{op::kSendOnly, 200}, {op::kSendOnly, 64}});
+  read.read[40] ^= 0x01;
+  first = find_first_packet(flow, read.read, {kFlowQpn, 4096}, cache);
+  EXPECT_EQ(first.bytes, read.read.size());
+  EXPECT_FALSE(first.icrc_checked);
+  EXPECT_TRUE(first.searched);
+}
+
+TEST(CoalescedRead, AnyBytesGiveALengthWithinTheRead) {
+  const FlowAddress flow = ipv4_flow();
+  std::mt19937 random(7);
+  IcrcHeaderCache cache;
+  auto ack = sealed_packet(flow, op::kAcknowledge, 0);
+  for (int round = 0; round < 20000; ++round) {
+    std::vector<uint8_t> read(random() % 300);
+    for (auto& byte : read) byte = static_cast<uint8_t>(random());
+    // Often the flow's BTH at the start and here and there, to go deep.
+    if (read.size() >= ack.size() && round % 2 == 0) std::copy_n(ack.begin(), 12, read.begin());
+    for (size_t at = 4 * (random() % 16); at + 12 <= read.size() && round % 3 == 0; at += 4 * (1 + random() % 16))
+      std::copy_n(ack.begin(), 12, read.begin() + static_cast<std::ptrdiff_t>(at));
+    const FirstPacket first =
+        find_first_packet(flow, read, {kFlowQpn, static_cast<uint32_t>(256 << (round % 5))}, cache);
+    ASSERT_LE(first.bytes, read.size());
+    if (!read.empty()) {
+      ASSERT_GT(first.bytes, 0u);
+    }
+  }
 }
 
 // Where GSO fails, a batch goes out one datagram at a time: each must be

@@ -1,11 +1,13 @@
 // libFuzzer entry point (build with scripts/fuzz): the packet parser's round
-// trip and the UDP transport's receive path (see packet_harness.h).
+// trip, the splitting of a coalesced read (coalesced_read.h) and the UDP
+// transport's receive path (see packet_harness.h).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "coalesced_read.h"
 #include "packet_harness.h"
 #include "roce_headers.h"
 
@@ -31,6 +33,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto rebuilt = wire::build(*packet);
     if (rebuilt.size() != size || !wire::parse(rebuilt)) std::abort();
   }
+  // The input as one read of a connected flow (to the first BTH's QP, so
+  // that the search goes deep): the first packet ends within it.
+  static wire::IcrcHeaderCache cache;
+  const wire::FlowAddress flow{};
+  const uint32_t qpn = size >= 8 ? static_cast<uint32_t>(data[5] << 16 | data[6] << 8 | data[7]) : 0;
+  const wire::FirstPacket first = wire::find_first_packet(flow, input, {qpn, 256u << (size % 5)}, cache);
+  if (first.bytes > size || (size != 0 && first.bytes == 0)) std::abort();
   static fuzz::PacketHarness harness;
   if (!harness.feed(input)) {
     std::fprintf(stderr, "softverbs fuzz: %s\n", harness.failure().c_str());
