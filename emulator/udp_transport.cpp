@@ -663,10 +663,26 @@ class UdpTransport::Engine : public udp::TransportPort {
   // 16-byte addresses). Send sockets are never closed while the engine runs.
   SendTarget last_target_;
   SendTarget fallback_target_;
-  // The destination each send socket is connected to (length 0: none yet).
-  std::unordered_map<int, SocketAddressStorage> send_peers_;
+  struct SendPeer {
+    SocketAddressStorage address;  // what the socket is connected to (length 0: nothing yet)
+    // The GSO segment size set on the socket (the UDP_SEGMENT option) once
+    // two GSO sends in a row asked for it, and the size the last one asked
+    // for: a send of one piece in datagrams of that size, or of one datagram
+    // no longer, is then a plain send(), which costs ~500 cycles less than
+    // a sendmsg with the size in a control message (a latency test sends
+    // one WRITE and one ACK, back to back, per round trip).
+    uint16_t segment = 0;
+    uint16_t last_asked = 0;
+  };
+  // What each send socket is connected to and sends with.
+  std::unordered_map<int, SendPeer> send_peers_;
   int last_peer_fd_ = -1;  // and its entry in send_peers_ (nodes stay put)
-  SocketAddressStorage* last_peer_ = nullptr;
+  SendPeer* last_peer_ = nullptr;
+  // Sends one contiguous piece as a plain send() where `peer`'s socket
+  // setting allows (see SendPeer): Sent, Failed (errno says why), or
+  // NotPlain for a sendmsg to do.
+  enum class PlainSend : uint8_t { Sent, Failed, NotPlain };
+  PlainSend send_plain(int fd, SendPeer& peer, const iovec& piece, size_t total, size_t segment);
   std::map<IpAddress, int> receive_fd_by_address_;
   int forward_fd_ = -1;
   struct SendBatch {
@@ -1584,7 +1600,7 @@ int UdpTransport::Engine::send_socket(const IpAddress& local, uint16_t port) {
     return -1;
   }
   send_sockets_.emplace(key, Fd(fd));
-  send_peers_.emplace(fd, SocketAddressStorage{});
+  send_peers_.emplace(fd, SendPeer{});
   last_peer_fd_ = -1;  // the number may be one a closed socket had
   return fd;
 }
@@ -1679,6 +1695,27 @@ void UdpTransport::Engine::flush_sends() {
   b.refers_out = false;
 }
 
+UdpTransport::Engine::PlainSend UdpTransport::Engine::send_plain(int fd, SendPeer& peer, const iovec& piece,
+                                                                 size_t total, size_t segment) {
+  const auto asked = static_cast<uint16_t>(segment);
+  if (asked != 0) {
+    if (asked != peer.segment && asked == peer.last_asked) {
+      const int value = asked;
+      if (::setsockopt(fd, SOL_UDP, UDP_SEGMENT, &value, sizeof value) == 0) peer.segment = asked;
+    }
+    peer.last_asked = asked;
+  }
+  const bool plain = asked != 0 ? asked == peer.segment : peer.segment == 0 || total <= peer.segment;
+  if (!plain) return PlainSend::NotPlain;
+  return ::send(fd, piece.iov_base, piece.iov_len, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0 ? PlainSend::Sent
+                                                                                     : PlainSend::Failed;
+}
+
+namespace {
+// A send's errno that says the kernel or the device cannot do GSO.
+bool gso_refused(int error) { return error == EINVAL || error == EIO || error == ENOPROTOOPT || error == EOPNOTSUPP; }
+}  // namespace
+
 void UdpTransport::Engine::send_now(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total,
                                     size_t segment) {
   msghdr message{};
@@ -1689,9 +1726,18 @@ void UdpTransport::Engine::send_now(int fd, const SocketAddressStorage& to, std:
     last_peer_fd_ = fd;
     last_peer_ = peer != send_peers_.end() ? &peer->second : nullptr;
   }
-  if (SocketAddressStorage* peer = last_peer_; peer != nullptr) {
-    if (peer->length == 0 && ::connect(fd, to.get(), to.length) == 0) *peer = to;
-    if (peer->length == to.length && std::memcmp(&peer->storage, &to.storage, to.length) == 0) {
+  SendPeer* const peer = last_peer_;
+  if (peer != nullptr) {
+    if (peer->address.length == 0 && ::connect(fd, to.get(), to.length) == 0) peer->address = to;
+    if (peer->address.length == to.length && std::memcmp(&peer->address.storage, &to.storage, to.length) == 0) {
+      if (parts.size() == 1 && gso_ok_) {
+        const PlainSend sent = send_plain(fd, *peer, parts[0], total, segment);
+        if (sent == PlainSend::Sent) return;
+        if (sent == PlainSend::Failed && !(segment != 0 && gso_refused(errno))) {
+          counters().add(Counter::SendErrors);
+          return;
+        }
+      }
       message.msg_name = nullptr;
       message.msg_namelen = 0;
     }
@@ -1699,12 +1745,19 @@ void UdpTransport::Engine::send_now(int fd, const SocketAddressStorage& to, std:
   message.msg_iov = const_cast<iovec*>(parts.data());
   message.msg_iovlen = parts.size();
   UdpSegmentControl control;
-  if (segment != 0) request_udp_segments(message, control, static_cast<uint16_t>(segment));
+  // The control message overrides the socket's setting, also with 0 (one datagram).
+  if (segment != 0 || (peer != nullptr && peer->segment != 0))
+    request_udp_segments(message, control, static_cast<uint16_t>(segment));
   if (fd >= 0 && ::sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return;
-  if (segment != 0 && (errno == EINVAL || errno == EIO || errno == ENOPROTOOPT || errno == EOPNOTSUPP)) {
+  if (segment != 0 && gso_refused(errno)) {
     // No GSO here (an old kernel, a device without checksum offload): one
-    // datagram at a time from now on.
+    // datagram at a time from now on, and no socket sets a segment size.
     gso_ok_ = false;
+    for (auto& [socket, settings] : send_peers_) {
+      const int none = 0;
+      if (settings.segment != 0 && ::setsockopt(socket, SOL_UDP, UDP_SEGMENT, &none, sizeof none) == 0)
+        settings.segment = 0;
+    }
     for_each_datagram(parts, total, segment,
                       [&](std::span<const iovec> datagram, size_t length) { send_now(fd, to, datagram, length, 0); });
     return;
