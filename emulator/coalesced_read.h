@@ -36,13 +36,13 @@ struct FirstPacket {
 // packet's path MTU). For the others (SEND ONLY, any LAST) the read is
 // tried as packets followed by a shorter one of fixed length (a request
 // and the ACK held for it, as softverbs sends them), as one packet (a good
-// ICRC over all of it), and as equal packets. A
-// boundary is taken only where the next packet's BTH is the flow's, and
-// one that the headers did not give only where the first packet's ICRC is
-// good too, so a read is not split wrongly but for a CRC collision. If all
-// that fails, the boundaries are searched for every four bytes
-// (`searched`; up to one path MTU). A read that no boundary fits (its
-// first packet damaged) is returned whole, for the receive path to reject.
+// ICRC over all of it), and as equal packets. A boundary is taken only
+// where the next packet's BTH is the flow's, and one that the headers did
+// not give only where the first packet's ICRC is good too, so a read is
+// not split wrongly but for a CRC collision. If all that fails, the
+// boundaries are searched for every four bytes (`searched`; up to one path
+// MTU). A read that no boundary fits (its first packet damaged) is
+// returned whole, for the receive path to reject.
 FirstPacket find_first_packet(const FlowAddress& flow, std::span<const uint8_t> read, const FlowReceiver& receiver,
                               IcrcHeaderCache& cache);
 
