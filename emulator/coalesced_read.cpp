@@ -109,8 +109,8 @@ FirstPacket find_first_packet(const FlowAddress& address, std::span<const uint8_
     if (bytes32 % count != 0 || !begins_packet(read, length, flow)) continue;
     const uint32_t packets = (load24(read.data() + length + 9) - load24(read.data() + 9)) & 0xffffff;
     if (packets > 1 && packets <= kMostPacketsPerRead && length % packets == 0 && ends_first(length / packets))
-      return {length / packets, true, false};
-    if (ends_first(length)) return {length, true, false};
+      return {length / packets, true, true};
+    if (ends_first(length)) return {length, true, true};
   }
   // Anything else GRO may coalesce: the boundary wherever it is.
   const size_t limit = std::min(total - kShortest, longest);

@@ -28,7 +28,10 @@ struct FlowReceiver {
 struct FirstPacket {
   size_t bytes = 0;           // the first packet's length: that of every packet of the read but the last
   bool icrc_checked = false;  // the first packet's ICRC was found good on the way
-  bool searched = false;      // only a search through the read found it (see find_first_packet)
+  // A search through the read found it (equal packets, or any boundary):
+  // a stream of packets whose length only their end tells, for which the
+  // kernel's GRO size is cheaper (see find_first_packet).
+  bool searched = false;
 };
 
 // Where the first packet of `read` ends. The headers give its length for
@@ -36,12 +39,12 @@ struct FirstPacket {
 // packet's path MTU). For the others (SEND ONLY, any LAST) the read is
 // tried as packets followed by a shorter one of fixed length (a request
 // and the ACK held for it, as softverbs sends them), as one packet (a good
-// ICRC over all of it), and as equal packets. A boundary is taken only
-// where the next packet's BTH is the flow's, and one that the headers did
-// not give only where the first packet's ICRC is good too, so a read is
-// not split wrongly but for a CRC collision. If all that fails, the
-// boundaries are searched for every four bytes (`searched`; up to one path
-// MTU). A read that no boundary fits (its first packet damaged) is
+// ICRC over all of it), then searched: as equal packets, and if that fails
+// for a boundary every four bytes (up to one path MTU); either search sets
+// `searched`. A boundary is taken only where the next packet's BTH is the
+// flow's, and one that the headers did not give only where the first
+// packet's ICRC is good too, so a read is not split wrongly but for a CRC
+// collision. A read that no boundary fits (its first packet damaged) is
 // returned whole, for the receive path to reject.
 FirstPacket find_first_packet(const FlowAddress& flow, std::span<const uint8_t> read, const FlowReceiver& receiver,
                               IcrcHeaderCache& cache);

@@ -49,8 +49,14 @@ constexpr size_t kReceiveBatch = 16;
 constexpr size_t kMaxDatagram = 65536;
 // How many reads of a connected socket ask the kernel for the UDP GRO
 // segment size after finding it took a search through a read (see
-// coalesced_read.h): a flow that sends such reads once tends to again.
+// coalesced_read.h): a flow that sends such reads once tends to again, and
+// a stream of SENDs, many to a read, pays less for the recvmsg than for
+// the search (ib_send_bw -s 2).
 constexpr uint32_t kReadsWithGroSizeAfterSearch = 1024;
+// How many GSO sends of one size in a row set that size on their socket,
+// and how many single datagrams in a row clear it again (see SendPeer).
+constexpr uint8_t kGsoSendsBeforeSocketSize = 8;
+constexpr uint8_t kSinglesBeforeSocketSizeGoes = 8;
 constexpr int kSocketBuffer = 8 << 20;
 constexpr uint32_t kReadBudgetPerPass = 64;
 // How long an ACK may wait to leave with the next request of its QP (see
@@ -665,15 +671,21 @@ class UdpTransport::Engine : public udp::TransportPort {
   SendTarget fallback_target_;
   struct SendPeer {
     SocketAddressStorage address;  // what the socket is connected to (length 0: nothing yet)
-    // The GSO segment size set on the socket (the UDP_SEGMENT option) once
-    // two GSO sends in a row asked for it, and the size the last one asked
-    // for: a send of one piece in datagrams of that size, or of one datagram
-    // no longer, is then a plain send(), which costs ~500 cycles less than
-    // a sendmsg with the size in a control message (a latency test sends
-    // one WRITE and one ACK, back to back, per round trip).
+    // The GSO segment size set on the socket (the UDP_SEGMENT option): a
+    // send of one piece in datagrams of that size, or of one datagram no
+    // longer, is then a plain send(), which costs ~500 cycles less than a
+    // sendmsg with the size in a control message. Set once a run of GSO
+    // sends asks for one size (a latency test sends one WRITE and one ACK,
+    // back to back, per round trip), cleared after a run of single
+    // datagrams: a single datagram sent on a socket with a size set takes
+    // the kernel's GSO path, ~200 cycles dearer than without.
     uint16_t segment = 0;
-    uint16_t last_asked = 0;
+    uint16_t run_size = 0;  // what the GSO sends of the current run ask for
+    uint8_t run = 0;        // how many GSO sends of that size in a row
+    uint8_t singles = 0;    // single datagrams in a row while `segment` is set
   };
+  // Keeps the socket's GSO size in step with its sends (see SendPeer).
+  void note_send(int fd, SendPeer& peer, size_t segment);
   // What each send socket is connected to and sends with.
   std::unordered_map<int, SendPeer> send_peers_;
   int last_peer_fd_ = -1;  // and its entry in send_peers_ (nodes stay put)
@@ -1216,8 +1228,8 @@ bool UdpTransport::Engine::read_connected(Watcher& watcher) {
   flow.destination = watcher.local;
   flow.destination_port = kRoceV2Port;
   const wire::FirstPacket first = wire::find_first_packet(flow, bytes, watcher.receiver, icrc_headers_);
-  // A flow whose reads need searching (an unusual mix of packet lengths)
-  // pays the recvmsg rather than the search for a while.
+  // A flow whose reads need searching (a stream of SENDs, an unusual mix
+  // of lengths) pays the recvmsg rather than the search for a while.
   if (first.searched) watcher.reads_with_gro_size = kReadsWithGroSizeAfterSearch;
   uint64_t packets = 0;
   for (size_t at = 0; at < bytes.size(); at += first.bytes, ++packets)
@@ -1698,17 +1710,33 @@ void UdpTransport::Engine::flush_sends() {
 UdpTransport::Engine::PlainSend UdpTransport::Engine::send_plain(int fd, SendPeer& peer, const iovec& piece,
                                                                  size_t total, size_t segment) {
   const auto asked = static_cast<uint16_t>(segment);
-  if (asked != 0) {
-    if (asked != peer.segment && asked == peer.last_asked) {
-      const int value = asked;
-      if (::setsockopt(fd, SOL_UDP, UDP_SEGMENT, &value, sizeof value) == 0) peer.segment = asked;
-    }
-    peer.last_asked = asked;
-  }
   const bool plain = asked != 0 ? asked == peer.segment : peer.segment == 0 || total <= peer.segment;
   if (!plain) return PlainSend::NotPlain;
   return ::send(fd, piece.iov_base, piece.iov_len, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0 ? PlainSend::Sent
                                                                                      : PlainSend::Failed;
+}
+
+void UdpTransport::Engine::note_send(int fd, SendPeer& peer, size_t segment) {
+  const auto asked = static_cast<uint16_t>(segment);
+  auto set_segment = [&](uint16_t size) {
+    const int value = size;
+    if (::setsockopt(fd, SOL_UDP, UDP_SEGMENT, &value, sizeof value) == 0) peer.segment = size;
+  };
+  if (asked == 0) {
+    peer.run = 0;
+    if (peer.segment != 0 && ++peer.singles >= kSinglesBeforeSocketSizeGoes) {
+      set_segment(0);
+      peer.singles = 0;
+    }
+    return;
+  }
+  peer.singles = 0;
+  if (asked != peer.run_size) {
+    peer.run_size = asked;
+    peer.run = 0;
+  }
+  if (peer.run < kGsoSendsBeforeSocketSize) ++peer.run;
+  if (peer.run == kGsoSendsBeforeSocketSize && peer.segment != asked) set_segment(asked);
 }
 
 namespace {
@@ -1730,6 +1758,7 @@ void UdpTransport::Engine::send_now(int fd, const SocketAddressStorage& to, std:
   if (peer != nullptr) {
     if (peer->address.length == 0 && ::connect(fd, to.get(), to.length) == 0) peer->address = to;
     if (peer->address.length == to.length && std::memcmp(&peer->address.storage, &to.storage, to.length) == 0) {
+      if (gso_ok_) note_send(fd, *peer, segment);
       if (parts.size() == 1 && gso_ok_) {
         const PlainSend sent = send_plain(fd, *peer, parts[0], total, segment);
         if (sent == PlainSend::Sent) return;
