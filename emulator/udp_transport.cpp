@@ -553,6 +553,12 @@ class UdpTransport::Engine : public udp::TransportPort {
   bool drain(Watcher& watcher, Reads reads);
   // One read of a connected socket with recv (see coalesced_read.h).
   bool read_connected(Watcher& watcher);
+  // The addresses of what arrives on `watcher`: its connected peer's as the
+  // source, if it has one, and its own local address on port 4791.
+  static FlowAddress arriving_flow(const Watcher& watcher);
+  // Handles the packets of one read, `packet_bytes` each but the last (the
+  // first's ICRC already found good if `first_checked`); returns how many.
+  uint64_t handle_read(const FlowAddress& flow, std::span<const uint8_t> read, size_t packet_bytes, bool first_checked);
   // `icrc_checked`: the datagram's ICRC was already found good.
   void handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded,
                        bool icrc_checked = false);
@@ -686,6 +692,8 @@ class UdpTransport::Engine : public udp::TransportPort {
   };
   // Keeps the socket's GSO size in step with its sends (see SendPeer).
   void note_send(int fd, SendPeer& peer, size_t segment);
+  // Sets `size` (0: none) as the GSO size of `peer`'s socket `fd`.
+  static void set_socket_segment(int fd, SendPeer& peer, uint16_t size);
   // What each send socket is connected to and sends with.
   std::unordered_map<int, SendPeer> send_peers_;
   int last_peer_fd_ = -1;  // and its entry in send_peers_ (nodes stay put)
@@ -1222,24 +1230,36 @@ bool UdpTransport::Engine::read_connected(Watcher& watcher) {
     return true;
   }
   const std::span<const uint8_t> bytes = buffer.first(static_cast<size_t>(length));
-  FlowAddress flow;
-  flow.source = watcher.peer;
-  flow.source_port = watcher.peer_port;
-  flow.destination = watcher.local;
-  flow.destination_port = kRoceV2Port;
+  const FlowAddress flow = arriving_flow(watcher);
   const wire::FirstPacket first = wire::find_first_packet(flow, bytes, watcher.receiver, icrc_headers_);
   // A flow whose reads need searching (a stream of SENDs, an unusual mix
   // of lengths) pays the recvmsg rather than the search for a while.
   if (first.searched) watcher.reads_with_gro_size = kReadsWithGroSizeAfterSearch;
-  uint64_t packets = 0;
-  for (size_t at = 0; at < bytes.size(); at += first.bytes, ++packets)
-    handle_datagram(flow, bytes.subspan(at, std::min(first.bytes, bytes.size() - at)), false,
-                    at == 0 && first.icrc_checked);
+  const uint64_t packets = handle_read(flow, bytes, first.bytes, first.icrc_checked);
   if (packets != 0) {
     counters().add(Counter::RxPackets, packets);
     counters().add(Counter::RxBytes, bytes.size());
   }
   return true;
+}
+
+FlowAddress UdpTransport::Engine::arriving_flow(const Watcher& watcher) {
+  FlowAddress flow;
+  if (watcher.connected) {
+    flow.source = watcher.peer;
+    flow.source_port = watcher.peer_port;
+  }
+  flow.destination = watcher.local;
+  flow.destination_port = kRoceV2Port;
+  return flow;
+}
+
+uint64_t UdpTransport::Engine::handle_read(const FlowAddress& flow, std::span<const uint8_t> read, size_t packet_bytes,
+                                           bool first_checked) {
+  uint64_t packets = 0;
+  for (size_t at = 0; at < read.size(); at += packet_bytes, ++packets)
+    handle_datagram(flow, read.subspan(at, std::min(packet_bytes, read.size() - at)), false, at == 0 && first_checked);
+  return packets;
 }
 
 bool UdpTransport::Engine::drain(Watcher& watcher, Reads reads) {
@@ -1300,18 +1320,9 @@ bool UdpTransport::Engine::drain(Watcher& watcher, Reads reads) {
         handle_datagram(flow, bytes.subspan(sizeof header), true);
         continue;
       }
-      if (watcher.connected) {
-        flow.source = watcher.peer;
-        flow.source_port = watcher.peer_port;
-      } else if (!from_sockaddr(sources[i], flow.source, flow.source_port)) {
-        continue;
-      }
-      flow.destination = watcher.local;
-      flow.destination_port = kRoceV2Port;
-      for (size_t at = 0; at < bytes.size(); at += segment) {
-        handle_datagram(flow, bytes.subspan(at, std::min(segment, bytes.size() - at)), false);
-        ++received_packets;
-      }
+      flow = arriving_flow(watcher);
+      if (!watcher.connected && !from_sockaddr(sources[i], flow.source, flow.source_port)) continue;
+      received_packets += handle_read(flow, bytes, segment, false);
       received_bytes += bytes.size();
     }
     // Counted once per read, not per packet: the counters live in one cache
@@ -1716,16 +1727,17 @@ UdpTransport::Engine::PlainSend UdpTransport::Engine::send_plain(int fd, SendPee
                                                                                      : PlainSend::Failed;
 }
 
+void UdpTransport::Engine::set_socket_segment(int fd, SendPeer& peer, uint16_t size) {
+  const int value = size;
+  if (::setsockopt(fd, SOL_UDP, UDP_SEGMENT, &value, sizeof value) == 0) peer.segment = size;
+}
+
 void UdpTransport::Engine::note_send(int fd, SendPeer& peer, size_t segment) {
   const auto asked = static_cast<uint16_t>(segment);
-  auto set_segment = [&](uint16_t size) {
-    const int value = size;
-    if (::setsockopt(fd, SOL_UDP, UDP_SEGMENT, &value, sizeof value) == 0) peer.segment = size;
-  };
   if (asked == 0) {
     peer.run = 0;
     if (peer.segment != 0 && ++peer.singles >= kSinglesBeforeSocketSizeGoes) {
-      set_segment(0);
+      set_socket_segment(fd, peer, 0);
       peer.singles = 0;
     }
     return;
@@ -1736,7 +1748,7 @@ void UdpTransport::Engine::note_send(int fd, SendPeer& peer, size_t segment) {
     peer.run = 0;
   }
   if (peer.run < kGsoSendsBeforeSocketSize) ++peer.run;
-  if (peer.run == kGsoSendsBeforeSocketSize && peer.segment != asked) set_segment(asked);
+  if (peer.run == kGsoSendsBeforeSocketSize && peer.segment != asked) set_socket_segment(fd, peer, asked);
 }
 
 namespace {
@@ -1782,11 +1794,8 @@ void UdpTransport::Engine::send_now(int fd, const SocketAddressStorage& to, std:
     // No GSO here (an old kernel, a device without checksum offload): one
     // datagram at a time from now on, and no socket sets a segment size.
     gso_ok_ = false;
-    for (auto& [socket, settings] : send_peers_) {
-      const int none = 0;
-      if (settings.segment != 0 && ::setsockopt(socket, SOL_UDP, UDP_SEGMENT, &none, sizeof none) == 0)
-        settings.segment = 0;
-    }
+    for (auto& [socket, settings] : send_peers_)
+      if (settings.segment != 0) set_socket_segment(socket, settings, 0);
     for_each_datagram(parts, total, segment,
                       [&](std::span<const iovec> datagram, size_t length) { send_now(fd, to, datagram, length, 0); });
     return;
