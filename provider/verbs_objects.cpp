@@ -986,19 +986,22 @@ int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
   if (target == QpState::Error) {
     enter_error_state(*state.memory, qp);
   } else {
-    if (target == QpState::Reset) {
-      drop_deferred(qp);
-      purge_completions(*state.memory, qp->send_cq->index, ibv->qp_num);
-      purge_completions(*state.memory, qp->recv_cq->index, ibv->qp_num);
-    }
     ibv->state = static_cast<ibv_qp_state>(target);
   }
+  int error = 0;
   if (qp->over_udp) {
-    int error = udp_transport(state)->sync_qp(qp->index);
+    error = udp_transport(state)->sync_qp(qp->index);
     if (target == QpState::Reset) qp->over_udp = false;
-    if (error != 0) return error;
   }
-  return 0;
+  if (target == QpState::Reset) {
+    // After the UDP engine has forgotten the QP: until then its background
+    // thread may still complete a request whose ACK just arrived, and a
+    // completion purged before that would have come back.
+    drop_deferred(qp);
+    purge_completions(*state.memory, qp->send_cq->index, ibv->qp_num);
+    purge_completions(*state.memory, qp->recv_cq->index, ibv->qp_num);
+  }
+  return error;
 }
 
 int query_qp(ibv_qp* ibv, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) {
