@@ -35,7 +35,7 @@ BENCHMARK(MrKeyLookup);
 
 void CompletionRingPushPop(benchmark::State& state) {
   CompletionRingHeader header;
-  std::vector<Completion> storage(1024);
+  std::vector<CompletionSlot> storage(1024);
   CompletionRing::initialize(header, storage);
   CompletionRing ring(header, storage);
   Completion c, out;
@@ -59,9 +59,9 @@ class LoopbackPair {
     b_ = &memory_->shared().qps[memory_->allocate_qp(getpid())];
     cq_ = memory_->allocate_cq(getpid());
     CqRecord& cq = memory_->shared().cqs[cq_];
-    cq.ring_offset = memory_->allocate(4096 * sizeof(Completion));
-    cq.ring_bytes = 4096 * sizeof(Completion);
-    CompletionRing::initialize(cq.ring, std::span(memory_->at<Completion>(cq.ring_offset), 4096));
+    cq.ring_offset = memory_->allocate(4096 * sizeof(CompletionSlot));
+    cq.ring_bytes = 4096 * sizeof(CompletionSlot);
+    CompletionRing::initialize(cq.ring, std::span(memory_->at<CompletionSlot>(cq.ring_offset), 4096));
     for (QpRecord* qp : {a_, b_}) {
       qp->type = QpType::Rc;
       qp->state = QpState::Rts;
@@ -107,7 +107,7 @@ class LoopbackPair {
     Completion completion, drained;
     execute_send(*memory_, *a_, request, completion);
     CqRecord& cq = memory_->shared().cqs[cq_];
-    CompletionRing ring(cq.ring, std::span(memory_->at<Completion>(cq.ring_offset), cq.ring.capacity));
+    CompletionRing ring(cq.ring, std::span(memory_->at<CompletionSlot>(cq.ring_offset), cq.ring.consumer.capacity));
     ring.pop(std::span(&drained, 1));
   }
 

@@ -5,36 +5,46 @@
 
 namespace softverbs {
 
-CompletionRing::CompletionRing(CompletionRingHeader& header, std::span<Completion> entries)
-    : header_(header), entries_(entries.first(std::min<size_t>(entries.size(), header.capacity))) {}
+CompletionRing::CompletionRing(CompletionRingHeader& header, std::span<CompletionSlot> slots)
+    : header_(header), slots_(slots) {}
 
-void CompletionRing::initialize(CompletionRingHeader& header, std::span<Completion> entries) {
-  header = CompletionRingHeader{};
-  header.capacity = static_cast<uint32_t>(entries.size());
+void CompletionRing::initialize(CompletionRingHeader& header, std::span<CompletionSlot> slots) {
+  header.producer = {};
+  header.producer.capacity = static_cast<uint32_t>(slots.size());
+  header.consumer.capacity = static_cast<uint32_t>(slots.size());
+  header.consumer.consumed = 0;
+  for (CompletionSlot& slot : slots) slot.sequence = 0;
 }
 
 bool CompletionRing::push(const Completion& completion) {
-  if (entries_.empty() || size() >= entries_.size()) {
-    header_.overflowed = true;
-    return false;
+  CompletionRingHeader::ProducerSide& producer = header_.producer;
+  const uint64_t capacity = slots_.size();
+  if (producer.produced - producer.consumed_seen >= capacity) {
+    // Acquire: the consumer has copied out every entry it counted.
+    producer.consumed_seen = std::atomic_ref<uint64_t>(header_.consumer.consumed).load(std::memory_order_acquire);
+    if (capacity == 0 || producer.produced - producer.consumed_seen >= capacity) {
+      producer.overflowed = true;
+      return false;
+    }
   }
-  entries_[header_.produced % entries_.size()] = completion;
-  // Published with release order: a poller may look without the lock.
-  std::atomic_ref<uint64_t>(header_.produced).store(header_.produced + 1, std::memory_order_release);
+  slot(producer.produced).completion = completion;
+  publish(producer.produced);
+  ++producer.produced;
   return true;
 }
 
-bool CompletionRing::looks_empty(CompletionRingHeader& header) {
-  return std::atomic_ref<uint64_t>(header.produced).load(std::memory_order_acquire) ==
-         std::atomic_ref<uint64_t>(header.consumed).load(std::memory_order_relaxed);
-}
-
 size_t CompletionRing::pop(std::span<Completion> out) {
-  size_t count = std::min(out.size(), size());
-  for (size_t i = 0; i < count; ++i) {
-    out[i] = entries_[header_.consumed % entries_.size()];
-    ++header_.consumed;
+  if (slots_.empty()) return 0;
+  uint64_t consumed = header_.consumer.consumed;
+  size_t count = 0;
+  while (count < out.size()) {
+    CompletionSlot& next = slot(consumed);
+    if (std::atomic_ref<uint64_t>(next.sequence).load(std::memory_order_acquire) != consumed + 1) break;
+    out[count++] = next.completion;
+    ++consumed;
   }
+  // Release: a producer that sees the count overwrites only copied slots.
+  if (count != 0) std::atomic_ref<uint64_t>(header_.consumer.consumed).store(consumed, std::memory_order_release);
   return count;
 }
 

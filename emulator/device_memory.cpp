@@ -20,7 +20,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 8;
+constexpr uint32_t kVersion = 9;
 constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
 constexpr unsigned kMinBlockShift = 12;
 
@@ -174,7 +174,10 @@ int DeviceMemory::allocate_cq(pid_t owner) {
     cq.owner_handle = 0;
     cq.ring_offset = 0;
     cq.ring_bytes = 0;
-    cq.ring = {};
+    // Keep the poll lock object; reset everything else.
+    cq.ring.producer = {};
+    cq.ring.consumer.capacity = 0;
+    cq.ring.consumer.consumed = 0;
     cq.armed = CqArm::None;
     cq.channel = {};
     cq.owner_async = {};

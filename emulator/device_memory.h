@@ -44,16 +44,16 @@ struct RecvQueue {
 enum class CqArm : uint32_t { None = 0, NextCompletion = 1, SolicitedOnly = 2 };
 
 struct CqRecord {
-  SharedMutex lock;
+  SharedMutex lock;  // producers, arming, resizing; the owner's polls take the ring's poll lock
   uint32_t live = 0;
   int32_t owner_pid = 0;
   uint64_t owner_handle = 0;  // the ibv_cq pointer in the owner, for events
-  uint64_t ring_offset = 0;
+  uint64_t ring_offset = 0;   // CompletionSlots
   uint64_t ring_bytes = 0;
-  CompletionRingHeader ring;
   CqArm armed = CqArm::None;
   SocketAddress channel;      // the owner's completion channel; length 0: none
   SocketAddress owner_async;  // the owner's async event socket (CQ errors)
+  CompletionRingHeader ring;  // its producers' and its consumer's halves on lines of their own
 };
 
 struct SrqRecord {

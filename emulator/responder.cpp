@@ -99,7 +99,7 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
   {
     SharedLock lock(cq.lock);
     if (!cq.live) return false;
-    CompletionRing ring(cq.ring, std::span(memory.at<Completion>(cq.ring_offset), cq.ring.capacity));
+    CompletionRing ring(cq.ring, std::span(memory.at<CompletionSlot>(cq.ring_offset), cq.ring.producer.capacity));
     bool overflowed_before = ring.overflowed();
     stored = ring.push(completion);
     if (!stored && !overflowed_before) {
@@ -145,9 +145,10 @@ void flush_receive_queue(DeviceMemory& memory, QpRecord& qp) {
 void purge_completions(DeviceMemory& memory, int cq_index, uint32_t qpn) {
   if (cq_index < 0 || cq_index >= limits::kMaxCq) return;
   CqRecord& cq = memory.shared().cqs[cq_index];
+  SharedLock poll_lock(cq.ring.consumer.poll_lock);
   SharedLock lock(cq.lock);
   if (!cq.live) return;
-  CompletionRing ring(cq.ring, std::span(memory.at<Completion>(cq.ring_offset), cq.ring.capacity));
+  CompletionRing ring(cq.ring, std::span(memory.at<CompletionSlot>(cq.ring_offset), cq.ring.producer.capacity));
   ring.remove_if([qpn](const Completion& entry) { return entry.qp_num == qpn; });
 }
 

@@ -190,6 +190,10 @@ struct ProviderCq {
   int index = -1;
   int qp_references = 0;  // under the context's qps_mutex
   Completion current;     // the entry an extended poll is positioned on
+  // Where the ring's slots are, for polls: the record's copy is on the
+  // producers' cache line. Under the ring's poll lock.
+  uint64_t slots_offset = 0;
+  uint32_t slot_count = 0;
 };
 
 ProviderCq* to_cq(ibv_cq* cq) { return reinterpret_cast<ProviderCq*>(cq); }
@@ -215,7 +219,7 @@ ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* ch
     return nullptr;
   }
   uint32_t capacity = std::bit_ceil(static_cast<uint32_t>(cqe));
-  uint64_t bytes = uint64_t{capacity} * sizeof(Completion);
+  uint64_t bytes = uint64_t{capacity} * sizeof(CompletionSlot);
   uint64_t ring = memory.allocate(bytes);
   if (ring == 0) {
     memory.shared().cqs[index].live = 0;
@@ -228,12 +232,15 @@ ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* ch
   cq->verbs.cq.channel = channel;
   cq->verbs.cq.cqe = static_cast<int>(capacity);
   cq->verbs.cq.handle = static_cast<uint32_t>(index);
+  cq->slots_offset = ring;
+  cq->slot_count = capacity;
   CqRecord& record = memory.shared().cqs[index];
   {
+    SharedLock poll_lock(record.ring.consumer.poll_lock);
     SharedLock lock(record.lock);
     record.ring_offset = ring;
     record.ring_bytes = bytes;
-    CompletionRing::initialize(record.ring, std::span(memory.at<Completion>(ring), capacity));
+    CompletionRing::initialize(record.ring, std::span(memory.at<CompletionSlot>(ring), capacity));
     record.owner_handle = reinterpret_cast<uint64_t>(&cq->verbs.cq);
     record.channel = channel_address;
     record.owner_async = state.async_address;
@@ -250,9 +257,8 @@ ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel, int 
 bool pop_completion(ProviderCq* cq, Completion& out) {
   ContextState& state = state_of(cq->verbs.cq.context);
   CqRecord& record = state.memory->shared().cqs[cq->index];
-  if (CompletionRing::looks_empty(record.ring)) return false;
-  SharedLock lock(record.lock);
-  CompletionRing ring(record.ring, std::span(state.memory->at<Completion>(record.ring_offset), record.ring.capacity));
+  SharedLock poll_lock(record.ring.consumer.poll_lock);
+  CompletionRing ring(record.ring, std::span(state.memory->at<CompletionSlot>(cq->slots_offset), cq->slot_count));
   return ring.pop(std::span(&out, 1)) == 1;
 }
 
@@ -346,29 +352,34 @@ int resize_cq(ibv_cq* ibv, int cqe) {
   ContextState& state = state_of(ibv->context);
   if (cqe < 1 || cqe > state.device.max_cqe) return EINVAL;
   uint32_t capacity = std::bit_ceil(static_cast<uint32_t>(cqe));
-  uint64_t bytes = uint64_t{capacity} * sizeof(Completion);
+  uint64_t bytes = uint64_t{capacity} * sizeof(CompletionSlot);
   uint64_t ring = state.memory->allocate(bytes);
   if (ring == 0) return ENOMEM;
   CqRecord& record = state.memory->shared().cqs[cq->index];
   uint64_t old_ring, old_bytes;
   {
+    SharedLock poll_lock(record.ring.consumer.poll_lock);
     SharedLock lock(record.lock);
-    CompletionRing old(record.ring, std::span(state.memory->at<Completion>(record.ring_offset), record.ring.capacity));
-    if (old.size() > capacity) {
+    CompletionRing old(record.ring, std::span(state.memory->at<CompletionSlot>(record.ring_offset), cq->slot_count));
+    const size_t waiting = old.size();
+    if (waiting > capacity) {
       state.memory->release(ring, bytes);
       return EINVAL;  // the completions waiting would not fit
     }
-    CompletionRingHeader header;
-    std::span<Completion> entries(state.memory->at<Completion>(ring), capacity);
-    CompletionRing::initialize(header, entries);
-    CompletionRing grown(header, entries);
-    Completion moving;
-    while (old.pop(std::span(&moving, 1)) == 1) grown.push(moving);
+    std::vector<Completion> moving(waiting);
+    old.pop(moving);
+    const bool overflowed = old.overflowed();
+    std::span<CompletionSlot> slots(state.memory->at<CompletionSlot>(ring), capacity);
+    CompletionRing::initialize(record.ring, slots);
+    CompletionRing grown(record.ring, slots);
+    for (const Completion& completion : moving) grown.push(completion);
+    record.ring.producer.overflowed = overflowed;
     old_ring = record.ring_offset;
     old_bytes = record.ring_bytes;
-    record.ring = header;
     record.ring_offset = ring;
     record.ring_bytes = bytes;
+    cq->slots_offset = ring;
+    cq->slot_count = capacity;
   }
   state.memory->release(old_ring, old_bytes);
   ibv->cqe = static_cast<int>(capacity);
@@ -405,19 +416,19 @@ int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
   ContextState& state = state_of(ibv->context);
   progress_deferred_sends(state);
   if (UdpTransport* udp = state.udp_running.load(std::memory_order_acquire)) udp->drive();
-  CqRecord& record = state.memory->shared().cqs[to_cq(ibv)->index];
-  // An empty CQ is seen without its lock, which producers in other
-  // processes would otherwise fight a busy poller for.
-  if (CompletionRing::looks_empty(record.ring)) return 0;
+  ProviderCq* cq = to_cq(ibv);
+  CqRecord& record = state.memory->shared().cqs[cq->index];
+  // The poll lock and the consumer's half of the ring are this process's
+  // alone: a poll takes nothing that producers in other processes write
+  // but the slot it waits on.
   Completion batch[16];
   int polled = 0;
   while (polled < num_entries) {
     size_t want = std::min<size_t>(std::size(batch), static_cast<size_t>(num_entries - polled));
     size_t got;
     {
-      SharedLock lock(record.lock);
-      CompletionRing ring(record.ring,
-                          std::span(state.memory->at<Completion>(record.ring_offset), record.ring.capacity));
+      SharedLock poll_lock(record.ring.consumer.poll_lock);
+      CompletionRing ring(record.ring, std::span(state.memory->at<CompletionSlot>(cq->slots_offset), cq->slot_count));
       got = ring.pop(std::span(batch, want));
     }
     for (size_t i = 0; i < got; ++i) to_ibv_wc(batch[i], wc[polled + static_cast<int>(i)]);

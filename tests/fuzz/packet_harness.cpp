@@ -42,9 +42,9 @@ PacketHarness::PacketHarness() : directory_(make_directory()), arena_(2 * kGuard
   cq_ = memory_->allocate_cq(getpid());
   CqRecord& cq = memory_->shared().cqs[cq_];
   const uint32_t capacity = 1024;
-  cq.ring_offset = memory_->allocate(capacity * sizeof(Completion));
-  cq.ring_bytes = capacity * sizeof(Completion);
-  CompletionRing::initialize(cq.ring, std::span(memory_->at<Completion>(cq.ring_offset), capacity));
+  cq.ring_offset = memory_->allocate(capacity * sizeof(CompletionSlot));
+  cq.ring_bytes = capacity * sizeof(CompletionSlot);
+  CompletionRing::initialize(cq.ring, std::span(memory_->at<CompletionSlot>(cq.ring_offset), capacity));
   for (QpType type : {QpType::Rc, QpType::Uc, QpType::Ud, QpType::Rc}) qp_indices_.push_back(make_qp(type));
   reset_qps();
 }
@@ -234,7 +234,7 @@ bool PacketHarness::feed(std::span<const uint8_t> input) {
   }
   // Consume the completions, and start over once a QP has failed.
   CqRecord& cq = memory_->shared().cqs[cq_];
-  CompletionRing ring(cq.ring, std::span(memory_->at<Completion>(cq.ring_offset), cq.ring.capacity));
+  CompletionRing ring(cq.ring, std::span(memory_->at<CompletionSlot>(cq.ring_offset), cq.ring.consumer.capacity));
   Completion drained[64];
   while (ring.pop(drained) != 0) {
   }
