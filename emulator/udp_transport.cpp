@@ -176,12 +176,6 @@ constexpr size_t kMaxGsoSegments = 64;
 // A batch's first datagram may be as long as this (path MTU 4096 and every
 // header) before the batch is full; kMaxGsoBytes bounds the ones that join.
 constexpr size_t kMaxDatagramForBatch = 4096 + 128;
-// A payload piece this long is sent from where it lies, not copied into the
-// batch (see SendBatch). Shorter ones are copied: a batch of short datagrams
-// whose payloads were pieces of their own cost the kernel more than the
-// copies saved (udp ib_write_bw 1 KiB, pieces from 512 bytes on: 0.68
-// against 0.93 Mmsg/s, medians of 6 alternated pairs).
-constexpr size_t kSentInPlaceFrom = 2048;
 // A packet with at most this much payload is put together whole before it
 // joins the batch (see transmit).
 constexpr size_t kAssembledPayloadUpTo = 256;
@@ -603,19 +597,11 @@ class UdpTransport::Engine : public udp::TransportPort {
     }
   };
   const SendTarget& send_target(const udp::Path& path, uint16_t source_port);
-  // Queues a datagram for sending; consecutive datagrams of one flow and one
-  // size leave together in one UDP GSO send (flush_sends(), at the end of
-  // every engine pass).
-  // Whether the batch may send a long payload piece from where it lies
-  // (the caller's memory stays put for the rest of the engine pass) or
-  // must copy every byte (a buffer of the caller's that goes away).
-  enum class Pieces { Copy, InPlace };
-  void send_bytes(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total,
-                  Pieces pieces = Pieces::Copy);
+  // Queues a datagram for sending (a copy of its bytes); consecutive
+  // datagrams of one flow and one size leave together in one UDP GSO send
+  // (flush_sends(), at the end of every engine pass).
+  void send_bytes(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total);
   void flush_sends();
-  // Gives a batch that waits for the next pass (see kBurstGap) its own copy
-  // of every byte: the memory its pieces point to may change before then.
-  void keep_batch_for_later();
   void send_now(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total, size_t segment);
   void capture(const FlowAddress& flow, std::span<const iovec> parts, size_t total);
   FaultSettings fault_settings() const { return fault_override_ ? *fault_override_ : memory_->shared().faults.load(); }
@@ -712,16 +698,16 @@ class UdpTransport::Engine : public udp::TransportPort {
     size_t count = 0;
     bool closed = false;
     size_t used = 0;  // bytes in all its datagrams
-    // The datagrams, back to back, as the pieces of one sendmsg. Headers,
-    // trailers and short payloads are copied into `copies`; a long payload
-    // piece is sent from where it lies (the application's registered
-    // memory), which spares the sender a copy of every byte: the kernel
-    // copies it anyway. Such a piece must stay put until the send, which
-    // holds within the engine pass that made it; a batch that outlives its
-    // pass (see kBurstGap) first copies such pieces (keep_batch_for_later).
+    // The datagrams, copied back to back into `copies`: one piece for the
+    // kernel to copy. (Long payloads were once sent from where they lay,
+    // the application's registered memory, as pieces of their own between
+    // each packet's header and trailer pieces. The kernel copied those
+    // three pieces a datagram slower than it copies one, more than the
+    // copy into the batch costs: copying, udp ib_write_bw 64 KiB moved
+    // 9% more, higher in 10 of 10 alternated pairs; 4 KiB 17%, 4 of 4;
+    // ib_send_bw 64 KiB 9-47%, 3 of 3.)
     std::vector<iovec> parts = std::vector<iovec>(kMaxBatchParts);
     size_t part_count = 0;
-    bool refers_out = false;  // some part points outside `copies`
     // Sized for a full batch once: never reallocated while parts point in.
     std::vector<uint8_t> copies = std::vector<uint8_t>(kMaxGsoBytes + kMaxDatagramForBatch);
     size_t copied = 0;
@@ -1557,10 +1543,7 @@ bool UdpTransport::Engine::after_work(Acks acks, Sends sends) {
       after_work(Acks::Hold);
     });
   }
-  if (sends == Sends::Now || !batch_can_grow())
-    flush_sends();
-  else
-    keep_batch_for_later();
+  if (sends == Sends::Now || !batch_can_grow()) flush_sends();
   // The io thread must know of a new deadline if it would sleep past it:
   // on its own thread it re-arms its timer, from another it is woken (or,
   // for a distant deadline, the timer is set from here: kArmedFromAnyThread).
@@ -1647,7 +1630,7 @@ const UdpTransport::Engine::SendTarget& UdpTransport::Engine::send_target(const 
 }
 
 void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, std::span<const iovec> parts,
-                                      size_t total, Pieces pieces) {
+                                      size_t total) {
   SendBatch& b = batch_;
   const bool joins = b.count > 0 && fd == b.fd && to.length == b.to.length &&
                      std::memcmp(&to.storage, &b.to.storage, to.length) == 0 && !b.closed && total <= b.segment &&
@@ -1664,11 +1647,6 @@ void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, st
   }
   for (const iovec& part : parts) {
     if (part.iov_len == 0) continue;
-    if (pieces == Pieces::InPlace && part.iov_len >= kSentInPlaceFrom) {
-      b.parts[b.part_count++] = part;
-      b.refers_out = true;
-      continue;
-    }
     uint8_t* copy = b.copies.data() + b.copied;
     std::memcpy(copy, part.iov_base, part.iov_len);
     b.copied += part.iov_len;
@@ -1684,26 +1662,6 @@ void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, st
   if (total < b.segment) b.closed = true;  // only the last segment may be shorter
 }
 
-void UdpTransport::Engine::keep_batch_for_later() {
-  SendBatch& b = batch_;
-  if (!b.refers_out) return;
-  // The pieces may lie anywhere in `copies`: only their order is the
-  // datagrams'. So the ones still outside are copied to its end, where
-  // there is room for them (the batch's bytes fit `copies`).
-  const uint8_t* const begin = b.copies.data();
-  const uint8_t* const end = begin + b.copies.size();
-  for (size_t i = 0; i < b.part_count; ++i) {
-    iovec& part = b.parts[i];
-    const auto* at = static_cast<const uint8_t*>(part.iov_base);
-    if (at >= begin && at < end) continue;
-    uint8_t* copy = b.copies.data() + b.copied;
-    std::memcpy(copy, at, part.iov_len);
-    b.copied += part.iov_len;
-    part.iov_base = copy;
-  }
-  b.refers_out = false;
-}
-
 void UdpTransport::Engine::flush_sends() {
   SendBatch& b = batch_;
   if (b.count == 0) return;
@@ -1715,7 +1673,6 @@ void UdpTransport::Engine::flush_sends() {
   b.used = 0;
   b.part_count = 0;
   b.copied = 0;
-  b.refers_out = false;
 }
 
 UdpTransport::Engine::PlainSend UdpTransport::Engine::send_plain(int fd, SendPeer& peer, const iovec& piece,
@@ -1852,10 +1809,6 @@ void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint3
   SmallVector<iovec, limits::kMaxSge + 4> parts;
   std::array<uint8_t, 3 + kIcrcBytes> trailer{};
   std::array<uint8_t, kMaxHeaderBytes + kAssembledPayloadUpTo + 3 + kIcrcBytes> assembled;
-  // These buffers die with this call, so send_bytes must copy them, which it
-  // does for every piece shorter than kSentInPlaceFrom.
-  static_assert(sizeof assembled < kSentInPlaceFrom && kMaxHeaderBytes < kSentInPlaceFrom,
-                "a packet's own header, trailer or assembled bytes would be sent in place");
   if (payload_length <= kAssembledPayloadUpTo) {
     // A short packet is put together in one buffer: one CRC pass over it
     // and one piece for the send batch to copy, where the pieces each cost
@@ -1893,7 +1846,7 @@ void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint3
   FaultDecision decision = qp.faults.decide(settings);
   if (!settings.any() || (decision.action == FaultAction::Deliver && !decision.corrupt)) {
     if (capturing) capture(flow, parts, total);
-    send_bytes(fd, to, parts, total, Pieces::InPlace);
+    send_bytes(fd, to, parts, total);
   } else if (decision.action == FaultAction::Drop) {
     counters().add(Counter::FaultsDropped);
   } else {
