@@ -247,11 +247,27 @@ TEST_F(MrTable, UnlockedChecksNeverSeeHalfAChange) {
   EXPECT_GT(saw_b.load(), 0u);
 }
 
-TEST(CompletionRing, FifoOrderAndWrapAround) {
+// A ring over storage of its own, `slots` entries long.
+struct TestRing {
+  explicit TestRing(size_t slots) : storage(slots) { CompletionRing::initialize(header, storage); }
   CompletionRingHeader header;
-  std::vector<CompletionSlot> storage(4);
-  CompletionRing::initialize(header, storage);
-  CompletionRing ring(header, storage);
+  std::vector<CompletionSlot> storage;
+  CompletionRing ring{header, storage};
+};
+
+// Pushes entries wr_id first..first+count-1, alternately of QP 0 and QP 1.
+void push_alternating(CompletionRing& ring, uint64_t first, uint64_t count) {
+  for (uint64_t i = first; i < first + count; ++i) {
+    Completion c;
+    c.wr_id = i;
+    c.qp_num = static_cast<uint32_t>(i % 2);
+    ASSERT_TRUE(ring.push(c)) << "entry " << i;
+  }
+}
+
+TEST(CompletionRing, FifoOrderAndWrapAround) {
+  TestRing test_ring(4);
+  CompletionRing& ring = test_ring.ring;
   std::vector<Completion> out(3);
   uint64_t next_expected = 0;
   for (uint64_t round = 0; round < 5; ++round) {
@@ -268,10 +284,8 @@ TEST(CompletionRing, FifoOrderAndWrapAround) {
 }
 
 TEST(CompletionRing, OverflowIsReportedNeverOverwritten) {
-  CompletionRingHeader header;
-  std::vector<CompletionSlot> storage(2);
-  CompletionRing::initialize(header, storage);
-  CompletionRing ring(header, storage);
+  TestRing test_ring(2);
+  CompletionRing& ring = test_ring.ring;
   Completion c;
   c.wr_id = 1;
   ASSERT_TRUE(ring.push(c));
@@ -287,20 +301,12 @@ TEST(CompletionRing, OverflowIsReportedNeverOverwritten) {
 }
 
 TEST(CompletionRing, RemoveIfKeepsTheOthersInOrder) {
-  CompletionRingHeader header;
-  std::vector<CompletionSlot> storage(4);
-  CompletionRing::initialize(header, storage);
-  CompletionRing ring(header, storage);
-  Completion c;
-  for (uint64_t i = 0; i < 6; ++i) {  // wraps: pop two first
-    c.wr_id = i;
-    c.qp_num = static_cast<uint32_t>(i % 2);
-    if (i == 4) {
-      std::vector<Completion> two(2);
-      ASSERT_EQ(ring.pop(two), 2u);
-    }
-    ASSERT_TRUE(ring.push(c));
-  }
+  TestRing test_ring(4);
+  CompletionRing& ring = test_ring.ring;
+  push_alternating(ring, 0, 4);
+  std::vector<Completion> two(2);  // the next two wrap
+  ASSERT_EQ(ring.pop(two), 2u);
+  push_alternating(ring, 4, 2);
   EXPECT_EQ(ring.remove_if([](const Completion& e) { return e.qp_num == 1; }), 2u);
   std::vector<Completion> out(4);
   ASSERT_EQ(ring.pop(out), 2u);
@@ -309,17 +315,11 @@ TEST(CompletionRing, RemoveIfKeepsTheOthersInOrder) {
 }
 
 TEST(CompletionRing, PushesAfterARemovalFollowTheKeptEntries) {
-  CompletionRingHeader header;
-  std::vector<CompletionSlot> storage(4);
-  CompletionRing::initialize(header, storage);
-  CompletionRing ring(header, storage);
-  Completion c;
-  for (uint64_t i = 0; i < 4; ++i) {
-    c.wr_id = i;
-    c.qp_num = static_cast<uint32_t>(i % 2);
-    ASSERT_TRUE(ring.push(c));
-  }
+  TestRing test_ring(4);
+  CompletionRing& ring = test_ring.ring;
+  push_alternating(ring, 0, 4);
   EXPECT_EQ(ring.remove_if([](const Completion& e) { return e.qp_num == 1; }), 2u);
+  Completion c;
   c.wr_id = 10;
   ASSERT_TRUE(ring.push(c));
   std::vector<Completion> out(8);
@@ -333,13 +333,12 @@ TEST(CompletionRing, PushesAfterARemovalFollowTheKeptEntries) {
 // does while producers in others push: every entry arrives once, in order,
 // whole, through many laps of a small ring.
 TEST(CompletionRing, ConsumerWithoutTheProducersLockSeesEveryEntryWhole) {
-  CompletionRingHeader header;
-  std::vector<CompletionSlot> storage(8);
-  CompletionRing::initialize(header, storage);
+  TestRing test_ring(8);
+  CompletionRingHeader& header = test_ring.header;
   constexpr uint64_t kEntries = 200000;
   std::atomic<uint64_t> full_retries{0};
   std::thread producer([&] {
-    CompletionRing ring(header, storage);
+    CompletionRing ring(header, test_ring.storage);
     for (uint64_t i = 0; i < kEntries; ++i) {
       Completion c;
       c.wr_id = i;
@@ -353,7 +352,7 @@ TEST(CompletionRing, ConsumerWithoutTheProducersLockSeesEveryEntryWhole) {
       }
     }
   });
-  CompletionRing ring(header, storage);
+  CompletionRing& ring = test_ring.ring;
   uint64_t next = 0, torn = 0, out_of_order = 0;
   std::vector<Completion> out(5);
   while (next < kEntries) {
