@@ -972,10 +972,10 @@ TEST(UdpPeer, SendsWhatABurstLeftWaitingWhenTheApplicationStopsCallingVerbs) {
 
 // The packets a burst leaves waiting in the send batch (as in the test
 // above) are sent later, by the io thread: the batch must hold its own copy
-// of their bytes by then. Long payloads are sent from the application's
-// registered memory within the engine pass that builds them; a batch that
-// outlives its pass must have copied them, or a region deregistered and
-// reused right after the posts would be read afterwards. Here the source of
+// of their bytes by then (it copies every packet as it joins; payloads were
+// once sent from the application's registered memory), or a region
+// deregistered and reused right after the posts would be read afterwards.
+// Here the source of
 // the waiting WRITE is overwritten at once, with no verbs call: the peer
 // must get the bytes as they were at the post. (Had the batch pointed at
 // the source, its packet would carry the new bytes under the old ICRC: the
@@ -983,7 +983,7 @@ TEST(UdpPeer, SendsWhatABurstLeftWaitingWhenTheApplicationStopsCallingVerbs) {
 // with the new bytes.)
 TEST(UdpPeer, ASourceOverwrittenAfterABurstStillSendsWhatWasPosted) {
   constexpr uint8_t kTimeout = 18;  // 1.07 s: far beyond the io thread's look
-  constexpr size_t kBytes = 2048;   // long enough to be sent in place
+  constexpr size_t kBytes = 2048;   // as long as the payloads once sent in place
   constexpr size_t kSecond = 4096;  // the second WRITE's offset
   // Whether a post is left waiting depends on whether the io thread has
   // stepped aside by then, which it does in most rounds, not all.
