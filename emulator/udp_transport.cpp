@@ -179,9 +179,6 @@ constexpr size_t kMaxDatagramForBatch = 4096 + 128;
 // A packet with at most this much payload is put together whole before it
 // joins the batch (see transmit).
 constexpr size_t kAssembledPayloadUpTo = 256;
-// Pieces of one GSO send: a header, up to kMaxSge payload pieces and a
-// trailer per datagram. Within the kernel's limit (IOV_MAX, 1024).
-constexpr size_t kMaxBatchParts = 1024;
 
 // A file descriptor that closes itself.
 class Fd {
@@ -698,19 +695,15 @@ class UdpTransport::Engine : public udp::TransportPort {
     size_t count = 0;
     bool closed = false;
     size_t used = 0;  // bytes in all its datagrams
-    // The datagrams, copied back to back into `copies`: one piece for the
-    // kernel to copy. (Long payloads were once sent from where they lay,
-    // the application's registered memory, as pieces of their own between
-    // each packet's header and trailer pieces. The kernel copied those
-    // three pieces a datagram slower than it copies one, more than the
-    // copy into the batch costs: copying, udp ib_write_bw 64 KiB moved
-    // 9% more, higher in 10 of 10 alternated pairs; 4 KiB 17%, 4 of 4;
-    // ib_send_bw 64 KiB 9-47%, 3 of 3.)
-    std::vector<iovec> parts = std::vector<iovec>(kMaxBatchParts);
-    size_t part_count = 0;
-    // Sized for a full batch once: never reallocated while parts point in.
+    // The datagrams, copied back to back into `copies` (its first `used`
+    // bytes): one piece for the kernel to copy. (Long payloads were once
+    // sent from where they lay, the application's registered memory, as
+    // pieces of their own between each packet's header and trailer pieces.
+    // The kernel copied those three pieces a datagram slower than it
+    // copies one, more than the copy into the batch costs: copying, udp
+    // ib_write_bw 64 KiB moved 9% more, higher in 10 of 10 alternated
+    // pairs; 4 KiB 17%, 4 of 4; ib_send_bw 64 KiB 9-47%, 3 of 3.)
     std::vector<uint8_t> copies = std::vector<uint8_t>(kMaxGsoBytes + kMaxDatagramForBatch);
-    size_t copied = 0;
   };
   SendBatch batch_;
   // Whether another datagram of the batch's size could join it.
@@ -1635,7 +1628,7 @@ void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, st
   const bool joins = b.count > 0 && fd == b.fd && to.length == b.to.length &&
                      std::memcmp(&to.storage, &b.to.storage, to.length) == 0 && !b.closed && total <= b.segment &&
                      b.used + total <= kMaxGsoBytes && b.count < kMaxGsoSegments && gso_ok_ &&
-                     b.part_count + parts.size() <= kMaxBatchParts && b.copied + total <= b.copies.size();
+                     b.used + total <= b.copies.size();
   if (!joins) flush_sends();
   if (b.count == 0) {
     b.fd = fd;
@@ -1643,19 +1636,12 @@ void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, st
     b.segment = total;
     // Only a datagram longer than any path MTU makes could need more room.
     if (total > b.copies.size()) b.copies.resize(total);
-    if (parts.size() > b.parts.size()) b.parts.resize(parts.size());
   }
+  uint8_t* at = b.copies.data() + b.used;
   for (const iovec& part : parts) {
-    if (part.iov_len == 0) continue;
-    uint8_t* copy = b.copies.data() + b.copied;
-    std::memcpy(copy, part.iov_base, part.iov_len);
-    b.copied += part.iov_len;
-    // Back to back with the last copy (a trailer and the next header): one piece.
-    iovec* last = b.part_count > 0 ? &b.parts[b.part_count - 1] : nullptr;
-    if (last != nullptr && static_cast<uint8_t*>(last->iov_base) + last->iov_len == copy)
-      last->iov_len += part.iov_len;
-    else
-      b.parts[b.part_count++] = {copy, part.iov_len};
+    if (part.iov_len == 0) continue;  // its base may be null
+    std::memcpy(at, part.iov_base, part.iov_len);
+    at += part.iov_len;
   }
   b.used += total;
   ++b.count;
@@ -1665,14 +1651,13 @@ void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, st
 void UdpTransport::Engine::flush_sends() {
   SendBatch& b = batch_;
   if (b.count == 0) return;
-  send_now(b.fd, b.to, std::span(b.parts.data(), b.part_count), b.used, b.count > 1 ? b.segment : 0);
+  const iovec whole{b.copies.data(), b.used};
+  send_now(b.fd, b.to, std::span(&whole, 1), b.used, b.count > 1 ? b.segment : 0);
   counters().add(Counter::TxPackets, b.count);
   counters().add(Counter::TxBytes, b.used);
   b.count = 0;
   b.closed = false;
   b.used = 0;
-  b.part_count = 0;
-  b.copied = 0;
 }
 
 UdpTransport::Engine::PlainSend UdpTransport::Engine::send_plain(int fd, SendPeer& peer, const iovec& piece,
