@@ -193,7 +193,6 @@ struct ProviderCq {
   // Where the ring's slots are, for polls: the record's copy is on the
   // producers' cache line. Under the ring's poll lock.
   uint64_t slots_offset = 0;
-  uint32_t slot_count = 0;
 };
 
 ProviderCq* to_cq(ibv_cq* cq) { return reinterpret_cast<ProviderCq*>(cq); }
@@ -233,7 +232,6 @@ ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* ch
   cq->verbs.cq.cqe = static_cast<int>(capacity);
   cq->verbs.cq.handle = static_cast<uint32_t>(index);
   cq->slots_offset = ring;
-  cq->slot_count = capacity;
   CqRecord& record = memory.shared().cqs[index];
   {
     SharedLock poll_lock(record.ring.consumer.poll_lock);
@@ -253,14 +251,20 @@ ibv_cq* create_cq(ibv_context* context, int cqe, ibv_comp_channel* channel, int 
   return cq ? &cq->verbs.cq : nullptr;
 }
 
-// Pops the oldest completion of `cq` into `out`; false if there is none.
-bool pop_completion(ProviderCq* cq, Completion& out) {
-  ContextState& state = state_of(cq->verbs.cq.context);
-  CqRecord& record = state.memory->shared().cqs[cq->index];
-  SharedLock poll_lock(record.ring.consumer.poll_lock);
-  CompletionRing ring(record.ring, std::span(state.memory->at<CompletionSlot>(cq->slots_offset), cq->slot_count));
-  return ring.pop(std::span(&out, 1)) == 1;
+// Pops up to out.size() of the oldest completions of `cq`; returns how many.
+// The poll lock and the consumer's half of the ring are this process's
+// alone: a poll takes nothing that producers in other processes write but
+// the slot it waits on.
+size_t pop_completions(ProviderCq* cq, std::span<Completion> out) {
+  DeviceMemory& memory = *state_of(cq->verbs.cq.context).memory;
+  CompletionRingHeader& header = memory.shared().cqs[cq->index].ring;
+  SharedLock poll_lock(header.consumer.poll_lock);
+  CompletionRing ring(header, std::span(memory.at<CompletionSlot>(cq->slots_offset), header.consumer.capacity));
+  return ring.pop(out);
 }
+
+// Pops the oldest completion of `cq` into `out`; false if there is none.
+bool pop_completion(ProviderCq* cq, Completion& out) { return pop_completions(cq, std::span(&out, 1)) == 1; }
 
 // ibv_cq_ex: start/next/end_poll walk the ring one entry at a time; the
 // read_* getters read the current entry.
@@ -360,7 +364,8 @@ int resize_cq(ibv_cq* ibv, int cqe) {
   {
     SharedLock poll_lock(record.ring.consumer.poll_lock);
     SharedLock lock(record.lock);
-    CompletionRing old(record.ring, std::span(state.memory->at<CompletionSlot>(record.ring_offset), cq->slot_count));
+    CompletionRing old(record.ring,
+                       std::span(state.memory->at<CompletionSlot>(record.ring_offset), record.ring.producer.capacity));
     const size_t waiting = old.size();
     if (waiting > capacity) {
       state.memory->release(ring, bytes);
@@ -379,7 +384,6 @@ int resize_cq(ibv_cq* ibv, int cqe) {
     record.ring_offset = ring;
     record.ring_bytes = bytes;
     cq->slots_offset = ring;
-    cq->slot_count = capacity;
   }
   state.memory->release(old_ring, old_bytes);
   ibv->cqe = static_cast<int>(capacity);
@@ -416,21 +420,11 @@ int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
   ContextState& state = state_of(ibv->context);
   progress_deferred_sends(state);
   if (UdpTransport* udp = state.udp_running.load(std::memory_order_acquire)) udp->drive();
-  ProviderCq* cq = to_cq(ibv);
-  CqRecord& record = state.memory->shared().cqs[cq->index];
-  // The poll lock and the consumer's half of the ring are this process's
-  // alone: a poll takes nothing that producers in other processes write
-  // but the slot it waits on.
   Completion batch[16];
   int polled = 0;
   while (polled < num_entries) {
     size_t want = std::min<size_t>(std::size(batch), static_cast<size_t>(num_entries - polled));
-    size_t got;
-    {
-      SharedLock poll_lock(record.ring.consumer.poll_lock);
-      CompletionRing ring(record.ring, std::span(state.memory->at<CompletionSlot>(cq->slots_offset), cq->slot_count));
-      got = ring.pop(std::span(batch, want));
-    }
+    size_t got = pop_completions(to_cq(ibv), std::span(batch, want));
     for (size_t i = 0; i < got; ++i) to_ibv_wc(batch[i], wc[polled + static_cast<int>(i)]);
     polled += static_cast<int>(got);
     if (got < want) break;
