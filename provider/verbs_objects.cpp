@@ -373,12 +373,10 @@ int resize_cq(ibv_cq* ibv, int cqe) {
     }
     std::vector<Completion> moving(waiting);
     old.pop(moving);
-    const bool overflowed = old.overflowed();
     std::span<CompletionSlot> slots(state.memory->at<CompletionSlot>(ring), capacity);
     CompletionRing::initialize(record.ring, slots);
     CompletionRing grown(record.ring, slots);
     for (const Completion& completion : moving) grown.push(completion);
-    record.ring.producer.overflowed = overflowed;
     old_ring = record.ring_offset;
     old_bytes = record.ring_bytes;
     record.ring_offset = ring;
