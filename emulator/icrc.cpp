@@ -9,6 +9,7 @@
 #include <bit>
 #include <cstring>
 
+#include "crc32_fold.h"
 #include "roce_headers.h"
 
 namespace softverbs::wire {
@@ -90,7 +91,25 @@ uint32_t crc32_sliced(uint32_t crc, const uint8_t* data, size_t length) {
 
 static_assert(std::endian::native == std::endian::little, "crc32_sliced reads words little-endian");
 
+// From here crc32_fold wins over ISA-L's 128-bit folding (bench/wire_bench,
+// Crc32, on the Zen 3 VM: 512 bytes 54 ns against 43, 1 KiB 70 against 85;
+// its last vector goes through the tables).
+constexpr size_t kFoldFrom = 1024;
+
+// Where the CPU has AVX-512, ISA-L folds 512-bit vectors, twice the width
+// of crc32_fold's: it keeps the long spans there.
+bool use_fold() {
+#ifdef SOFTVERBS_HAVE_ISAL
+  static const bool use =
+      crc32_fold_available() && !(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"));
+#else
+  static const bool use = crc32_fold_available();
+#endif
+  return use;
+}
+
 uint32_t crc32(uint32_t crc, std::span<const uint8_t> bytes) {
+  if (bytes.size() >= kFoldFrom && use_fold()) return crc32_fold(crc, bytes.data(), bytes.size(), nullptr);
   // Both libraries invert before and after (gzip's convention); the calls
   // below undo both to continue a raw register.
   if (bytes.size() < kLibraryFrom) return crc32_sliced(crc, bytes.data(), bytes.size());
@@ -99,6 +118,12 @@ uint32_t crc32(uint32_t crc, std::span<const uint8_t> bytes) {
 #else
   return ~static_cast<uint32_t>(::crc32_z(~crc & 0xffffffffu, bytes.data(), bytes.size()));
 #endif
+}
+
+uint32_t crc32_copy(uint32_t crc, uint8_t* to, std::span<const uint8_t> from) {
+  if (from.size() >= kFoldFrom && use_fold()) return crc32_fold(crc, from.data(), from.size(), to);
+  std::memcpy(to, from.data(), from.size());
+  return crc32(crc, from);
 }
 
 namespace {

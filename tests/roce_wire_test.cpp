@@ -2,11 +2,13 @@
 // the IP/UDP framing around it, fault injection settings and decisions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
 
 #include "coalesced_read.h"
+#include "crc32_fold.h"
 #include "fault_injection.h"
 #include "icrc.h"
 #include "roce_headers.h"
@@ -349,23 +351,68 @@ TEST(Icrc, Crc32IsTheStandardOne) {
   EXPECT_EQ(~crc32(0xffffffffu, text), 0xcbf43926u);
 }
 
+namespace {
+
+uint32_t bitwise_crc32(uint32_t crc, std::span<const uint8_t> bytes) {
+  for (uint8_t byte : bytes) {
+    crc ^= byte;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc & 1) ? 0xedb88320u ^ (crc >> 1) : crc >> 1;
+  }
+  return crc;
+}
+
+std::vector<uint8_t> crc_test_data(size_t size) {
+  std::vector<uint8_t> data(size);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 37 + 11 + (i >> 8));
+  return data;
+}
+
+}  // namespace
+
 TEST(Icrc, Crc32AgreesWithTheBitwiseDefinitionAtEveryLengthAndStart) {
-  // The table-driven steps (eight bytes, then four, then single ones) and the
-  // library above kLibraryFrom, against the polynomial applied bit by bit.
-  const auto bitwise = [](uint32_t crc, std::span<const uint8_t> bytes) {
-    for (uint8_t byte : bytes) {
-      crc ^= byte;
-      for (int bit = 0; bit < 8; ++bit) crc = (crc & 1) ? 0xedb88320u ^ (crc >> 1) : crc >> 1;
-    }
-    return crc;
-  };
-  std::vector<uint8_t> data(200);
-  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 37 + 11);
+  // The table-driven steps (eight bytes, then four, then single ones), the
+  // library above kLibraryFrom and the 256-bit folding (crc32_fold.h, where
+  // the CPU has it) from kFoldFrom: its rounds of 128 bytes, its vectors of
+  // 32 after them and the bytes after those, against the polynomial applied
+  // bit by bit.
+  const std::vector<uint8_t> data = crc_test_data(1300);
   for (size_t start = 0; start < 8; ++start)
     for (size_t length = 0; start + length <= data.size(); ++length) {
       const auto bytes = std::span<const uint8_t>(data).subspan(start, length);
-      ASSERT_EQ(crc32(0x12345678u, bytes), bitwise(0x12345678u, bytes)) << "start " << start << " length " << length;
+      ASSERT_EQ(crc32(0x12345678u, bytes), bitwise_crc32(0x12345678u, bytes))
+          << "start " << start << " length " << length;
     }
+}
+
+TEST(Icrc, Crc32CopyCopiesExactlyAndAgreesWithCrc32) {
+  const std::vector<uint8_t> data = crc_test_data(9000);
+  for (size_t length : {0, 1, 100, 255, 256, 1023, 1024, 1025, 1151, 4096, 4099, 8999}) {
+    for (size_t start : {0, 3}) {
+      const auto bytes = std::span<const uint8_t>(data).subspan(start, length);
+      std::vector<uint8_t> out(length + 64, 0xee);
+      const uint32_t crc = crc32_copy(0xffffffffu, out.data() + 32, bytes);
+      EXPECT_EQ(crc, bitwise_crc32(0xffffffffu, bytes)) << "length " << length << " start " << start;
+      EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), out.begin() + 32)) << "length " << length;
+      EXPECT_TRUE(std::all_of(out.begin(), out.begin() + 32, [](uint8_t b) { return b == 0xee; }));
+      EXPECT_TRUE(std::all_of(out.end() - 32, out.end(), [](uint8_t b) { return b == 0xee; })) << "length " << length;
+    }
+  }
+}
+
+TEST(Icrc, FoldedCrc32AgreesAtPacketSizes) {
+  if (!crc32_fold_available()) GTEST_SKIP() << "this CPU has no VPCLMULQDQ with AVX2";
+  const std::vector<uint8_t> data = crc_test_data(65536 + 64);
+  for (size_t start = 0; start < 4; ++start)
+    for (size_t length = kFoldMinimum; length <= 700; ++length) {
+      const auto bytes = std::span<const uint8_t>(data).subspan(start, length);
+      ASSERT_EQ(crc32_fold(0x12345678u, bytes.data(), length, nullptr), bitwise_crc32(0x12345678u, bytes))
+          << "start " << start << " length " << length;
+    }
+  for (size_t length : {4096, 4112, 4128, 65536}) {
+    const auto bytes = std::span<const uint8_t>(data).subspan(5, length);
+    EXPECT_EQ(crc32_fold(0x0u, bytes.data(), length, nullptr), bitwise_crc32(0x0u, bytes)) << "length " << length;
+    EXPECT_EQ(crc32_fold(0xdeadbeefu, bytes.data(), length, nullptr), bitwise_crc32(0xdeadbeefu, bytes));
+  }
 }
 
 TEST(RocePacket, FlowSourcePortsUseTheTopQuarterAndSpread) {

@@ -1,0 +1,138 @@
+#include "crc32_fold.h"
+
+#include <array>
+#include <cstring>
+#include <span>
+
+#include "icrc.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace softverbs::wire {
+
+#if defined(__x86_64__)
+
+namespace {
+
+// Folding: the CRC of A followed by B, where A is 16 bytes and B at least
+// 16, is the CRC of B with A * x^(8 |B|) mod P added into its first 16
+// bytes. For a 16-byte lane whose halves are H (first 8 bytes) and L, that
+// is H * x^(8d + 32) + L * x^(8d - 32) mod P, where d is how far ahead the
+// lane it folds into lies; each product is a 64 x 33-bit carry-less
+// multiplication whose result fits the lane. The constants are x^n mod P,
+// bit-reflected as the data is, and shifted left by one because the
+// product of two reflected operands comes out one bit short.
+constexpr uint64_t kPolynomial = 0x104c11db7;
+
+constexpr uint64_t reflected_power(unsigned n) {
+  uint64_t remainder = 1;
+  for (unsigned i = 0; i < n; ++i) {
+    remainder <<= 1;
+    if (remainder & (uint64_t{1} << 32)) remainder ^= kPolynomial;
+  }
+  uint64_t reflected = 0;
+  for (unsigned bit = 0; bit < 32; ++bit)
+    if (remainder & (uint64_t{1} << bit)) reflected |= uint64_t{1} << (31 - bit);
+  return reflected << 1;
+}
+
+// The two constants for a fold `bytes` ahead, as the two halves of a lane.
+struct FoldConstants {
+  uint64_t first_half;   // times the lane's first 8 bytes
+  uint64_t second_half;  // times its last 8
+};
+constexpr FoldConstants fold_by(unsigned bytes) {
+  return {reflected_power(8 * bytes + 32), reflected_power(8 * bytes - 32)};
+}
+// Known values from the literature (Intel's "Fast CRC Computation Using
+// PCLMULQDQ", fold by 16 and by 64 bytes) check the derivation.
+static_assert(fold_by(16).first_half == 0x1751997d0 && fold_by(16).second_half == 0x0ccaa009e);
+static_assert(fold_by(64).first_half == 0x154442bd4 && fold_by(64).second_half == 0x1c6e41596);
+
+constexpr size_t kVector = 32;
+constexpr size_t kVectors = 4;
+constexpr size_t kRound = kVector * kVectors;
+static_assert(kRound == kFoldMinimum);
+
+[[gnu::target("avx2,pclmul,vpclmulqdq")]] inline __m256i constants(FoldConstants c) {
+  return _mm256_set_epi64x(static_cast<long long>(c.second_half), static_cast<long long>(c.first_half),
+                           static_cast<long long>(c.second_half), static_cast<long long>(c.first_half));
+}
+
+// Both lanes of `lanes` folded `constants`' distance ahead, added to `ahead`.
+[[gnu::target("avx2,pclmul,vpclmulqdq")]] inline __m256i fold(__m256i lanes, __m256i constants, __m256i ahead) {
+  const __m256i first = _mm256_clmulepi64_epi128(lanes, constants, 0x00);
+  const __m256i second = _mm256_clmulepi64_epi128(lanes, constants, 0x11);
+  return _mm256_xor_si256(_mm256_xor_si256(first, second), ahead);
+}
+
+// The 32 bytes at `offset`, stored at the same offset of `copy_to` as well
+// when kCopy.
+template <bool kCopy>
+[[gnu::target("avx2,pclmul,vpclmulqdq")]] inline __m256i read(const uint8_t* data, uint8_t* copy_to, size_t offset) {
+  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + offset));
+  if constexpr (kCopy) _mm256_storeu_si256(reinterpret_cast<__m256i*>(copy_to + offset), bytes);
+  return bytes;
+}
+
+// Two loops, one that copies and one that does not, so that neither tests
+// for the copy in its body.
+template <bool kCopy>
+[[gnu::target("avx2,pclmul,vpclmulqdq")]] uint32_t fold_all(uint32_t crc, const uint8_t* data, size_t length,
+                                                            uint8_t* copy_to) {
+  // The register joins the first four bytes; from there on the CRC of
+  // what the vectors hold, followed by the bytes not yet read, is the
+  // CRC of everything (with a register of zero).
+  __m256i v0 =
+      _mm256_xor_si256(read<kCopy>(data, copy_to, 0), _mm256_set_epi32(0, 0, 0, 0, 0, 0, 0, static_cast<int>(crc)));
+  __m256i v1 = read<kCopy>(data, copy_to, 32);
+  __m256i v2 = read<kCopy>(data, copy_to, 64);
+  __m256i v3 = read<kCopy>(data, copy_to, 96);
+  size_t at = kRound;
+  const __m256i by_round = constants(fold_by(kRound));
+  for (; at + kRound <= length; at += kRound) {
+    v0 = fold(v0, by_round, read<kCopy>(data, copy_to, at));
+    v1 = fold(v1, by_round, read<kCopy>(data, copy_to, at + 32));
+    v2 = fold(v2, by_round, read<kCopy>(data, copy_to, at + 64));
+    v3 = fold(v3, by_round, read<kCopy>(data, copy_to, at + 96));
+  }
+  const __m256i by_vector = constants(fold_by(kVector));
+  v1 = fold(v0, by_vector, v1);
+  v2 = fold(v1, by_vector, v2);
+  v3 = fold(v2, by_vector, v3);
+  for (; at + kVector <= length; at += kVector) v3 = fold(v3, by_vector, read<kCopy>(data, copy_to, at));
+  std::array<uint8_t, kVector> last;
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(last.data()), v3);
+  crc = crc32(0, last);
+  if (at < length) {
+    if constexpr (kCopy) std::memcpy(copy_to + at, data + at, length - at);
+    crc = crc32(crc, std::span(data + at, length - at));
+  }
+  return crc;
+}
+
+}  // namespace
+
+bool crc32_fold_available() {
+  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("vpclmulqdq");
+  return available;
+}
+
+uint32_t crc32_fold(uint32_t crc, const uint8_t* data, size_t length, uint8_t* copy_to) {
+  return copy_to != nullptr ? fold_all<true>(crc, data, length, copy_to) : fold_all<false>(crc, data, length, nullptr);
+}
+
+#else
+
+bool crc32_fold_available() { return false; }
+
+uint32_t crc32_fold(uint32_t crc, const uint8_t* data, size_t length, uint8_t* copy_to) {
+  if (copy_to != nullptr) std::memcpy(copy_to, data, length);
+  return crc32(crc, std::span(data, length));
+}
+
+#endif
+
+}  // namespace softverbs::wire
