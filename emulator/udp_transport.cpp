@@ -176,8 +176,9 @@ constexpr size_t kMaxGsoSegments = 64;
 // A batch's first datagram may be as long as this (path MTU 4096 and every
 // header) before the batch is full; kMaxGsoBytes bounds the ones that join.
 constexpr size_t kMaxDatagramForBatch = 4096 + 128;
-// A packet with at most this much payload is put together whole before it
-// joins the batch (see transmit).
+// A packet with at most this much payload is put together whole and then
+// checksummed in one pass; a longer one's payload is copied by its CRC pass
+// (see write_packet).
 constexpr size_t kAssembledPayloadUpTo = 256;
 
 // A file descriptor that closes itself.
@@ -597,17 +598,14 @@ class UdpTransport::Engine : public udp::TransportPort {
   // Queues a datagram for sending (a copy of its bytes); consecutive
   // datagrams of one flow and one size leave together in one UDP GSO send
   // (flush_sends(), at the end of every engine pass).
-  void send_bytes(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total);
+  void send_bytes(int fd, const SocketAddressStorage& to, std::span<const uint8_t> datagram);
   // The room for a datagram of `total` bytes at the end of the send batch,
   // which the caller fills (send_bytes copies into it; transmit writes a
   // long packet there itself, copying its payload as it computes the ICRC).
   uint8_t* batch_room(int fd, const SocketAddressStorage& to, size_t total);
-  // A packet of `qpn` held back for reordering (fault injection) goes out
-  // after the one that overtook it.
-  void release_held_packet(uint32_t qpn);
   void flush_sends();
   void send_now(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total, size_t segment);
-  void capture(const FlowAddress& flow, std::span<const iovec> parts, size_t total);
+  void capture(const FlowAddress& flow, std::span<const uint8_t> datagram);
   FaultSettings fault_settings() const { return fault_override_ ? *fault_override_ : memory_->shared().faults.load(); }
   udp::UdpQp* find(uint32_t qpn) {
     auto it = qps_.find(qpn);
@@ -1327,8 +1325,7 @@ void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<co
   if (!forwarded) {
     // A packet from one of our own addresses was captured when it was sent.
     if (memory_->shared().capture.active.load(std::memory_order_relaxed) && !is_local_address(flow.source)) {
-      iovec whole{const_cast<uint8_t*>(datagram.data()), datagram.size()};
-      capture(flow, std::span(&whole, 1), datagram.size());
+      capture(flow, datagram);
     }
   }
   if (datagram.size() < kBthBytes + kIcrcBytes) {
@@ -1463,16 +1460,14 @@ bool UdpTransport::Engine::after_work(Acks acks, Sends sends) {
     if (delayed_[i].due <= now) {
       Delayed item = std::move(delayed_[i]);
       delayed_.erase(delayed_.begin() + static_cast<std::ptrdiff_t>(i));
-      iovec whole{item.bytes.data(), item.bytes.size()};
-      send_bytes(item.fd, item.to, std::span(&whole, 1), item.bytes.size());
+      send_bytes(item.fd, item.to, item.bytes);
     } else {
       ++i;
     }
   }
   for (auto it = held_.begin(); it != held_.end();) {
     if (it->second.due <= now) {
-      iovec whole{it->second.bytes.data(), it->second.bytes.size()};
-      send_bytes(it->second.fd, it->second.to, std::span(&whole, 1), it->second.bytes.size());
+      send_bytes(it->second.fd, it->second.to, it->second.bytes);
       it = held_.erase(it);
     } else {
       ++it;
@@ -1629,14 +1624,8 @@ const UdpTransport::Engine::SendTarget& UdpTransport::Engine::send_target(const 
   return last_target_;
 }
 
-void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, std::span<const iovec> parts,
-                                      size_t total) {
-  uint8_t* at = batch_room(fd, to, total);
-  for (const iovec& part : parts) {
-    if (part.iov_len == 0) continue;  // its base may be null
-    std::memcpy(at, part.iov_base, part.iov_len);
-    at += part.iov_len;
-  }
+void UdpTransport::Engine::send_bytes(int fd, const SocketAddressStorage& to, std::span<const uint8_t> datagram) {
+  std::memcpy(batch_room(fd, to, datagram.size()), datagram.data(), datagram.size());
 }
 
 uint8_t* UdpTransport::Engine::batch_room(int fd, const SocketAddressStorage& to, size_t total) {
@@ -1757,7 +1746,7 @@ void UdpTransport::Engine::send_now(int fd, const SocketAddressStorage& to, std:
   counters().add(Counter::SendErrors);
 }
 
-void UdpTransport::Engine::capture(const FlowAddress& flow, std::span<const iovec> parts, size_t total) {
+void UdpTransport::Engine::capture(const FlowAddress& flow, std::span<const uint8_t> datagram) {
   CaptureControl& control = memory_->shared().capture;
   uint32_t generation = control.generation.load(std::memory_order_acquire);
   if (generation != capture_generation_) {
@@ -1772,14 +1761,46 @@ void UdpTransport::Engine::capture(const FlowAddress& flow, std::span<const iove
     }
   }
   if (capture_fd_ < 0) return;
-  std::vector<uint8_t> datagram;
-  datagram.reserve(total);
-  for (const iovec& part : parts) {
-    const auto* bytes = static_cast<const uint8_t*>(part.iov_base);
-    datagram.insert(datagram.end(), bytes, bytes + part.iov_len);
-  }
   append_pcap_record(capture_fd_, ip_packet(flow, datagram));
 }
+
+namespace {
+
+// Writes a packet whole at `out` (its header, payload, pad and ICRC;
+// `headers_crc` covers the masked IP and UDP headers).
+void write_packet(uint8_t* out, std::span<const uint8_t> header, std::span<const iovec> payload, size_t payload_length,
+                  size_t pad, uint32_t headers_crc) {
+  std::memcpy(out, header.data(), header.size());
+  uint8_t* at = out + header.size();
+  if (payload_length <= kAssembledPayloadUpTo) {
+    // A short packet (an ACK, ib_write_lat's WRITEs) is checksummed in one
+    // pass over it once it is put together, where a call per piece and
+    // each piece's tail of single bytes would cost more.
+    for (const iovec& piece : payload) {
+      if (piece.iov_len == 0) continue;  // its base may be null
+      std::memcpy(at, piece.iov_base, piece.iov_len);
+      at += piece.iov_len;
+    }
+    std::memset(at, 0, pad);
+    at += pad;
+    store_icrc(~icrc_add_transport(headers_crc, std::span<const uint8_t>(out, static_cast<size_t>(at - out))), at);
+    return;
+  }
+  // A long payload is copied by the pass that computes the ICRC over it:
+  // one read of the application's memory instead of two (udp ib_write_bw
+  // 64 KiB on the 2-core VM, whose sender is the bound: see crc32_fold.h).
+  uint32_t crc = icrc_add_transport(headers_crc, std::span<const uint8_t>(out, header.size()));
+  for (const iovec& piece : payload) {
+    if (piece.iov_len == 0) continue;  // its base may be null
+    crc = crc32_copy(crc, at, std::span(static_cast<const uint8_t*>(piece.iov_base), piece.iov_len));
+    at += piece.iov_len;
+  }
+  std::memset(at, 0, pad);
+  crc = crc32(crc, std::span<const uint8_t>(at, pad));
+  store_icrc(~crc, at + pad);
+}
+
+}  // namespace
 
 void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint32_t destination_qpn,
                                     const TransportPacket& packet, std::span<const iovec> payload) {
@@ -1811,87 +1832,27 @@ void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint3
   FaultDecision decision = qp.faults.decide(settings);
   const bool as_built = !settings.any() || (decision.action == FaultAction::Deliver && !decision.corrupt);
 
-  if (as_built && payload_length > kAssembledPayloadUpTo) {
-    // A long packet is written straight into the send batch, its payload
-    // copied there by the pass that computes the ICRC over it: one read of
-    // the application's memory instead of two. (udp ib_write_bw 64 KiB on
-    // the 2-core VM, whose sender is the bound: see crc32_fold.h.)
-    uint8_t* const start = batch_room(fd, to, total);
-    uint8_t* at = start;
-    std::memcpy(at, header.data(), header_length);
-    uint32_t crc = icrc_add_transport(headers_crc, std::span<const uint8_t>(at, header_length));
-    at += header_length;
-    for (const iovec& piece : payload) {
-      if (piece.iov_len == 0) continue;  // its base may be null
-      crc = crc32_copy(crc, at, std::span(static_cast<const uint8_t*>(piece.iov_base), piece.iov_len));
-      at += piece.iov_len;
-    }
-    std::memset(at, 0, pad);
-    crc = crc32(crc, std::span<const uint8_t>(at, pad));
-    store_icrc(~crc, at + pad);
-    if (capturing) {
-      const iovec whole{start, total};
-      capture(flow, std::span(&whole, 1), total);
-    }
-    release_held_packet(qp.qpn);
-    return;
-  }
-
-  SmallVector<iovec, limits::kMaxSge + 4> parts;
-  std::array<uint8_t, 3 + kIcrcBytes> trailer{};
-  std::array<uint8_t, kMaxHeaderBytes + kAssembledPayloadUpTo + 3 + kIcrcBytes> assembled;
-  if (payload_length <= kAssembledPayloadUpTo) {
-    // A short packet is put together in one buffer: one CRC pass over it
-    // and one piece for the send batch to copy, where the pieces each cost
-    // a call and a tail of single bytes (an ACK, ib_write_lat's WRITEs).
-    uint8_t* at = assembled.data();
-    std::memcpy(at, header.data(), header_length);
-    at += header_length;
-    for (const iovec& piece : payload) {
-      if (piece.iov_len == 0) continue;  // its base may be null
-      std::memcpy(at, piece.iov_base, piece.iov_len);
-      at += piece.iov_len;
-    }
-    std::memset(at, 0, pad);
-    at += pad;
-    const auto transport = std::span<const uint8_t>(assembled.data(), static_cast<size_t>(at - assembled.data()));
-    store_icrc(~icrc_add_transport(headers_crc, transport), at);
-    parts.push_back({assembled.data(), total});
-  } else {
-    uint32_t crc = icrc_add_transport(headers_crc, std::span(header.data(), header_length));
-    for (const iovec& piece : payload)
-      crc = crc32(crc, std::span(static_cast<const uint8_t*>(piece.iov_base), piece.iov_len));
-    crc = crc32(crc, std::span(trailer.data(), pad));
-    store_icrc(~crc, trailer.data() + pad);
-    parts.push_back({header.data(), header_length});
-    for (const iovec& piece : payload) parts.push_back(piece);
-    parts.push_back({trailer.data(), pad + kIcrcBytes});
-  }
-
   if (as_built) {
-    if (capturing) capture(flow, parts, total);
-    send_bytes(fd, to, parts, total);
+    // Written straight into the send batch.
+    uint8_t* const bytes = batch_room(fd, to, total);
+    write_packet(bytes, std::span(header.data(), header_length), payload, payload_length, pad, headers_crc);
+    if (capturing) capture(flow, std::span<const uint8_t>(bytes, total));
   } else if (decision.action == FaultAction::Drop) {
     counters().add(Counter::FaultsDropped);
   } else {
     // A copy we own: it may be altered, sent twice or sent later.
-    Delayed item{Clock::now(), fd, to, {}, flow};
-    item.bytes.reserve(total);
-    for (const iovec& part : parts) {
-      const auto* bytes = static_cast<const uint8_t*>(part.iov_base);
-      item.bytes.insert(item.bytes.end(), bytes, bytes + part.iov_len);
-    }
+    Delayed item{Clock::now(), fd, to, std::vector<uint8_t>(total), flow};
+    write_packet(item.bytes.data(), std::span(header.data(), header_length), payload, payload_length, pad, headers_crc);
     if (decision.corrupt) {
       item.bytes[decision.corrupt_offset_seed % item.bytes.size()] ^= 0x5a;
       counters().add(Counter::FaultsCorrupted);
     }
-    iovec whole{item.bytes.data(), item.bytes.size()};
-    if (capturing) capture(flow, std::span(&whole, 1), total);
+    if (capturing) capture(flow, item.bytes);
     switch (decision.action) {
       case FaultAction::Duplicate:
         counters().add(Counter::FaultsDuplicated);
-        send_bytes(fd, to, std::span(&whole, 1), total);
-        send_bytes(fd, to, std::span(&whole, 1), total);
+        send_bytes(fd, to, item.bytes);
+        send_bytes(fd, to, item.bytes);
         break;
       case FaultAction::Delay:
         counters().add(Counter::FaultsDelayed);
@@ -1905,22 +1866,18 @@ void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint3
           held_.emplace(qp.qpn, std::move(item));
           return;  // released after this QP's next packet
         }
-        send_bytes(fd, to, std::span(&whole, 1), total);
+        send_bytes(fd, to, item.bytes);
         break;
       default:
-        send_bytes(fd, to, std::span(&whole, 1), total);
+        send_bytes(fd, to, item.bytes);
         break;
     }
   }
-  release_held_packet(qp.qpn);
-}
-
-void UdpTransport::Engine::release_held_packet(uint32_t qpn) {
-  if (auto held = held_.empty() ? held_.end() : held_.find(qpn); held != held_.end()) {
+  // A packet held back for reordering goes out after the one that overtook it.
+  if (auto held = held_.empty() ? held_.end() : held_.find(qp.qpn); held != held_.end()) {
     Delayed item = std::move(held->second);
     held_.erase(held);
-    iovec whole{item.bytes.data(), item.bytes.size()};
-    send_bytes(item.fd, item.to, std::span(&whole, 1), item.bytes.size());
+    send_bytes(item.fd, item.to, item.bytes);
   }
 }
 
