@@ -19,6 +19,7 @@
 
 #include "device_memory.h"
 #include "event_socket.h"
+#include "payload_copy.h"
 #include "process_id.h"
 #include "shared_regions.h"
 #include "small_vector.h"
@@ -37,7 +38,7 @@ void copy_vectors(std::span<const iovec> to, std::span<const iovec> from) {
     while (done < source.iov_len && to_index < to.size()) {
       size_t room = to[to_index].iov_len - to_offset;
       size_t chunk = std::min(room, source.iov_len - done);
-      std::memmove(static_cast<char*>(to[to_index].iov_base) + to_offset,
+      move_payload(static_cast<char*>(to[to_index].iov_base) + to_offset,
                    static_cast<const char*>(source.iov_base) + done, chunk);
       done += chunk;
       to_offset += chunk;
@@ -164,9 +165,9 @@ int serve(DeviceMemory& memory, const AgentRequest& request) {
     const AgentSegment& s = request.segments[i];
     auto* mine = reinterpret_cast<char*>(s.address);
     if (request.write)
-      std::memcpy(mine, bounce, s.length);
+      copy_payload(mine, bounce, s.length);
     else
-      std::memcpy(bounce, mine, s.length);
+      copy_payload(bounce, mine, s.length);
     bounce += s.length;
   }
   return 0;

@@ -11,6 +11,7 @@
 #include "data_path.h"
 #include "debug_log.h"
 #include "event_socket.h"
+#include "payload_copy.h"
 #include "udp_internal.h"
 
 namespace softverbs::udp {
@@ -236,7 +237,7 @@ void scatter(std::span<const iovec> to, std::span<const uint8_t> from) {
   size_t at = 0;
   for (const iovec& v : to) {
     size_t take = std::min(v.iov_len, from.size() - at);
-    std::memcpy(v.iov_base, from.data() + at, take);
+    copy_payload(v.iov_base, from.data() + at, take);
     at += take;
     if (at == from.size()) break;
   }

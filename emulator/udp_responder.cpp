@@ -13,6 +13,7 @@
 
 #include "data_path.h"
 #include "debug_log.h"
+#include "payload_copy.h"
 #include "process_id.h"
 #include "receive_queue.h"
 #include "udp_internal.h"
@@ -398,7 +399,7 @@ bool place_send_payload(TransportPort& port, UdpQp& qp, std::span<const uint8_t>
                                         MemoryRegionTable::Lock::NotHeld) != KeyCheck::Ok ||
         where.owner_pid != current_pid())
       return false;
-    std::memcpy(reinterpret_cast<void*>(where.address), payload.data() + at, take);
+    copy_payload(reinterpret_cast<void*>(where.address), payload.data() + at, take);
     at += take;
     skip = 0;
     if (at == payload.size()) break;
@@ -453,7 +454,7 @@ void execute_write(TransportPort& port, UdpQp& qp, const TransportPacket& packet
         return false;
       address = where.address;
     }
-    std::memcpy(reinterpret_cast<void*>(address), packet.payload.data(), packet.payload.size());
+    copy_payload(reinterpret_cast<void*>(address), packet.payload.data(), packet.payload.size());
     return true;
   };
   if (!place()) {
@@ -786,7 +787,7 @@ void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, c
           std::memcpy(out, grh.data() + offset, take);
         } else {
           take = length;
-          std::memcpy(out, packet.payload.data() + (offset - grh.size()), take);
+          copy_payload(out, packet.payload.data() + (offset - grh.size()), take);
         }
         out += take;
         offset += take;
