@@ -20,7 +20,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 9;
+constexpr uint32_t kVersion = 10;
 constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
 constexpr unsigned kMinBlockShift = 12;
 
@@ -148,7 +148,7 @@ int DeviceMemory::allocate_qp(pid_t owner) {
     qp.live = 1;
     qp.qpn = kQpnBase + static_cast<uint32_t>(i);
     qp.type = QpType::Rc;
-    qp.state = QpState::Reset;
+    set_state(qp, QpState::Reset);
     qp.signal_all = 0;
     qp.owner_pid = owner;
     qp.pd_handle = 0;

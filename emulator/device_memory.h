@@ -102,9 +102,13 @@ struct QpCapacities {
   uint32_t max_inline_data = 0;
 };
 
-struct QpRecord {
+struct alignas(64) QpRecord {
   SharedMutex lock;  // state, attributes and the receive queue
-  uint32_t live = 0;
+  // The lock has its cache line to itself: in a ping-pong the peer that
+  // delivers into this QP takes it while the owner's posts read the fields
+  // below, and sharing one line moved it between the two cores twice an
+  // iteration.
+  alignas(64) uint32_t live = 0;
   uint32_t qpn = 0;
   QpType type = QpType::Rc;
   QpState state = QpState::Reset;
@@ -123,6 +127,20 @@ struct QpRecord {
   QpAttributes attributes;
   RecvQueue rq;
 };
+
+// A QP's state read without its lock, as a post needs it: a snapshot that
+// may change right after, as one read under the lock may too. A post that
+// took the lock to read it pulled the QP record's cache line away from the
+// peer that had just locked it to deliver into this QP (on 2 cores, a
+// cache-line transfer each way of every shared-memory ib_write_lat
+// iteration). Every change of the state goes through set_state, under the
+// lock.
+inline QpState load_state(const QpRecord& qp) {
+  return std::atomic_ref<QpState>(const_cast<QpState&>(qp.state)).load(std::memory_order_acquire);
+}
+inline void set_state(QpRecord& qp, QpState state) {
+  std::atomic_ref<QpState>(qp.state).store(state, std::memory_order_release);
+}
 
 struct DeviceShared {
   uint64_t magic = 0;

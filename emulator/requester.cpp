@@ -185,7 +185,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
   }
   if (received.status != WcStatus::Success && qp.type != QpType::Ud) {
     // A receive-side error takes the responder QP to ERR as well.
-    target->state = QpState::Error;
+    set_state(*target, QpState::Error);
   }
   deliver_completion(memory, target->recv_cq, received, request.flags & send_flag::kSolicited);
   return SendOutcome::Completed;

@@ -376,7 +376,7 @@ void enter_error(TransportPort& port, UdpQp& qp) {
   uint64_t owner_handle;
   {
     SharedLock lock(record.lock);
-    if (record.live && record.qpn == qp.qpn) record.state = QpState::Error;
+    if (record.live && record.qpn == qp.qpn) set_state(record, QpState::Error);
     has_srq = record.srq >= 0;
     owner_async = record.owner_async;
     owner_handle = record.owner_handle;

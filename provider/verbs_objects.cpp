@@ -802,7 +802,7 @@ void enter_error_state(DeviceMemory& memory, ProviderQp* qp) {
   QpRecord& record = record_of(qp);
   {
     SharedLock lock(record.lock);
-    record.state = QpState::Error;
+    set_state(record, QpState::Error);
   }
   qp->verbs.qp.state = IBV_QPS_ERR;
   // A QP on an SRQ reports that no more receives will complete on it.
@@ -984,7 +984,7 @@ int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
       record.attributes = QpAttributes{};
       record.attributes.path_mtu = static_cast<uint8_t>(state.port.active_mtu);
     }
-    if (target != QpState::Error) record.state = target;
+    if (target != QpState::Error) set_state(record, target);
   }
   if (target == QpState::Error) {
     enter_error_state(*state.memory, qp);
@@ -1314,11 +1314,7 @@ int post_send_locked(ProviderQp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Cloc
   DeviceMemory& memory = memory_of(qp->verbs.qp.context);
   QpRecord& record = record_of(qp);
   for (; wr != nullptr; wr = wr->next) {
-    QpState qp_state;
-    {
-      SharedLock lock(record.lock);
-      qp_state = record.state;
-    }
+    const QpState qp_state = load_state(record);
     if (!can_post_send(qp_state)) {
       *bad_wr = wr;
       return EINVAL;
