@@ -20,7 +20,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 10;
+constexpr uint32_t kVersion = 11;
 constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
 constexpr unsigned kMinBlockShift = 12;
 
@@ -208,6 +208,17 @@ uint32_t DeviceMemory::allocate_pd_handle() {
   return shared().next_pd_handle++;
 }
 
+size_t DeviceMemory::memory_lock_slot() {
+  const auto pid = static_cast<uint32_t>(current_pid());
+  const uint64_t known = memory_lock_slot_.load(std::memory_order_relaxed);
+  if (known >> 32 == pid) return static_cast<size_t>(known & 0xffffffffu);
+  // Threads that get here together claim the same slot: claim() finds the
+  // one the first took.
+  const size_t slot = shared().memory_lock.claim(static_cast<int32_t>(pid));
+  memory_lock_slot_.store(uint64_t{pid} << 32 | slot, std::memory_order_relaxed);
+  return slot;
+}
+
 QpRecord* DeviceMemory::qp_by_number(uint32_t qpn) {
   if (qpn < kQpnBase || qpn >= kQpnBase + limits::kMaxQp) return nullptr;
   QpRecord& qp = shared().qps[qpn - kQpnBase];
@@ -226,7 +237,7 @@ void DeviceMemory::reclaim_dead_owners() {
       qp.live = 0;
     }
     release(ring, bytes);
-    SharedLock memory_lock(shared().memory_lock);
+    ExclusiveLock memory_lock(shared().memory_lock);
     shared().multicast.detach_everywhere(qp.qpn);
   }
   for (auto& cq : shared().cqs) {
@@ -253,7 +264,7 @@ void DeviceMemory::reclaim_dead_owners() {
     }
     release(ring, bytes);
   }
-  SharedLock lock(shared().memory_lock);
+  ExclusiveLock lock(shared().memory_lock);
   shared().mrs.deregister_owned_if([](int32_t pid) { return !process_alive(pid); });
 }
 

@@ -146,10 +146,10 @@ struct DeviceShared {
   uint64_t magic = 0;
   uint32_t version = 0;
   uint32_t reserved = 0;
-  uint64_t instance_id = 0;  // random, names this device memory's copy agents
-  SharedMutex objects_lock;  // records, handles and the heap
-  SharedMutex memory_lock;   // the MR table, held across every data copy
-  SharedMutex atomics_lock;  // makes atomics atomic with respect to each other
+  uint64_t instance_id = 0;     // random, names this device memory's copy agents
+  SharedMutex objects_lock;     // records, handles and the heap
+  ReadMostlyMutex memory_lock;  // the MR table: a reader across every data copy, a writer to change it
+  SharedMutex atomics_lock;     // makes atomics atomic with respect to each other
   uint32_t next_pd_handle = 0;
   uint64_t heap_start = 0;
   uint64_t heap_next = 0;
@@ -202,12 +202,27 @@ class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
   }
   static Sge* sges_of(RecvWqe* wqe) { return reinterpret_cast<Sge*>(wqe + 1); }
 
+  // This process's slot of memory_lock (claimed on first use, and again in
+  // a forked child, whose process id differs).
+  size_t memory_lock_slot();
+
  private:
   DeviceMemory(char* base, size_t size) : base_(base), size_(size) {}
   static std::shared_ptr<DeviceMemory> open_or_recreate(const std::filesystem::path& path, std::string* error,
                                                         bool may_recreate);
   char* base_;
   size_t size_;
+  std::atomic<uint64_t> memory_lock_slot_{0};  // pid << 32 | slot; 0: none yet
+};
+
+// Holds the device's memory_lock as a reader: the keys and the regions they
+// name stay as they are until it goes.
+class MemoryReadLock {
+ public:
+  explicit MemoryReadLock(DeviceMemory& memory) : lock_(memory.shared().memory_lock, memory.memory_lock_slot()) {}
+
+ private:
+  ReadLock lock_;
 };
 
 }  // namespace softverbs

@@ -200,7 +200,7 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
   completion.qp_num = qp.qpn;
 
   DeviceShared& device = memory.shared();
-  SharedLock memory_lock(device.memory_lock);  // keeps every key valid while bytes move
+  MemoryReadLock memory_lock(memory);  // keeps every key valid while bytes move
 
   LocalBuffers local;
   completion.status = resolve_local(memory, qp, request, local);

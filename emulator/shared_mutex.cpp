@@ -93,4 +93,21 @@ void SharedMutex::lock_contended(uint32_t self) {
 
 void SharedMutex::wake_one() { futex(&word_, FUTEX_WAKE, 1, nullptr); }
 
+size_t ReadMostlyMutex::claim(int32_t pid) {
+  for (size_t i = 0; i < kSlots; ++i)
+    if (slots_[i].owner_pid.load(std::memory_order_relaxed) == pid) return i;
+  // Never claimed first (no /proc to read), then those of exited processes.
+  for (bool exited : {false, true}) {
+    for (size_t i = 0; i + 1 < kSlots; ++i) {
+      int32_t owner = slots_[i].owner_pid.load(std::memory_order_relaxed);
+      if (exited ? owner == 0 || owner_alive(owner) : owner != 0) continue;
+      // Two processes may both find the slot free: the exchange lets one in.
+      // (An owner that died holding the slot's mutex is taken over by the
+      // mutex itself.)
+      if (slots_[i].owner_pid.compare_exchange_strong(owner, pid)) return i;
+    }
+  }
+  return kSlots - 1;
+}
+
 }  // namespace softverbs

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "process_id.h"
@@ -63,6 +64,73 @@ class SharedLock {
 
  private:
   SharedMutex& mutex_;
+};
+
+// A lock that every data copy takes and only a change of what it guards
+// (an MR registered or gone, a multicast group joined or left) takes alone:
+// the device's memory_lock. A reader takes only the mutex of its process's
+// slot, a cache line that stays in its own core's cache; a writer takes
+// every slot's, in order. With one mutex for the whole device, each
+// shared-memory WRITE moved that mutex's line from the core of the peer's
+// last WRITE to its own: in ib_write_lat, the hottest line of the loop.
+// Processes past kSlots share the last slot (correct, only slower), and a
+// reader that dies holding its slot is taken over as any SharedMutex is.
+class ReadMostlyMutex {
+ public:
+  static constexpr size_t kSlots = 64;
+
+  // Call once, on zeroed shared memory, before any process uses it.
+  void initialize() {
+    for (Slot& slot : slots_) {
+      slot.mutex.initialize();
+      slot.owner_pid.store(0, std::memory_order_relaxed);
+    }
+  }
+
+  // The slot of process `pid`: its own, else one never claimed or one whose
+  // owner has exited, else the last.
+  size_t claim(int32_t pid);
+
+  void lock_shared(size_t slot) { slots_[slot].mutex.lock(); }
+  void unlock_shared(size_t slot) { slots_[slot].mutex.unlock(); }
+  void lock() {
+    for (Slot& slot : slots_) slot.mutex.lock();
+  }
+  void unlock() {
+    for (size_t i = kSlots; i > 0; --i) slots_[i - 1].mutex.unlock();
+  }
+
+ private:
+  struct alignas(64) Slot {
+    SharedMutex mutex;
+    std::atomic<int32_t> owner_pid;
+  };
+  Slot slots_[kSlots];
+};
+
+// Holds a ReadMostlyMutex alone (a writer).
+class ExclusiveLock {
+ public:
+  explicit ExclusiveLock(ReadMostlyMutex& mutex) : mutex_(mutex) { mutex_.lock(); }
+  ~ExclusiveLock() { mutex_.unlock(); }
+  ExclusiveLock(const ExclusiveLock&) = delete;
+  ExclusiveLock& operator=(const ExclusiveLock&) = delete;
+
+ private:
+  ReadMostlyMutex& mutex_;
+};
+
+// Holds one slot of a ReadMostlyMutex (a reader).
+class ReadLock {
+ public:
+  ReadLock(ReadMostlyMutex& mutex, size_t slot) : mutex_(mutex), slot_(slot) { mutex_.lock_shared(slot_); }
+  ~ReadLock() { mutex_.unlock_shared(slot_); }
+  ReadLock(const ReadLock&) = delete;
+  ReadLock& operator=(const ReadLock&) = delete;
+
+ private:
+  ReadMostlyMutex& mutex_;
+  size_t slot_;
 };
 
 }  // namespace softverbs

@@ -511,7 +511,7 @@ void execute_atomic(TransportPort& port, UdpQp& qp, const TransportPacket& packe
   DeviceMemory& memory = port.memory();
   uint64_t original;
   {
-    SharedLock memory_lock(memory.shared().memory_lock);
+    MemoryReadLock memory_lock(memory);
     SharedLock atomics(memory.shared().atomics_lock);
     ResolvedRange where;
     if (check_remote(port, qp, packet.atomic.rkey, packet.atomic.virtual_address, 8, access::kRemoteAtomic, where,

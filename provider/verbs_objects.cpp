@@ -97,7 +97,7 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
   }
   std::optional<uint32_t> key;
   {
-    SharedLock lock(memory.shared().memory_lock);
+    ExclusiveLock lock(memory.shared().memory_lock);
     key = memory.shared().mrs.register_region(pd->handle, getpid(), reinterpret_cast<uint64_t>(addr), iova, length,
                                               static_cast<uint32_t>(access_flags), backing);
   }
@@ -137,7 +137,7 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
   // The UDP engines of this process use the old range without the table's
   // lock: they are held off while it changes.
   UdpTransport::hold_data_paths(memory, [&] {
-    SharedLock lock(memory.shared().memory_lock);
+    ExclusiveLock lock(memory.shared().memory_lock);
     std::optional<MemoryRegion> region = memory.shared().mrs.find(mr.lkey);
     if (!region) return;
     found = true;
@@ -171,7 +171,7 @@ int dereg_mr(abi::verbs_mr* vmr) {
   // The UDP engines of this process use registered ranges without the
   // table's lock: they are held off while one goes.
   UdpTransport::hold_data_paths(memory, [&] {
-    SharedLock lock(memory.shared().memory_lock);
+    ExclusiveLock lock(memory.shared().memory_lock);
     auto region = memory.shared().mrs.find(vmr->ibv_mr.lkey);
     if (!region || !memory.shared().mrs.deregister(vmr->ibv_mr.lkey)) return;
     backing = region->backing;
@@ -835,7 +835,7 @@ int destroy_qp(ibv_qp* ibv) {
   }
   state.memory->release(ring, bytes);
   {
-    SharedLock lock(state.memory->shared().memory_lock);
+    ExclusiveLock lock(state.memory->shared().memory_lock);
     state.memory->shared().multicast.detach_everywhere(ibv->qp_num);
   }
   purge_completions(*state.memory, qp->send_cq->index, ibv->qp_num);
@@ -1524,14 +1524,14 @@ MulticastTable::Gid to_gid(const ibv_gid* gid) {
 int attach_mcast(ibv_qp* ibv, const ibv_gid* gid, uint16_t) {
   if (gid == nullptr || ibv->qp_type != IBV_QPT_UD) return EINVAL;
   DeviceMemory& memory = memory_of(ibv->context);
-  SharedLock lock(memory.shared().memory_lock);
+  ExclusiveLock lock(memory.shared().memory_lock);
   return memory.shared().multicast.attach(to_gid(gid), ibv->qp_num);
 }
 
 int detach_mcast(ibv_qp* ibv, const ibv_gid* gid, uint16_t) {
   if (gid == nullptr) return EINVAL;
   DeviceMemory& memory = memory_of(ibv->context);
-  SharedLock lock(memory.shared().memory_lock);
+  ExclusiveLock lock(memory.shared().memory_lock);
   return memory.shared().multicast.detach(to_gid(gid), ibv->qp_num);
 }
 

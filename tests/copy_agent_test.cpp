@@ -46,7 +46,7 @@ class CopyAgent : public ::testing::Test {
     std::memset(registered, 0, 4096);
     std::optional<uint32_t> key;
     {
-      SharedLock lock(memory->shared().memory_lock);
+      ExclusiveLock lock(memory->shared().memory_lock);
       key = memory->shared().mrs.register_region(1, getpid(), reinterpret_cast<uint64_t>(registered),
                                                  reinterpret_cast<uint64_t>(registered), 4096, 0);
     }

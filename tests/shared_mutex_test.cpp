@@ -1,5 +1,7 @@
-// The lock that the shared-memory structures of a device use, between real
-// processes: exclusion, sleeping waiters, and owners that die holding it.
+// The locks that the shared-memory structures of a device use, between real
+// processes: exclusion, sleeping waiters, and owners that die holding them;
+// and the read-mostly lock of the MR table, whose readers in different
+// processes do not exclude each other.
 #include "shared_mutex.h"
 
 #include <gtest/gtest.h>
@@ -9,7 +11,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <new>
+#include <vector>
 
 namespace softverbs {
 namespace {
@@ -179,6 +183,121 @@ TEST(SharedMutex, WaitersThatSleptAreAllWokenInTurn) {
   for (pid_t child : children) expect_clean_exit(child);
   EXPECT_EQ(page->counter, uint64_t{kWaiters});
   EXPECT_EQ(page->mutex.owner(), 0);
+}
+
+// ---- ReadMostlyMutex --------------------------------------------------------
+
+struct SharedReadMostly {
+  ReadMostlyMutex mutex;
+  std::atomic<uint32_t> readers_inside{0};
+  std::atomic<uint32_t> most_inside{0};
+  std::atomic<uint32_t> readers_done{0};
+  std::atomic<uint32_t> entered{0};
+};
+
+class SharedReadMostlyPage {
+ public:
+  SharedReadMostlyPage() {
+    void* memory = mmap(nullptr, sizeof(SharedReadMostly), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED) throw std::bad_alloc();
+    state_ = new (memory) SharedReadMostly;
+    state_->mutex.initialize();
+  }
+  ~SharedReadMostlyPage() { munmap(state_, sizeof(SharedReadMostly)); }
+  SharedReadMostlyPage(const SharedReadMostlyPage&) = delete;
+  SharedReadMostlyPage& operator=(const SharedReadMostlyPage&) = delete;
+  SharedReadMostly* operator->() const { return state_; }
+
+ private:
+  SharedReadMostly* state_ = nullptr;
+};
+
+TEST(ReadMostlyMutex, ReadersOfTwoProcessesHoldItTogetherAndAWriterWaitsForBoth) {
+  Watchdog watchdog(30);
+  SharedReadMostlyPage page;
+  pid_t children[2];
+  for (pid_t& child : children) {
+    child = run_in_child([&] {
+      ReadLock lock(page->mutex, page->mutex.claim(getpid()));
+      const uint32_t inside = page->readers_inside.fetch_add(1) + 1;
+      uint32_t most = page->most_inside.load();
+      while (inside > most && !page->most_inside.compare_exchange_weak(most, inside)) {
+      }
+      // Both inside before either leaves (or the watchdog ends the test).
+      while (page->most_inside.load() < 2) usleep(100);
+      usleep(100 * 1000);
+      page->readers_inside.fetch_sub(1);
+      page->readers_done.fetch_add(1);
+    });
+    ASSERT_GT(child, 0);
+  }
+  while (page->most_inside.load() < 2) usleep(100);
+  {
+    ExclusiveLock lock(page->mutex);
+    EXPECT_EQ(page->readers_done.load(), 2u) << "the writer got in while readers held their slots";
+    EXPECT_EQ(page->readers_inside.load(), 0u);
+  }
+  for (pid_t child : children) expect_clean_exit(child);
+}
+
+TEST(ReadMostlyMutex, AWriterKeepsEveryReaderOut) {
+  Watchdog watchdog(30);
+  SharedReadMostlyPage page;
+  page->mutex.lock();
+  pid_t child = run_in_child([&] {
+    ReadLock lock(page->mutex, page->mutex.claim(getpid()));
+    page->entered.fetch_add(1);
+  });
+  ASSERT_GT(child, 0);
+  usleep(100 * 1000);
+  EXPECT_EQ(page->entered.load(), 0u) << "a reader got in while the writer held the lock";
+  page->mutex.unlock();
+  expect_clean_exit(child);
+  EXPECT_EQ(page->entered.load(), 1u);
+}
+
+TEST(ReadMostlyMutex, AReaderThatDiedHoldingItsSlotIsTakenOverByAWriter) {
+  Watchdog watchdog(30);
+  SharedReadMostlyPage page;
+  pid_t child = run_in_child([&] { page->mutex.lock_shared(page->mutex.claim(getpid())); });
+  ASSERT_GT(child, 0);
+  expect_clean_exit(child);
+  page->mutex.lock();
+  page->mutex.unlock();
+  // And its slot goes to the next process that asks.
+  ReadLock lock(page->mutex, page->mutex.claim(getpid()));
+}
+
+TEST(ReadMostlyMutex, EachProcessClaimsItsOwnSlotAndExitedOwnersSlotsAreReused) {
+  SharedReadMostlyPage page;
+  const size_t mine = page->mutex.claim(getpid());
+  EXPECT_EQ(page->mutex.claim(getpid()), mine);
+  pid_t child = run_in_child([] {});
+  ASSERT_GT(child, 0);
+  expect_clean_exit(child);  // reaped: its pid names no process now
+  const size_t exited = page->mutex.claim(child);
+  EXPECT_NE(exited, mine);
+  // Every other slot but the last taken by that same exited process's pid
+  // cannot be told apart, so fill them with the pids of more exited children.
+  std::vector<pid_t> gone;
+  for (size_t i = 0; i + 3 < ReadMostlyMutex::kSlots; ++i) {
+    pid_t next = run_in_child([] {});
+    ASSERT_GT(next, 0);
+    expect_clean_exit(next);
+    gone.push_back(next);
+    const size_t slot = page->mutex.claim(next);
+    EXPECT_NE(slot, mine);
+    EXPECT_NE(slot, ReadMostlyMutex::kSlots - 1) << "the shared last slot given while others were free";
+  }
+  // All but the last are taken now; a new process gets one whose owner exited.
+  pid_t fresh = run_in_child([] { pause(); });
+  ASSERT_GT(fresh, 0);
+  const size_t reused = page->mutex.claim(fresh);
+  EXPECT_NE(reused, mine);
+  EXPECT_NE(reused, ReadMostlyMutex::kSlots - 1);
+  kill(fresh, SIGKILL);
+  waitpid(fresh, nullptr, 0);
+  EXPECT_EQ(page->mutex.claim(getpid()), mine);
 }
 
 }  // namespace
