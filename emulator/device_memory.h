@@ -219,10 +219,11 @@ class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
 // name stay as they are until it goes.
 class MemoryReadLock {
  public:
-  explicit MemoryReadLock(DeviceMemory& memory) : lock_(memory.shared().memory_lock, memory.memory_lock_slot()) {}
+  explicit MemoryReadLock(DeviceMemory& memory)
+      : lock_(memory.shared().memory_lock.reader(memory.memory_lock_slot())) {}
 
  private:
-  ReadLock lock_;
+  SharedLock lock_;
 };
 
 }  // namespace softverbs

@@ -1,56 +1,53 @@
 #include "payload_copy.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include <cstring>
 
 namespace softverbs::detail {
 
 #if defined(__x86_64__)
 
-// Both loops store whole aligned vectors (the first and last vector of the
-// range are stored unaligned, over the edges of the aligned ones): a store
-// that splits cache lines costs more than the loads that feed it.
-[[gnu::target("avx2")]] void copy_avx2(uint8_t* to, const uint8_t* from, size_t length) {
-  constexpr size_t kVector = 32;
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from)));
+namespace {
+
+// One loop for both vector widths: instantiated inside a function compiled
+// for the width's instruction set, so that its vectors become that set's
+// registers. It stores whole aligned vectors (the first and last vector of
+// the range are stored unaligned, over the edges of the aligned ones): a
+// store that splits cache lines costs more than the loads that feed it.
+template <size_t kVector>
+[[gnu::always_inline]] inline void copy_aligned_stores(uint8_t* to, const uint8_t* from, size_t length) {
+  typedef uint8_t Vector __attribute__((vector_size(kVector)));
+  // Vectors in memcpy and assignments only: a function that takes or
+  // returns one would be compiled apart, for the default instruction set.
+  Vector first, last, a, b, c, d;
+  std::memcpy(&first, from, kVector);
+  std::memcpy(&last, from + length - kVector, kVector);
+  std::memcpy(to, &first, kVector);
   size_t at = kVector - (reinterpret_cast<uintptr_t>(to) & (kVector - 1));
   for (; at + 4 * kVector <= length; at += 4 * kVector) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + at));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + at + kVector));
-    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + at + 2 * kVector));
-    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + at + 3 * kVector));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(to + at), a);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(to + at + kVector), b);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(to + at + 2 * kVector), c);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(to + at + 3 * kVector), d);
+    std::memcpy(&a, from + at, kVector);
+    std::memcpy(&b, from + at + kVector, kVector);
+    std::memcpy(&c, from + at + 2 * kVector, kVector);
+    std::memcpy(&d, from + at + 3 * kVector, kVector);
+    Vector* out = reinterpret_cast<Vector*>(to + at);
+    out[0] = a;
+    out[1] = b;
+    out[2] = c;
+    out[3] = d;
   }
-  for (; at + kVector <= length; at += kVector)
-    _mm256_store_si256(reinterpret_cast<__m256i*>(to + at),
-                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + at)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + length - kVector),
-                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + length - kVector)));
+  for (; at + kVector <= length; at += kVector) {
+    std::memcpy(&a, from + at, kVector);
+    *reinterpret_cast<Vector*>(to + at) = a;
+  }
+  std::memcpy(to + length - kVector, &last, kVector);
 }
 
-void copy_sse2(uint8_t* to, const uint8_t* from, size_t length) {
-  constexpr size_t kVector = 16;
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(to), _mm_loadu_si128(reinterpret_cast<const __m128i*>(from)));
-  size_t at = kVector - (reinterpret_cast<uintptr_t>(to) & (kVector - 1));
-  for (; at + 4 * kVector <= length; at += 4 * kVector) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + at));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + at + kVector));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + at + 2 * kVector));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + at + 3 * kVector));
-    _mm_store_si128(reinterpret_cast<__m128i*>(to + at), a);
-    _mm_store_si128(reinterpret_cast<__m128i*>(to + at + kVector), b);
-    _mm_store_si128(reinterpret_cast<__m128i*>(to + at + 2 * kVector), c);
-    _mm_store_si128(reinterpret_cast<__m128i*>(to + at + 3 * kVector), d);
-  }
-  for (; at + kVector <= length; at += kVector)
-    _mm_store_si128(reinterpret_cast<__m128i*>(to + at), _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + at)));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(to + length - kVector),
-                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + length - kVector)));
+}  // namespace
+
+[[gnu::target("avx2")]] void copy_avx2(uint8_t* to, const uint8_t* from, size_t length) {
+  copy_aligned_stores<32>(to, from, length);
 }
+
+void copy_sse2(uint8_t* to, const uint8_t* from, size_t length) { copy_aligned_stores<16>(to, from, length); }
 
 void copy_by_vectors(uint8_t* to, const uint8_t* from, size_t length) {
   // Both need a vector's worth at each end; copy_payload sends 2 KiB and up.

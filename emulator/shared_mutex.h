@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 #include "process_id.h"
 
@@ -91,8 +92,9 @@ class ReadMostlyMutex {
   // owner has exited, else the last.
   size_t claim(int32_t pid);
 
-  void lock_shared(size_t slot) { slots_[slot].mutex.lock(); }
-  void unlock_shared(size_t slot) { slots_[slot].mutex.unlock(); }
+  // What a reader in `slot` takes (and holds with a SharedLock).
+  SharedMutex& reader(size_t slot) { return slots_[slot].mutex; }
+  // A writer's: every slot.
   void lock() {
     for (Slot& slot : slots_) slot.mutex.lock();
   }
@@ -109,28 +111,6 @@ class ReadMostlyMutex {
 };
 
 // Holds a ReadMostlyMutex alone (a writer).
-class ExclusiveLock {
- public:
-  explicit ExclusiveLock(ReadMostlyMutex& mutex) : mutex_(mutex) { mutex_.lock(); }
-  ~ExclusiveLock() { mutex_.unlock(); }
-  ExclusiveLock(const ExclusiveLock&) = delete;
-  ExclusiveLock& operator=(const ExclusiveLock&) = delete;
-
- private:
-  ReadMostlyMutex& mutex_;
-};
-
-// Holds one slot of a ReadMostlyMutex (a reader).
-class ReadLock {
- public:
-  ReadLock(ReadMostlyMutex& mutex, size_t slot) : mutex_(mutex), slot_(slot) { mutex_.lock_shared(slot_); }
-  ~ReadLock() { mutex_.unlock_shared(slot_); }
-  ReadLock(const ReadLock&) = delete;
-  ReadLock& operator=(const ReadLock&) = delete;
-
- private:
-  ReadMostlyMutex& mutex_;
-  size_t slot_;
-};
+using ExclusiveLock = std::lock_guard<ReadMostlyMutex>;
 
 }  // namespace softverbs

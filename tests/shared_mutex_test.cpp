@@ -26,23 +26,25 @@ struct SharedState {
   std::atomic<uint32_t> stage{0};
 };
 
-// Zeroed memory that a fork() shares, as a device memory file is shared.
+// Zeroed memory that a fork() shares, as a device memory file is shared,
+// holding a `State` whose `mutex` is initialized.
+template <typename State>
 class SharedPage {
  public:
   SharedPage() {
-    void* memory = mmap(nullptr, sizeof(SharedState), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    void* memory = mmap(nullptr, sizeof(State), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (memory == MAP_FAILED) throw std::bad_alloc();
-    state_ = new (memory) SharedState;
+    state_ = new (memory) State;
     state_->mutex.initialize();
   }
-  ~SharedPage() { munmap(state_, sizeof(SharedState)); }
+  ~SharedPage() { munmap(state_, sizeof(State)); }
   SharedPage(const SharedPage&) = delete;
   SharedPage& operator=(const SharedPage&) = delete;
-  SharedState& operator*() const { return *state_; }
-  SharedState* operator->() const { return state_; }
+  State& operator*() const { return *state_; }
+  State* operator->() const { return state_; }
 
  private:
-  SharedState* state_ = nullptr;
+  State* state_ = nullptr;
 };
 
 // A test whose lock() never returns fails (SIGALRM ends it) instead of
@@ -92,7 +94,7 @@ void expect_taken_over(SharedMutex& mutex, pid_t dead) {
 
 TEST(SharedMutex, KeepsProcessesOutOfEachOthersCriticalSections) {
   Watchdog watchdog(60);
-  SharedPage page;
+  SharedPage<SharedState> page;
   constexpr int kProcesses = 4;
   constexpr int kRounds = 20000;
   pid_t children[kProcesses];
@@ -119,7 +121,7 @@ TEST(SharedMutex, KeepsProcessesOutOfEachOthersCriticalSections) {
 
 TEST(SharedMutex, AWaiterSleepsUntilTheLiveHolderUnlocks) {
   Watchdog watchdog(30);
-  SharedPage page;
+  SharedPage<SharedState> page;
   pid_t child = run_in_child([&] {
     page->mutex.lock();
     page->stage.store(1, std::memory_order_release);
@@ -144,7 +146,7 @@ TEST(SharedMutex, AWaiterSleepsUntilTheLiveHolderUnlocks) {
 
 TEST(SharedMutex, ALockWhoseOwnerDiedIsTakenOver) {
   Watchdog watchdog(30);
-  SharedPage page;
+  SharedPage<SharedState> page;
   pid_t child = child_that_dies_holding(page->mutex);
   ASSERT_GT(child, 0);
   expect_clean_exit(child);
@@ -153,7 +155,7 @@ TEST(SharedMutex, ALockWhoseOwnerDiedIsTakenOver) {
 
 TEST(SharedMutex, AnOwnerThatIsAZombieCountsAsDead) {
   Watchdog watchdog(30);
-  SharedPage page;
+  SharedPage<SharedState> page;
   pid_t child = child_that_dies_holding(page->mutex);
   ASSERT_GT(child, 0);
   // Exited but not reaped: kill(pid, 0) still succeeds for it.
@@ -166,7 +168,7 @@ TEST(SharedMutex, AnOwnerThatIsAZombieCountsAsDead) {
 
 TEST(SharedMutex, WaitersThatSleptAreAllWokenInTurn) {
   Watchdog watchdog(30);
-  SharedPage page;
+  SharedPage<SharedState> page;
   page->mutex.lock();
   constexpr int kWaiters = 3;
   pid_t children[kWaiters];
@@ -195,22 +197,7 @@ struct SharedReadMostly {
   std::atomic<uint32_t> entered{0};
 };
 
-class SharedReadMostlyPage {
- public:
-  SharedReadMostlyPage() {
-    void* memory = mmap(nullptr, sizeof(SharedReadMostly), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (memory == MAP_FAILED) throw std::bad_alloc();
-    state_ = new (memory) SharedReadMostly;
-    state_->mutex.initialize();
-  }
-  ~SharedReadMostlyPage() { munmap(state_, sizeof(SharedReadMostly)); }
-  SharedReadMostlyPage(const SharedReadMostlyPage&) = delete;
-  SharedReadMostlyPage& operator=(const SharedReadMostlyPage&) = delete;
-  SharedReadMostly* operator->() const { return state_; }
-
- private:
-  SharedReadMostly* state_ = nullptr;
-};
+using SharedReadMostlyPage = SharedPage<SharedReadMostly>;
 
 TEST(ReadMostlyMutex, ReadersOfTwoProcessesHoldItTogetherAndAWriterWaitsForBoth) {
   Watchdog watchdog(30);
@@ -218,7 +205,7 @@ TEST(ReadMostlyMutex, ReadersOfTwoProcessesHoldItTogetherAndAWriterWaitsForBoth)
   pid_t children[2];
   for (pid_t& child : children) {
     child = run_in_child([&] {
-      ReadLock lock(page->mutex, page->mutex.claim(getpid()));
+      SharedLock lock(page->mutex.reader(page->mutex.claim(getpid())));
       const uint32_t inside = page->readers_inside.fetch_add(1) + 1;
       uint32_t most = page->most_inside.load();
       while (inside > most && !page->most_inside.compare_exchange_weak(most, inside)) {
@@ -245,7 +232,7 @@ TEST(ReadMostlyMutex, AWriterKeepsEveryReaderOut) {
   SharedReadMostlyPage page;
   page->mutex.lock();
   pid_t child = run_in_child([&] {
-    ReadLock lock(page->mutex, page->mutex.claim(getpid()));
+    SharedLock lock(page->mutex.reader(page->mutex.claim(getpid())));
     page->entered.fetch_add(1);
   });
   ASSERT_GT(child, 0);
@@ -259,13 +246,13 @@ TEST(ReadMostlyMutex, AWriterKeepsEveryReaderOut) {
 TEST(ReadMostlyMutex, AReaderThatDiedHoldingItsSlotIsTakenOverByAWriter) {
   Watchdog watchdog(30);
   SharedReadMostlyPage page;
-  pid_t child = run_in_child([&] { page->mutex.lock_shared(page->mutex.claim(getpid())); });
+  pid_t child = run_in_child([&] { page->mutex.reader(page->mutex.claim(getpid())).lock(); });
   ASSERT_GT(child, 0);
   expect_clean_exit(child);
   page->mutex.lock();
   page->mutex.unlock();
   // And its slot goes to the next process that asks.
-  ReadLock lock(page->mutex, page->mutex.claim(getpid()));
+  SharedLock lock(page->mutex.reader(page->mutex.claim(getpid())));
 }
 
 TEST(ReadMostlyMutex, EachProcessClaimsItsOwnSlotAndExitedOwnersSlotsAreReused) {
