@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -1029,126 +1030,217 @@ TEST(Fork, RegisteredAndDeregisteredMemoryIsAForkedChildsOwnCopy) {
   EXPECT_EQ(ibv_close_device(context), 0);
 }
 
-// Two processes: the child registers memory and waits; the parent writes,
-// reads and runs atomics on it, and the child checks what arrived.
-TEST(CrossProcess, OneSidedOperationsNeedNothingFromTheTarget) {
-  int to_child[2], to_parent[2];
-  ASSERT_EQ(pipe(to_child), 0);
-  ASSERT_EQ(pipe(to_parent), 0);
+// One side of a cross-process connection: an RC QP with one CQ and `bytes`
+// of registered memory at `memory`.
+struct Endpoint {
   struct Info {
     uint32_t qpn;
     uint32_t rkey;
     uint64_t address;
   };
-  pid_t child = fork();
-  if (child == 0) {
-    // Each side closes the pipe ends it does not use, so that a child that
-    // exits early is an end of file for the parent, not a hang; a child that
-    // hangs dies of SIGALRM, which the parent reports.
-    close(to_child[1]);
-    close(to_parent[0]);
-    alarm(60);
-    ibv_context* context = open_softverbs();
-    ibv_pd* pd = context ? ibv_alloc_pd(context) : nullptr;
-    ibv_cq* cq = pd ? ibv_create_cq(context, 8, nullptr, nullptr, 0) : nullptr;
-    std::vector<uint64_t> memory(64, 7);
-    ibv_mr* mr = cq ? ibv_reg_mr(pd, memory.data(), memory.size() * 8, kAllAccess) : nullptr;
+  ibv_context* context = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_mr* mr = nullptr;
+  ibv_qp* qp = nullptr;
+
+  Endpoint(void* memory, size_t bytes) {
+    context = open_softverbs();
+    pd = context ? ibv_alloc_pd(context) : nullptr;
+    cq = pd ? ibv_create_cq(context, 8, nullptr, nullptr, 0) : nullptr;
+    mr = cq ? ibv_reg_mr(pd, memory, bytes, kAllAccess) : nullptr;
     ibv_qp_init_attr init{};
     init.send_cq = init.recv_cq = cq;
     init.qp_type = IBV_QPT_RC;
     init.cap = {4, 4, 1, 1, 0};
-    ibv_qp* qp = mr ? ibv_create_qp(pd, &init) : nullptr;
-    if (!qp) _exit(10);
-    Info mine{qp->qp_num, mr->rkey, reinterpret_cast<uint64_t>(memory.data())}, theirs{};
-    if (write(to_parent[1], &mine, sizeof mine) != sizeof mine ||
-        read(to_child[0], &theirs, sizeof theirs) != sizeof theirs)
-      _exit(11);
-    if (to_init(qp, IBV_QPT_RC, kAllAccess) || to_rtr(qp, IBV_QPT_RC, theirs.qpn) || to_rts(qp, IBV_QPT_RC)) _exit(12);
-    char ready = 'r';
-    if (write(to_parent[1], &ready, 1) != 1) _exit(13);
-    char done;
-    if (read(to_child[0], &done, 1) != 1) _exit(14);  // the parent worked meanwhile
-    bool ok = memory[0] == 0x1122334455667788ull && memory[1] == 7 + 5 && memory[2] == 99;
-    ibv_destroy_qp(qp);
-    ibv_dereg_mr(mr);
-    ibv_destroy_cq(cq);
-    ibv_dealloc_pd(pd);
-    ibv_close_device(context);
-    _exit(ok ? 0 : 20);
+    qp = mr ? ibv_create_qp(pd, &init) : nullptr;
   }
-  close(to_child[0]);
-  close(to_parent[1]);
-  // On any early return, the child's fate explains it.
-  struct ChildReport {
-    pid_t pid;
-    int to_child;
-    bool reaped = false;
-    ~ChildReport() {
-      close(to_child);  // a child waiting for the parent reads an end of file
-      if (reaped) return;
-      int status = 0;
-      if (waitpid(pid, &status, 0) == pid) ADD_FAILURE() << "child ended early: " << describe_exit(status);
-    }
-  } report{child, to_child[1]};
-  ibv_context* context = open_softverbs();
-  ASSERT_NE(context, nullptr);
-  ibv_pd* pd = ibv_alloc_pd(context);
-  ibv_cq* cq = ibv_create_cq(context, 8, nullptr, nullptr, 0);
-  std::vector<uint64_t> local(8, 0);
-  ibv_mr* mr = ibv_reg_mr(pd, local.data(), local.size() * 8, kAllAccess);
-  ibv_qp_init_attr init{};
-  init.send_cq = init.recv_cq = cq;
-  init.qp_type = IBV_QPT_RC;
-  init.cap = {4, 4, 1, 1, 0};
-  ibv_qp* qp = ibv_create_qp(pd, &init);
-  ASSERT_TRUE(pd && cq && mr && qp);
-  Info mine{qp->qp_num, mr->rkey, 0}, theirs{};
-  ASSERT_EQ(read(to_parent[0], &theirs, sizeof theirs), static_cast<ssize_t>(sizeof theirs));
-  ASSERT_EQ(write(to_child[1], &mine, sizeof mine), static_cast<ssize_t>(sizeof mine));
-  ASSERT_EQ(to_init(qp, IBV_QPT_RC, kAllAccess), 0);
-  ASSERT_EQ(to_rtr(qp, IBV_QPT_RC, theirs.qpn), 0);
-  ASSERT_EQ(to_rts(qp, IBV_QPT_RC), 0);
-  char ready;
-  ASSERT_EQ(read(to_parent[0], &ready, 1), 1);
-
-  auto run = [&](ibv_wr_opcode opcode, uint64_t* sink, uint64_t remote, uint64_t compare_add, uint64_t swap) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(sink), 8, mr->lkey};
+  ~Endpoint() {
+    if (qp) ibv_destroy_qp(qp);
+    if (mr) ibv_dereg_mr(mr);
+    if (cq) ibv_destroy_cq(cq);
+    if (pd) ibv_dealloc_pd(pd);
+    if (context) ibv_close_device(context);
+  }
+  bool ok() const { return qp != nullptr; }
+  Info info() const { return {qp->qp_num, mr->rkey, reinterpret_cast<uint64_t>(mr->addr)}; }
+  bool connect(uint32_t peer_qpn) {
+    return to_init(qp, IBV_QPT_RC, kAllAccess) == 0 && to_rtr(qp, IBV_QPT_RC, peer_qpn) == 0 &&
+           to_rts(qp, IBV_QPT_RC) == 0;
+  }
+  // Posts one signaled work request of 8 bytes at `sink` and waits for it.
+  ibv_wc_status run(ibv_wr_opcode opcode, void* sink, uint32_t length, uint64_t remote, uint32_t rkey,
+                    uint64_t compare_add = 0, uint64_t swap = 0) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(sink), length, mr->lkey};
     ibv_send_wr wr{};
     wr.sg_list = &sge;
     wr.num_sge = 1;
     wr.opcode = opcode;
     wr.send_flags = IBV_SEND_SIGNALED;
     if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
-      wr.wr.atomic = {remote, compare_add, swap, theirs.rkey};
+      wr.wr.atomic = {remote, compare_add, swap, rkey};
     } else {
-      wr.wr.rdma = {remote, theirs.rkey};
+      wr.wr.rdma = {remote, rkey};
     }
     ibv_send_wr* bad = nullptr;
-    EXPECT_EQ(ibv_post_send(qp, &wr, &bad), 0);
+    if (ibv_post_send(qp, &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
     auto done = poll_n(cq, 1);
-    EXPECT_EQ(done.size(), 1u);
     return done.empty() ? IBV_WC_GENERAL_ERR : done[0].status;
-  };
+  }
+};
+
+// A child process with an Endpoint over `memory`: it sends its Info, takes
+// the parent's, connects, says 'r', then runs `body` (an exit code) once
+// the parent's 'd' is readable or right away, as `body` wants (it gets the
+// pipe to read from). Each side closes the pipe ends it does not use, so
+// that a child that exits early is an end of file for the parent, not a
+// hang; a child that hangs dies of SIGALRM, which the parent reports.
+class ChildEndpoint {
+ public:
+  template <typename Body>
+  ChildEndpoint(void* memory, size_t bytes, Body body) {
+    int to_child[2], to_parent[2];
+    if (pipe(to_child) != 0 || pipe(to_parent) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(to_child[1]);
+      close(to_parent[0]);
+      alarm(60);
+      int code;
+      {
+        Endpoint self(memory, bytes);
+        if (!self.ok()) _exit(10);
+        Endpoint::Info mine = self.info(), theirs{};
+        if (write(to_parent[1], &mine, sizeof mine) != sizeof mine ||
+            read(to_child[0], &theirs, sizeof theirs) != sizeof theirs)
+          _exit(11);
+        if (!self.connect(theirs.qpn)) _exit(12);
+        char ready = 'r';
+        if (write(to_parent[1], &ready, 1) != 1) _exit(13);
+        code = body(self, to_child[0]);
+      }
+      _exit(code);
+    }
+    close(to_child[0]);
+    close(to_parent[1]);
+    to_child_ = to_child[1];
+    from_child_ = to_parent[0];
+  }
+  // On an early return, the child's fate explains it.
+  ~ChildEndpoint() {
+    if (to_child_ >= 0) close(to_child_);  // a child waiting for the parent reads an end of file
+    if (from_child_ >= 0) close(from_child_);
+    if (reaped_ || pid_ <= 0) return;
+    int status = 0;
+    if (waitpid(pid_, &status, 0) == pid_) ADD_FAILURE() << "child ended early: " << describe_exit(status);
+  }
+  // Exchanges Infos and connects `parent`; true once the child is ready.
+  bool connect(Endpoint& parent, Endpoint::Info& child) {
+    Endpoint::Info mine = parent.info();
+    char ready;
+    return pid_ > 0 && read(from_child_, &child, sizeof child) == sizeof child &&
+           write(to_child_, &mine, sizeof mine) == sizeof mine && parent.connect(child.qpn) &&
+           read(from_child_, &ready, 1) == 1;
+  }
+  // Tells the child it may finish, and returns how it exited.
+  int finish() {
+    char done = 'd';
+    if (write(to_child_, &done, 1) != 1) return -1;
+    int status = 0;
+    if (waitpid(pid_, &status, 0) != pid_) return -1;
+    reaped_ = true;
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_child_ = -1;
+  int from_child_ = -1;
+  bool reaped_ = false;
+};
+
+// Two processes: the child registers memory and waits; the parent writes,
+// reads and runs atomics on it, and the child checks what arrived.
+TEST(CrossProcess, OneSidedOperationsNeedNothingFromTheTarget) {
+  std::vector<uint64_t> memory(64, 7);
+  ChildEndpoint child(memory.data(), memory.size() * 8, [&](Endpoint&, int from_parent) {
+    char done;
+    if (read(from_parent, &done, 1) != 1) return 14;  // the parent worked meanwhile
+    return memory[0] == 0x1122334455667788ull && memory[1] == 7 + 5 && memory[2] == 99 ? 0 : 20;
+  });
+  std::vector<uint64_t> local(8, 0);
+  Endpoint parent(local.data(), local.size() * 8);
+  ASSERT_TRUE(parent.ok());
+  Endpoint::Info theirs{};
+  ASSERT_TRUE(child.connect(parent, theirs));
+
   local[0] = 0x1122334455667788ull;
-  EXPECT_EQ(run(IBV_WR_RDMA_WRITE, &local[0], theirs.address, 0, 0), IBV_WC_SUCCESS);
-  EXPECT_EQ(run(IBV_WR_RDMA_READ, &local[1], theirs.address + 8 * 3, 0, 0), IBV_WC_SUCCESS);
+  EXPECT_EQ(parent.run(IBV_WR_RDMA_WRITE, &local[0], 8, theirs.address, theirs.rkey), IBV_WC_SUCCESS);
+  EXPECT_EQ(parent.run(IBV_WR_RDMA_READ, &local[1], 8, theirs.address + 8 * 3, theirs.rkey), IBV_WC_SUCCESS);
   EXPECT_EQ(local[1], 7u) << "read the child's memory";
-  EXPECT_EQ(run(IBV_WR_ATOMIC_FETCH_AND_ADD, &local[2], theirs.address + 8, 5, 0), IBV_WC_SUCCESS);
+  EXPECT_EQ(parent.run(IBV_WR_ATOMIC_FETCH_AND_ADD, &local[2], 8, theirs.address + 8, theirs.rkey, 5), IBV_WC_SUCCESS);
   EXPECT_EQ(local[2], 7u);
-  EXPECT_EQ(run(IBV_WR_ATOMIC_CMP_AND_SWP, &local[3], theirs.address + 16, 7, 99), IBV_WC_SUCCESS);
-  EXPECT_EQ(run(IBV_WR_RDMA_WRITE, &local[0], theirs.address + 64 * 8, 0, 0), IBV_WC_REM_ACCESS_ERR)
+  EXPECT_EQ(parent.run(IBV_WR_ATOMIC_CMP_AND_SWP, &local[3], 8, theirs.address + 16, theirs.rkey, 7, 99),
+            IBV_WC_SUCCESS);
+  EXPECT_EQ(parent.run(IBV_WR_RDMA_WRITE, &local[0], 8, theirs.address + 64 * 8, theirs.rkey), IBV_WC_REM_ACCESS_ERR)
       << "one past the child's region";
-  char done = 'd';
-  ASSERT_EQ(write(to_child[1], &done, 1), 1);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  report.reaped = true;
+  const int status = child.finish();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child " << describe_exit(status);
-  ibv_destroy_qp(qp);
-  ibv_dereg_mr(mr);
-  ibv_destroy_cq(cq);
-  ibv_dealloc_pd(pd);
-  ibv_close_device(context);
+}
+
+// Registrations change the MR table under the lock that every copy holds
+// (a slot of it per process, all of them for a change): WRITEs from one
+// process into another must go on, each landing whole, while a thread of
+// each process registers and deregisters memory of its own as fast as it
+// can.
+TEST(CrossProcess, WritesFlowWhileBothProcessesRegisterAndDeregister) {
+  constexpr size_t kBytes = 64 * 1024;
+  constexpr int kWrites = 2000;
+  auto churn = [](ibv_pd* pd, const std::atomic<bool>& stop) {
+    std::vector<char> scratch(kBytes);
+    int registrations = 0;
+    while (!stop.load()) {
+      ibv_mr* mr = ibv_reg_mr(pd, scratch.data(), scratch.size(), kAllAccess);
+      if (mr == nullptr || ibv_dereg_mr(mr) != 0) return -1;
+      ++registrations;
+    }
+    return registrations;
+  };
+  std::vector<uint8_t> target(kBytes, 0);
+  ChildEndpoint child(target.data(), target.size(), [&](Endpoint& self, int from_parent) {
+    std::atomic<bool> stop{false};
+    int registrations = 0;
+    std::thread registering([&] { registrations = churn(self.pd, stop); });
+    char done;
+    const bool told = read(from_parent, &done, 1) == 1;
+    stop = true;
+    registering.join();
+    if (!told) return 14;
+    if (registrations <= 0) return 21;
+    // The last WRITE's pattern, whole.
+    for (size_t i = 0; i < target.size(); ++i)
+      if (target[i] != static_cast<uint8_t>((kWrites - 1) * 7 + i % 251)) return 22;
+    return 0;
+  });
+  std::vector<uint8_t> source(kBytes);
+  Endpoint parent(source.data(), source.size());
+  ASSERT_TRUE(parent.ok());
+  Endpoint::Info theirs{};
+  ASSERT_TRUE(child.connect(parent, theirs));
+  std::atomic<bool> stop{false};
+  int registrations = 0;
+  std::thread registering([&] { registrations = churn(parent.pd, stop); });
+  int failed = 0;
+  for (int write = 0; write < kWrites; ++write) {
+    for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<uint8_t>(write * 7 + i % 251);
+    if (parent.run(IBV_WR_RDMA_WRITE, source.data(), kBytes, theirs.address, theirs.rkey) != IBV_WC_SUCCESS) ++failed;
+  }
+  stop = true;
+  registering.join();
+  EXPECT_EQ(failed, 0);
+  EXPECT_GT(registrations, 0);
+  const int status = child.finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child " << describe_exit(status);
 }
 
 }  // namespace
