@@ -13,6 +13,7 @@
 #include "data_path.h"
 #include "device_memory.h"
 #include "memory_region_table.h"
+#include "page_aligned.h"
 
 namespace softverbs {
 namespace {
@@ -77,15 +78,13 @@ class LoopbackPair {
     b_->attributes.dest_qpn = a_->qpn;
     // Page-aligned, as perftest's buffers are (glibc places two vectors of
     // 1 MiB wherever its heap has room, at any distance modulo 4 KiB).
-    source_storage_.assign((1 << 20) + 4096, 'a');
-    sink_storage_.assign((1 << 20) + 2 * 4096, 0);
-    source_ = page_aligned(source_storage_);
-    sink_ = page_aligned(sink_storage_);
+    source_ = bench::page_aligned(1 << 20, 'a');
+    sink_ = bench::page_aligned((1 << 20) + 4096);
     source_key_ =
-        *memory_->shared().mrs.register_region(1, getpid(), reinterpret_cast<uint64_t>(source_),
-                                               reinterpret_cast<uint64_t>(source_), 1 << 20, access::kLocalWrite);
-    sink_key_ = *memory_->shared().mrs.register_region(1, getpid(), reinterpret_cast<uint64_t>(sink_),
-                                                       reinterpret_cast<uint64_t>(sink_), (1 << 20) + 4096,
+        *memory_->shared().mrs.register_region(1, getpid(), reinterpret_cast<uint64_t>(source_.get()),
+                                               reinterpret_cast<uint64_t>(source_.get()), 1 << 20, access::kLocalWrite);
+    sink_key_ = *memory_->shared().mrs.register_region(1, getpid(), reinterpret_cast<uint64_t>(sink_.get()),
+                                                       reinterpret_cast<uint64_t>(sink_.get()), (1 << 20) + 4096,
                                                        access::kLocalWrite | access::kRemoteWrite);
   }
   ~LoopbackPair() { std::filesystem::remove(path_); }
@@ -93,20 +92,20 @@ class LoopbackPair {
   // `offset` bytes into the sink: source and sink lie at the same place in
   // their pages, so an offset of 1 to 31 makes the string copy's slow case.
   void write(size_t length, size_t offset) {
-    Sge sge{reinterpret_cast<uint64_t>(source_), static_cast<uint32_t>(length), source_key_};
+    Sge sge{reinterpret_cast<uint64_t>(source_.get()), static_cast<uint32_t>(length), source_key_};
     SendRequest request;
     request.opcode = SendOpcode::RdmaWrite;
     request.sges = std::span(&sge, 1);
-    request.remote_address = reinterpret_cast<uint64_t>(sink_ + offset);
+    request.remote_address = reinterpret_cast<uint64_t>(sink_.get() + offset);
     request.rkey = sink_key_;
     Completion completion;
     execute_send(*memory_, *a_, request, completion);
   }
 
   void send(size_t length) {
-    Sge recv_sge{reinterpret_cast<uint64_t>(sink_), static_cast<uint32_t>(length), sink_key_};
+    Sge recv_sge{reinterpret_cast<uint64_t>(sink_.get()), static_cast<uint32_t>(length), sink_key_};
     post_receive(*memory_, *b_, 1, std::span(&recv_sge, 1));
-    Sge sge{reinterpret_cast<uint64_t>(source_), static_cast<uint32_t>(length), source_key_};
+    Sge sge{reinterpret_cast<uint64_t>(source_.get()), static_cast<uint32_t>(length), source_key_};
     SendRequest request;
     request.opcode = SendOpcode::Send;
     request.sges = std::span(&sge, 1);
@@ -123,13 +122,7 @@ class LoopbackPair {
   QpRecord* a_;
   QpRecord* b_;
   int cq_;
-  static char* page_aligned(std::vector<char>& storage) {
-    auto address = reinterpret_cast<uintptr_t>(storage.data());
-    return storage.data() + (4096 - address % 4096) % 4096;
-  }
-  std::vector<char> source_storage_, sink_storage_;
-  char* source_;
-  char* sink_;
+  bench::PageAligned source_, sink_;
   uint32_t source_key_, sink_key_;
 };
 

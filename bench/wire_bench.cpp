@@ -8,6 +8,7 @@
 
 #include "coalesced_read.h"
 #include "icrc.h"
+#include "page_aligned.h"
 #include "payload_copy.h"
 #include "roce_headers.h"
 #include "roce_packet.h"
@@ -87,23 +88,13 @@ void Crc32(benchmark::State& state) {
 }
 BENCHMARK(Crc32)->Arg(256)->Arg(512)->Arg(1024)->Arg(4096)->Arg(65536);
 
-// Page-aligned bytes, as an application's buffers usually are: two
-// std::vectors of a few KiB lie 16 bytes apart modulo 4 KiB, where memcpy
-// between them takes the string copy's slow path (payload_copy.h).
-struct PageAligned {
-  explicit PageAligned(size_t length, uint8_t fill = 0) : storage(length + 4096, fill) {}
-  uint8_t* data() {
-    auto address = reinterpret_cast<uintptr_t>(storage.data());
-    return storage.data() + (4096 - address % 4096) % 4096;
-  }
-  std::vector<uint8_t> storage;
-};
+using softverbs::bench::page_aligned;
 
 void Crc32Copy(benchmark::State& state) {
   const auto length = static_cast<size_t>(state.range(0));
-  PageAligned bytes(length, 0x5a), copy(length);
+  auto bytes = page_aligned(length, 0x5a), copy = page_aligned(length);
   for (auto _ : state) {
-    benchmark::DoNotOptimize(crc32_copy(0xffffffffu, copy.data(), std::span<const uint8_t>(bytes.data(), length)));
+    benchmark::DoNotOptimize(crc32_copy(0xffffffffu, copy.get(), std::span<const uint8_t>(bytes.get(), length)));
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
@@ -112,10 +103,10 @@ BENCHMARK(Crc32Copy)->Arg(1024)->Arg(4096);
 
 void Crc32ThenMemcpy(benchmark::State& state) {
   const auto length = static_cast<size_t>(state.range(0));
-  PageAligned bytes(length, 0x5a), copy(length);
+  auto bytes = page_aligned(length, 0x5a), copy = page_aligned(length);
   for (auto _ : state) {
-    benchmark::DoNotOptimize(crc32(0xffffffffu, std::span<const uint8_t>(bytes.data(), length)));
-    std::memcpy(copy.data(), bytes.data(), length);
+    benchmark::DoNotOptimize(crc32(0xffffffffu, std::span<const uint8_t>(bytes.get(), length)));
+    std::memcpy(copy.get(), bytes.get(), length);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
@@ -130,9 +121,9 @@ template <bool kPayloadCopy>
 void ReceiveCopy(benchmark::State& state) {
   const auto length = static_cast<size_t>(state.range(0));
   const auto distance = static_cast<size_t>(state.range(1));
-  PageAligned source_page(length + 4096, 0x5a), target_page(length + 4096);
-  const uint8_t* source = source_page.data() + 12;
-  uint8_t* target = target_page.data() + 12 + distance;
+  auto source_page = page_aligned(length + 4096, 0x5a), target_page = page_aligned(length + 4096);
+  const uint8_t* source = source_page.get() + 12;
+  uint8_t* target = target_page.get() + 12 + distance;
   for (auto _ : state) {
     if constexpr (kPayloadCopy)
       softverbs::copy_payload(target, source, length);
