@@ -10,6 +10,24 @@
 
 namespace softverbs {
 
+// Room for `Capacity` elements, left uninitialized: a std::array (or a plain
+// array) of a type with default member initializers, such as Sge,
+// RemoteRange or Completion, runs them for every element, and on the data
+// path that zeroing cost more than the work (ReceivePlacement's two lists
+// zeroed 1.3 KiB for each shared-memory WRITE, ~18% of its execute_send in
+// ib_write_lat; poll_cq's batch of 16 Completions ~80% of poll_cq). The
+// elements are trivially copyable and destructible: an element's life
+// starts when it is written as a whole (construct_at, a copy).
+template <typename T, size_t Capacity>
+union UninitializedArray {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>);
+  UninitializedArray() {}
+  T* data() { return items; }
+  const T* data() const { return items; }
+  static constexpr size_t size() { return Capacity; }
+  T items[Capacity];
+};
+
 template <typename T, size_t Capacity>
 class SmallVector {
  public:
@@ -44,22 +62,10 @@ class SmallVector {
   operator std::span<const T>() const { return {items_.data(), size_}; }
 
  private:
-  // Left uninitialized, and copied only as far as size_: a data-path list
-  // is built per packet, and zeroing 36 iovecs (576 bytes) for the one to
-  // three a packet uses cost more than using them. (A std::array of a type
-  // with default member initializers, such as Sge or RemoteRange, runs them
-  // for every element: ReceivePlacement's two lists zeroed 1.3 KiB for each
-  // shared-memory WRITE, ~18% of its execute_send in ib_write_lat.) The
-  // elements are trivially copyable and destructible: an element's life
-  // starts when push_back or a copy constructs it.
-  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>);
-  union Storage {
-    Storage() {}
-    T* data() { return items; }
-    const T* data() const { return items; }
-    T items[Capacity];
-  };
-  Storage items_;
+  // Copied only as far as size_: a data-path list is built per packet, and
+  // copying (or zeroing) 36 iovecs (576 bytes) for the one to three a
+  // packet uses cost more than using them.
+  UninitializedArray<T, Capacity> items_;
   size_t size_ = 0;
 };
 

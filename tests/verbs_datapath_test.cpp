@@ -1068,7 +1068,8 @@ struct Endpoint {
     return to_init(qp, IBV_QPT_RC, kAllAccess) == 0 && to_rtr(qp, IBV_QPT_RC, peer_qpn) == 0 &&
            to_rts(qp, IBV_QPT_RC) == 0;
   }
-  // Posts one signaled work request of 8 bytes at `sink` and waits for it.
+  // Posts one signaled work request of `length` bytes at `sink` and waits
+  // for it.
   ibv_wc_status run(ibv_wr_opcode opcode, void* sink, uint32_t length, uint64_t remote, uint32_t rkey,
                     uint64_t compare_add = 0, uint64_t swap = 0) {
     ibv_sge sge{reinterpret_cast<uint64_t>(sink), length, mr->lkey};
