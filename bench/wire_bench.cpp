@@ -86,7 +86,7 @@ void Crc32(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(crc32(0xffffffffu, bytes));
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
 }
-BENCHMARK(Crc32)->Arg(256)->Arg(512)->Arg(1024)->Arg(4096)->Arg(65536);
+BENCHMARK(Crc32)->Arg(64)->Arg(128)->Arg(192)->Arg(256)->Arg(512)->Arg(1024)->Arg(4096)->Arg(65536);
 
 using softverbs::bench::page_aligned;
 
