@@ -93,15 +93,20 @@ class DeferredChannelWakeups {
   std::vector<ChannelWakeup> held_;
 };
 
-// Completes every receive WQE still queued on `qp` with IBV_WC_WR_FLUSH_ERR.
+// Completes every receive WQE still queued on `qp` with IBV_WC_WR_FLUSH_ERR
+// (its state already ERR, so that a concurrent ibv_post_recv either
+// appended before or sees it; see post_receive).
 void flush_receive_queue(DeviceMemory& memory, QpRecord& qp);
 
 // Removes the completions of QP `qpn` from CQ `cq_index`, as an HCA's driver
 // cleans a CQ when the QP is reset or destroyed.
 void purge_completions(DeviceMemory& memory, int cq_index, uint32_t qpn);
 
-// Discards queued receive WQEs without completing them (Modify QP to RESET).
-void discard_receive_queue(QpRecord& qp);
+// Discards queued receive WQEs without completing them (Modify QP to RESET:
+// the caller holds the QP's lock and has set the state already, so that a
+// concurrent ibv_post_recv either appended before or sees it; see
+// post_receive).
+void discard_receive_queue(DeviceMemory& memory, QpRecord& qp);
 
 // IB encodings of the RNR NAK timer (min_rnr_timer), in microseconds.
 uint32_t rnr_timer_microseconds(uint8_t encoded);

@@ -20,7 +20,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 11;
+constexpr uint32_t kVersion = 12;
 constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
 constexpr unsigned kMinBlockShift = 12;
 
@@ -36,7 +36,10 @@ void initialize(DeviceShared* shared, uint64_t total_size) {
   shared->objects_lock.initialize();
   shared->memory_lock.initialize();
   shared->atomics_lock.initialize();
-  for (auto& qp : shared->qps) qp.lock.initialize();
+  for (auto& qp : shared->qps) {
+    qp.lock.initialize();
+    qp.receive_post_lock.initialize();
+  }
   for (auto& cq : shared->cqs) cq.lock.initialize();
   for (auto& srq : shared->srqs) srq.lock.initialize();
   std::construct_at(&shared->mrs, static_cast<uint32_t>(std::random_device{}()));

@@ -30,15 +30,25 @@ namespace softverbs {
 inline constexpr uint32_t kQpnBase = 0x11;
 
 // A receive queue (a QP's own or an SRQ): a ring of RecvWqe slots, each
-// followed by max_sge SGEs.
+// followed by max_sge SGEs. Takers (whoever delivers a SEND, a flush) hold
+// the queue's lock (the QP's or the SRQ's) and find the next entry by its
+// sequence number. A QP's poster holds only its QP's receive_post_lock,
+// which no other process takes, and writes only the slot and its own line:
+// a SEND stream's posts and takes touch different slots instead of both
+// moving the QP lock's line between the cores for every message. (An SRQ's
+// poster holds the SRQ's lock, as its takers do.)
 struct RecvQueue {
   uint64_t ring_offset = 0;
   uint32_t capacity = 0;
   uint32_t max_sge = 0;
   uint32_t slot_size = 0;
   uint32_t reserved = 0;
-  uint64_t posted = 0;    // entries ever posted
-  uint64_t consumed = 0;  // entries ever consumed
+  // Entries ever consumed: the takers' line.
+  alignas(64) uint64_t consumed = 0;
+  // Entries ever posted, and the poster's last look at `consumed` (read
+  // again only when the ring looks full): the poster's line.
+  alignas(64) uint64_t posted = 0;
+  uint64_t consumed_seen = 0;
 };
 
 enum class CqArm : uint32_t { None = 0, NextCompletion = 1, SolicitedOnly = 2 };
@@ -126,6 +136,7 @@ struct alignas(64) QpRecord {
   QpCapacities caps;
   QpAttributes attributes;
   RecvQueue rq;
+  SharedMutex receive_post_lock;  // the owner's threads posting receives take turns
 };
 
 // A QP's state read without its lock, as a post needs it: a snapshot that

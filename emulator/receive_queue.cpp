@@ -12,9 +12,8 @@ namespace {
 // Takes the next WQE of a receive queue (its lock held by the caller),
 // resolving its SGEs against the registrations of `owner` in `pd_handle`.
 bool take_from_queue(DeviceMemory& memory, RecvQueue& rq, uint32_t pd_handle, pid_t owner, ReceivePlacement& out) {
-  if (rq.consumed == rq.posted) return false;
-  std::atomic_thread_fence(std::memory_order_acquire);
-  RecvWqe* wqe = memory.recv_slot(rq, rq.consumed++);
+  RecvWqe* wqe = posted_head(memory, rq);
+  if (wqe == nullptr) return false;
   out.wr_id = wqe->wr_id;
   out.owner = owner;
   const Sge* sges = DeviceMemory::sges_of(wqe);
@@ -35,10 +34,24 @@ bool take_from_queue(DeviceMemory& memory, RecvQueue& rq, uint32_t pd_handle, pi
     out.sges.push_back(sges[i]);
     out.capacity += sges[i].length;
   }
+  consume_head(rq);  // after the last read of the entry: the poster may write the slot from then on
   return true;
 }
 
 }  // namespace
+
+RecvWqe* posted_head(DeviceMemory& memory, RecvQueue& rq) {
+  if (rq.capacity == 0) return nullptr;  // a QP with an SRQ has no ring of its own
+  RecvWqe* wqe = memory.recv_slot(rq, rq.consumed);
+  // Acquire: the entry's fields, written before its sequence, are whole.
+  if (std::atomic_ref<uint32_t>(wqe->sequence).load(std::memory_order_acquire) != wqe_sequence(rq.consumed))
+    return nullptr;
+  return wqe;
+}
+
+void consume_head(RecvQueue& rq) {
+  std::atomic_ref<uint64_t>(rq.consumed).store(rq.consumed + 1, std::memory_order_release);
+}
 
 bool take_receive(DeviceMemory& memory, QpRecord& target, ReceivePlacement& out) {
   if (target.srq < 0) return take_from_queue(memory, target.rq, target.pd_handle, target.owner_pid, out);

@@ -24,6 +24,14 @@ struct ReceivePlacement {
   bool protection_error = false;  // an SGE failed its lkey check
 };
 
+// The entry at the head of `rq` if its poster has finished writing it, else
+// null; for a caller holding the queue's lock. consume_head() then takes it.
+RecvWqe* posted_head(DeviceMemory& memory, RecvQueue& rq);
+void consume_head(RecvQueue& rq);
+
+// The WQE sequence number of position `position` (RecvWqe::sequence).
+inline uint32_t wqe_sequence(uint64_t position) { return static_cast<uint32_t>(position + 1); }
+
 // The next receive WQE for `target` (whose lock the caller holds): from its
 // SRQ if it has one, raising the SRQ's limit event when the queue drops below
 // the armed limit. False if none is posted.

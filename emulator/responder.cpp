@@ -5,43 +5,62 @@
 
 #include "data_path.h"
 #include "event_socket.h"
+#include "receive_queue.h"
 
 namespace softverbs {
 
 namespace {
 
-// Appends a WQE to `rq` (its owner's lock held): 0, EINVAL or ENOMEM.
+// Appends a WQE to `rq` (its poster's lock held; see RecvQueue): 0, EINVAL
+// or ENOMEM.
 int append_wqe(DeviceMemory& memory, RecvQueue& rq, uint64_t wr_id, std::span<const Sge> sges) {
   if (sges.size() > rq.max_sge) return EINVAL;
-  if (rq.posted - rq.consumed >= rq.capacity) return ENOMEM;
+  if (rq.posted - rq.consumed_seen >= rq.capacity) {
+    // Acquire: the takers' reads of the slots they freed came first.
+    rq.consumed_seen = std::atomic_ref<uint64_t>(rq.consumed).load(std::memory_order_acquire);
+    if (rq.posted - rq.consumed_seen >= rq.capacity) return ENOMEM;
+  }
   RecvWqe* wqe = memory.recv_slot(rq, rq.posted);
   wqe->wr_id = wr_id;
   wqe->num_sge = static_cast<uint32_t>(sges.size());
   std::memcpy(DeviceMemory::sges_of(wqe), sges.data(), sges.size_bytes());
-  std::atomic_thread_fence(std::memory_order_release);
+  std::atomic_ref<uint32_t>(wqe->sequence).store(wqe_sequence(rq.posted), std::memory_order_release);
   ++rq.posted;
   return 0;
 }
 
+// Completes a receive WQE with a flush error on `recv_cq`.
+void complete_flushed(DeviceMemory& memory, int recv_cq, uint32_t qpn, uint64_t wr_id) {
+  Completion flushed;
+  flushed.wr_id = wr_id;
+  flushed.status = WcStatus::WrFlushError;
+  flushed.opcode = WcOpcode::Receive;
+  flushed.qp_num = qpn;
+  deliver_completion(memory, recv_cq, flushed, false);
+}
+
+// Returns once no post of a receive to `qp` is under way.
+void wait_for_receive_posts(QpRecord& qp) { SharedLock post(qp.receive_post_lock); }
+
 }  // namespace
 
 int post_receive(DeviceMemory& memory, QpRecord& qp, uint64_t wr_id, std::span<const Sge> sges) {
-  Completion flushed;
-  int recv_cq = -1;
+  // The SRQ, the SGE limit and the CQ are fixed while the QP lives.
+  if (qp.srq >= 0 || sges.size() > qp.rq.max_sge) return EINVAL;
   {
-    SharedLock lock(qp.lock);
-    if (qp.state == QpState::Reset || qp.srq >= 0 || sges.size() > qp.rq.max_sge) return EINVAL;
-    if (qp.state == QpState::Error) {
-      flushed.wr_id = wr_id;
-      flushed.status = WcStatus::WrFlushError;
-      flushed.opcode = WcOpcode::Receive;
-      flushed.qp_num = qp.qpn;
-      recv_cq = qp.recv_cq;
-    } else {
-      return append_wqe(memory, qp.rq, wr_id, sges);
-    }
+    // The state is read under the post lock: a move to ERR or RESET sets
+    // the state, then passes through this lock (wait_for_receive_posts),
+    // then empties the queue, so this WQE is either in the queue by then or
+    // sees the new state.
+    SharedLock post(qp.receive_post_lock);
+    const QpState state = load_state(qp);
+    if (state == QpState::Reset) return EINVAL;
+    if (state != QpState::Error) return append_wqe(memory, qp.rq, wr_id, sges);
   }
-  deliver_completion(memory, recv_cq, flushed, false);
+  // In ERR: after the WQEs still queued, which the move to ERR may not have
+  // flushed yet.
+  flush_receive_queue(memory, qp);
+  complete_flushed(memory, qp.recv_cq, qp.qpn, wr_id);
   return 0;
 }
 
@@ -127,18 +146,15 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
 }
 
 void flush_receive_queue(DeviceMemory& memory, QpRecord& qp) {
-  for (;;) {
-    Completion flushed;
-    {
-      SharedLock lock(qp.lock);
-      if (qp.rq.consumed == qp.rq.posted) return;
-      RecvWqe* wqe = memory.recv_slot(qp.rq, qp.rq.consumed++);
-      flushed.wr_id = wqe->wr_id;
-      flushed.status = WcStatus::WrFlushError;
-      flushed.opcode = WcOpcode::Receive;
-      flushed.qp_num = qp.qpn;
-    }
-    deliver_completion(memory, qp.recv_cq, flushed, false);
+  wait_for_receive_posts(qp);  // see post_receive
+  // The lock is held across the completions, so that two flushes (the one
+  // of the move to ERR, one of a post that saw ERR) complete the WQEs in
+  // their order, as an HCA flushes its receive queue.
+  SharedLock lock(qp.lock);
+  while (RecvWqe* wqe = posted_head(memory, qp.rq)) {
+    const uint64_t wr_id = wqe->wr_id;
+    consume_head(qp.rq);
+    complete_flushed(memory, qp.recv_cq, qp.qpn, wr_id);
   }
 }
 
@@ -152,7 +168,10 @@ void purge_completions(DeviceMemory& memory, int cq_index, uint32_t qpn) {
   ring.remove_if([qpn](const Completion& entry) { return entry.qp_num == qpn; });
 }
 
-void discard_receive_queue(QpRecord& qp) { qp.rq.consumed = qp.rq.posted; }
+void discard_receive_queue(DeviceMemory& memory, QpRecord& qp) {
+  wait_for_receive_posts(qp);  // see post_receive
+  while (posted_head(memory, qp.rq) != nullptr) consume_head(qp.rq);
+}
 
 uint32_t rnr_timer_microseconds(uint8_t encoded) {
   // IB spec table 45 (RNR NAK timer field), in microseconds.

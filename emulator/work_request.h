@@ -55,7 +55,11 @@ inline WcOpcode completion_opcode(SendOpcode opcode) {
 struct RecvWqe {
   uint64_t wr_id = 0;
   uint32_t num_sge = 0;
-  uint32_t reserved = 0;
+  // Its position in the queue plus one (modulo 2^32), stored last, with
+  // release order: a taker reads the entry only once it carries the
+  // position the taker expects, so the poster needs no lock that takers
+  // take (see RecvQueue).
+  uint32_t sequence = 0;
   // Sge sges[max_sge] follow.
 };
 

@@ -23,6 +23,7 @@
 #include "progress_thread.h"
 #include "provider_context.h"
 #include "qp_state_machine.h"
+#include "receive_queue.h"
 #include "shared_regions.h"
 #include "small_vector.h"
 #include "udp_transport.h"
@@ -569,9 +570,11 @@ int modify_srq(ibv_srq* ibv, ibv_srq_attr* attr, int mask) {
       // Resize: a new ring holding the queued WQEs in order.
       RecvQueue grown = allocate_receive_queue(*state.memory, capacity, record.rq.max_sge);
       if (grown.ring_offset == 0) return ENOMEM;
-      for (uint64_t seq = record.rq.consumed; seq != record.rq.posted; ++seq)
-        std::memcpy(state.memory->recv_slot(grown, grown.posted++), state.memory->recv_slot(record.rq, seq),
-                    record.rq.slot_size);
+      for (uint64_t position = record.rq.consumed; position != record.rq.posted; ++position) {
+        RecvWqe* moved = state.memory->recv_slot(grown, grown.posted);
+        std::memcpy(moved, state.memory->recv_slot(record.rq, position), record.rq.slot_size);
+        moved->sequence = wqe_sequence(grown.posted++);  // its place in the new ring
+      }
       old_ring = record.rq.ring_offset;
       old_bytes = ring_bytes(record.rq);
       record.rq = grown;
@@ -980,12 +983,12 @@ int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
   {
     SharedLock lock(record.lock);
     record.attributes = next;
+    if (target != QpState::Error) set_state(record, target);
     if (target == QpState::Reset) {
-      discard_receive_queue(record);
+      discard_receive_queue(*state.memory, record);  // after the state: see post_receive
       record.attributes = QpAttributes{};
       record.attributes.path_mtu = static_cast<uint8_t>(state.port.active_mtu);
     }
-    if (target != QpState::Error) set_state(record, target);
   }
   if (target == QpState::Error) {
     enter_error_state(*state.memory, qp);

@@ -762,6 +762,188 @@ TEST_F(RcDataPath, SharedReceiveQueueFeedsSeveralQpsAndRaisesItsLimitEvent) {
   EXPECT_EQ(ibv_destroy_srq(srq), 0);
 }
 
+TEST_F(RcDataPath, ResizingAnSrqKeepsItsQueuedReceivesInOrder) {
+  ibv_srq_init_attr srq_init{};
+  srq_init.attr = {4, 1, 0};
+  ibv_srq* srq = ibv_create_srq(pd_, &srq_init);
+  ASSERT_NE(srq, nullptr) << std::strerror(errno);
+  ibv_qp_init_attr init{};
+  init.send_cq = cq_b_;
+  init.recv_cq = cq_b_;
+  init.srq = srq;
+  init.cap = {4, 0, 1, 0, 0};
+  connect_rc_with(init);
+  auto post_srq = [&](uint64_t wr_id) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_b_.data() + 64 * (wr_id % 16)), 64, mr_b_->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    return ibv_post_srq_recv(srq, &wr, &bad);
+  };
+  // Three taken and three posted again first, so that the queue's head is
+  // not at the start of its ring when it moves.
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(post_srq(100 + i), 0);
+  EXPECT_EQ(post_srq(999), ENOMEM);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(post_a(IBV_WR_SEND, i, 0, 16), 0);
+  ASSERT_EQ(poll_n(cq_b_, 3).size(), 3u);
+  ASSERT_EQ(poll_n(cq_a_, 3).size(), 3u);
+  for (uint64_t i = 4; i < 7; ++i) ASSERT_EQ(post_srq(100 + i), 0);
+  ibv_srq_attr grow{};
+  grow.max_wr = 16;
+  ASSERT_EQ(ibv_modify_srq(srq, &grow, IBV_SRQ_MAX_WR), 0);
+  for (uint64_t i = 7; i < 15; ++i) ASSERT_EQ(post_srq(100 + i), 0);
+  for (uint64_t i = 0; i < 12; ++i) ASSERT_EQ(post_a(IBV_WR_SEND, 3 + i, 0, 16), 0) << i;
+  auto received = poll_n(cq_b_, 12);
+  ASSERT_EQ(received.size(), 12u);
+  for (uint64_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(received[i].status, IBV_WC_SUCCESS) << i;
+    EXPECT_EQ(received[i].wr_id, 103 + i) << "the moved receives first, in order, then the new ones";
+  }
+  EXPECT_TRUE(poll_n(cq_b_, 1, std::chrono::milliseconds(50)).empty());
+  ASSERT_EQ(poll_n(cq_a_, 12).size(), 12u);
+  ASSERT_EQ(ibv_destroy_qp(qp_b_), 0);
+  qp_b_ = nullptr;
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+}
+
+// SEND_WITH_IMM from QP A carrying `index` as its immediate data.
+int post_send_numbered(ibv_qp* qp, ibv_mr* mr, uint8_t* buffer, uint32_t index) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(buffer), 8, mr->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = index;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(index);
+  ibv_send_wr* bad = nullptr;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
+TEST_F(RcDataPath, ReceivesPostedFromTwoThreadsAreEachTakenOnceInOrder) {
+  // ibv_post_recv is thread-safe: two threads fill one receive queue at the
+  // same time, then SENDs drain it; twice, so that the ring wraps. Every
+  // SEND lands in exactly one WQE, in the order they were sent, and each
+  // thread's WQEs are used in the order it posted them.
+  constexpr uint64_t kPerThread = 1000;
+  ibv_cq* receive_cq = ibv_create_cq(context_, 2 * kPerThread, nullptr, nullptr, 0);
+  ASSERT_NE(receive_cq, nullptr);
+  ibv_qp_init_attr init{};
+  init.send_cq = cq_b_;
+  init.recv_cq = receive_cq;
+  init.cap = {4, 3 * kPerThread / 2, 1, 1, 0};  // the second round wraps the ring
+  connect_rc_with(init);
+  uint64_t next_of[2] = {0, 0};
+  for (uint32_t round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::atomic<int> ready{0};
+    std::atomic<bool> failed{false};
+    auto poster = [&](uint64_t thread) {
+      ++ready;
+      while (ready < 2) {
+      }
+      for (uint64_t i = round * kPerThread / 2; i < (round + 1) * kPerThread / 2; ++i)
+        if (post_recv_b(thread << 32 | i, static_cast<uint32_t>(8 * thread), 8) != 0) failed = true;
+    };
+    std::thread first(poster, 0), second(poster, 1);
+    first.join();
+    second.join();
+    ASSERT_FALSE(failed) << "a post failed";
+    std::vector<ibv_wc> received;
+    uint32_t sent = 0, send_completions = 0;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (received.size() < kPerThread && std::chrono::steady_clock::now() < deadline) {
+      if (sent < kPerThread && sent - send_completions < 4) {
+        ASSERT_EQ(post_send_numbered(qp_a_, mr_a_, buffer_a_.data(), sent), 0);
+        ++sent;
+      }
+      ibv_wc wc[16];
+      int got = ibv_poll_cq(cq_a_, 16, wc);
+      for (int i = 0; i < got; ++i) EXPECT_EQ(wc[i].status, IBV_WC_SUCCESS);
+      send_completions += static_cast<uint32_t>(std::max(got, 0));
+      got = ibv_poll_cq(receive_cq, 16, wc);
+      for (int i = 0; i < got; ++i) received.push_back(wc[i]);
+    }
+    ASSERT_EQ(received.size(), kPerThread);
+    for (size_t k = 0; k < received.size(); ++k) {
+      const ibv_wc& wc = received[k];
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << k;
+      EXPECT_EQ(ntohl(wc.imm_data), k) << "SENDs land in the order they were sent";
+      EXPECT_EQ(wc.byte_len, 8u);
+      const uint64_t thread = wc.wr_id >> 32;
+      ASSERT_LT(thread, 2u);
+      EXPECT_EQ(wc.wr_id & 0xffffffffu, next_of[thread]++) << "each thread's WQEs once each, in its order";
+    }
+    EXPECT_EQ(next_of[0], (round + 1) * kPerThread / 2);
+    EXPECT_EQ(next_of[1], (round + 1) * kPerThread / 2);
+    while (send_completions < sent) {
+      auto done = poll_n(cq_a_, 1);
+      ASSERT_EQ(done.size(), 1u);
+      ++send_completions;
+    }
+  }
+  ASSERT_EQ(ibv_destroy_qp(qp_b_), 0);
+  qp_b_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(receive_cq), 0);
+}
+
+TEST_F(RcDataPath, ReceivesPostedAcrossTheMoveToErrorOrResetAreFlushedOrGone) {
+  // A thread posts receives while the QP moves to ERR (every WQE that was
+  // accepted completes once, flushed) or to RESET (every one is gone: the
+  // first SEND after the QP is connected again takes a WQE posted after).
+  ibv_qp_init_attr init{};
+  init.send_cq = cq_b_;
+  init.recv_cq = cq_b_;
+  init.cap = {4, 64, 1, 1, 0};  // room for every receive of a round
+  connect_rc_with(init);
+  constexpr uint64_t kPosts = 48;  // cq_b_ holds 64
+  for (uint64_t round = 0; round < 40; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const bool to_error = round % 2 == 0;
+    std::atomic<uint64_t> attempted{0};
+    std::vector<uint64_t> accepted;
+    std::thread poster([&] {
+      for (uint64_t i = 0; i < kPosts; ++i) {
+        if (post_recv_b(round << 32 | i, 0, 8) == 0) accepted.push_back(round << 32 | i);
+        attempted = i + 1;
+      }
+    });
+    // The move lands at a different point of the posts in each round.
+    while (attempted < (round * 7) % kPosts) {
+    }
+    ibv_qp_attr attr{};
+    attr.qp_state = to_error ? IBV_QPS_ERR : IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(qp_b_, &attr, IBV_QP_STATE), 0);
+    poster.join();
+    if (to_error) {
+      EXPECT_EQ(accepted.size(), kPosts) << "a QP in ERR takes receives and flushes them";
+      auto flushed = poll_n(cq_b_, static_cast<int>(accepted.size()));
+      ASSERT_EQ(flushed.size(), accepted.size());
+      for (size_t k = 0; k < flushed.size(); ++k) {
+        EXPECT_EQ(flushed[k].status, IBV_WC_WR_FLUSH_ERR);
+        EXPECT_EQ(flushed[k].wr_id, accepted[k]) << "each accepted WQE once, in order";
+      }
+      attr.qp_state = IBV_QPS_RESET;
+      ASSERT_EQ(ibv_modify_qp(qp_b_, &attr, IBV_QP_STATE), 0);
+    }
+    EXPECT_TRUE(poll_n(cq_b_, 1, std::chrono::milliseconds(1)).empty()) << "nothing more, nothing from RESET";
+    // Connected again: the queue starts empty.
+    attr.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(qp_a_, &attr, IBV_QP_STATE), 0);
+    poll_n(cq_a_, 64, std::chrono::milliseconds(1));
+    bring_up(IBV_QPT_RC);
+    ASSERT_EQ(post_recv_b(0xfeed, 0, 8), 0);
+    ASSERT_EQ(post_a(IBV_WR_SEND, 1, 0, 8), 0);
+    auto received = poll_n(cq_b_, 1);
+    ASSERT_EQ(received.size(), 1u);
+    EXPECT_EQ(received[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(received[0].wr_id, 0xfeedu) << "a WQE from before the reset took the SEND";
+    ASSERT_EQ(poll_n(cq_a_, 1).size(), 1u);
+  }
+}
+
 TEST_F(RcDataPath, SrqLimitsAreValidated) {
   ibv_srq_init_attr init{};
   init.attr = {0, 1, 0};
