@@ -204,18 +204,19 @@ class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
     }
   }
 
-  int post_recv_b(uint64_t wr_id, uint32_t offset, uint32_t length) {
+  // A receive into buffer_b_, on qp_b_'s own queue or on `srq`.
+  int post_recv_b(uint64_t wr_id, uint32_t offset, uint32_t length, ibv_srq* srq = nullptr) {
     ibv_sge sge{reinterpret_cast<uint64_t>(buffer_b_.data() + offset), length, mr_b_->lkey};
     ibv_recv_wr wr{};
     wr.wr_id = wr_id;
     wr.sg_list = &sge;
     wr.num_sge = 1;
     ibv_recv_wr* bad = nullptr;
-    return ibv_post_recv(qp_b_, &wr, &bad);
+    return srq != nullptr ? ibv_post_srq_recv(srq, &wr, &bad) : ibv_post_recv(qp_b_, &wr, &bad);
   }
 
   int post_a(ibv_wr_opcode opcode, uint64_t wr_id, uint32_t offset, uint32_t length, uint64_t remote = 0,
-             uint32_t rkey = 0, uint32_t lkey = 0) {
+             uint32_t rkey = 0, uint32_t lkey = 0, uint32_t immediate = 0xabcd0123) {
     ibv_sge sge{reinterpret_cast<uint64_t>(buffer_a_.data() + offset), length, lkey ? lkey : mr_a_->lkey};
     ibv_send_wr wr{};
     wr.wr_id = wr_id;
@@ -223,7 +224,7 @@ class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
     wr.num_sge = 1;
     wr.opcode = opcode;
     wr.send_flags = IBV_SEND_SIGNALED;
-    wr.imm_data = htonl(0xabcd0123);
+    wr.imm_data = htonl(immediate);
     wr.wr.rdma.remote_addr = remote;
     wr.wr.rdma.rkey = rkey;
     if (qp_a_->qp_type == IBV_QPT_UD) {
@@ -236,6 +237,23 @@ class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
   }
 
   uint64_t addr_b(uint32_t offset) { return reinterpret_cast<uint64_t>(buffer_b_.data() + offset); }
+
+  // An SRQ of `max_wr` WQEs and an RC pair whose B side takes its receives
+  // from it; null (with a failure recorded) if either cannot be made.
+  ibv_srq* connect_rc_on_srq(uint32_t max_wr) {
+    ibv_srq_init_attr srq_init{};
+    srq_init.attr = {max_wr, 1, 0};
+    ibv_srq* srq = ibv_create_srq(pd_, &srq_init);
+    EXPECT_NE(srq, nullptr) << std::strerror(errno);
+    if (srq == nullptr) return nullptr;
+    ibv_qp_init_attr init{};
+    init.send_cq = cq_b_;
+    init.recv_cq = cq_b_;
+    init.srq = srq;
+    init.cap = {4, 0, 1, 0, 0};
+    connect_rc_with(init);
+    return srq;
+  }
 
   ibv_context* context_ = nullptr;
   ibv_pd* pd_ = nullptr;
@@ -710,26 +728,10 @@ TEST_F(RcDataPath, CompletionChannelWakesTheWaiter) {
 }
 
 TEST_F(RcDataPath, SharedReceiveQueueFeedsSeveralQpsAndRaisesItsLimitEvent) {
-  ibv_srq_init_attr srq_init{};
-  srq_init.attr = {8, 1, 0};
-  ibv_srq* srq = ibv_create_srq(pd_, &srq_init);
-  ASSERT_NE(srq, nullptr) << std::strerror(errno);
-  ibv_qp_init_attr init{};
-  init.send_cq = cq_b_;
-  init.recv_cq = cq_b_;
-  init.srq = srq;
-  init.cap = {4, 0, 1, 0, 0};
-  connect_rc_with(init);
+  ibv_srq* srq = connect_rc_on_srq(8);
+  ASSERT_NE(srq, nullptr);
   EXPECT_EQ(post_recv_b(1, 0, 8), EINVAL) << "a QP on an SRQ takes no receives of its own";
-  for (uint64_t i = 0; i < 3; ++i) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_b_.data() + 64 * i), 64, mr_b_->lkey};
-    ibv_recv_wr wr{};
-    wr.wr_id = 100 + i;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    ASSERT_EQ(ibv_post_srq_recv(srq, &wr, &bad), 0);
-  }
+  for (uint32_t i = 0; i < 3; ++i) ASSERT_EQ(post_recv_b(100 + i, 64 * i, 64, srq), 0);
   ibv_srq_attr limit{};
   limit.srq_limit = 2;
   ASSERT_EQ(ibv_modify_srq(srq, &limit, IBV_SRQ_LIMIT), 0);
@@ -763,25 +765,9 @@ TEST_F(RcDataPath, SharedReceiveQueueFeedsSeveralQpsAndRaisesItsLimitEvent) {
 }
 
 TEST_F(RcDataPath, ResizingAnSrqKeepsItsQueuedReceivesInOrder) {
-  ibv_srq_init_attr srq_init{};
-  srq_init.attr = {4, 1, 0};
-  ibv_srq* srq = ibv_create_srq(pd_, &srq_init);
-  ASSERT_NE(srq, nullptr) << std::strerror(errno);
-  ibv_qp_init_attr init{};
-  init.send_cq = cq_b_;
-  init.recv_cq = cq_b_;
-  init.srq = srq;
-  init.cap = {4, 0, 1, 0, 0};
-  connect_rc_with(init);
-  auto post_srq = [&](uint64_t wr_id) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_b_.data() + 64 * (wr_id % 16)), 64, mr_b_->lkey};
-    ibv_recv_wr wr{};
-    wr.wr_id = wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    return ibv_post_srq_recv(srq, &wr, &bad);
-  };
+  ibv_srq* srq = connect_rc_on_srq(4);
+  ASSERT_NE(srq, nullptr);
+  auto post_srq = [&](uint64_t wr_id) { return post_recv_b(wr_id, static_cast<uint32_t>(64 * (wr_id % 16)), 64, srq); };
   // Three taken and three posted again first, so that the queue's head is
   // not at the start of its ring when it moves.
   for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(post_srq(100 + i), 0);
@@ -806,20 +792,6 @@ TEST_F(RcDataPath, ResizingAnSrqKeepsItsQueuedReceivesInOrder) {
   ASSERT_EQ(ibv_destroy_qp(qp_b_), 0);
   qp_b_ = nullptr;
   EXPECT_EQ(ibv_destroy_srq(srq), 0);
-}
-
-// SEND_WITH_IMM from QP A carrying `index` as its immediate data.
-int post_send_numbered(ibv_qp* qp, ibv_mr* mr, uint8_t* buffer, uint32_t index) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(buffer), 8, mr->lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = index;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND_WITH_IMM;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.imm_data = htonl(index);
-  ibv_send_wr* bad = nullptr;
-  return ibv_post_send(qp, &wr, &bad);
 }
 
 TEST_F(RcDataPath, ReceivesPostedFromTwoThreadsAreEachTakenOnceInOrder) {
@@ -856,7 +828,7 @@ TEST_F(RcDataPath, ReceivesPostedFromTwoThreadsAreEachTakenOnceInOrder) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (received.size() < kPerThread && std::chrono::steady_clock::now() < deadline) {
       if (sent < kPerThread && sent - send_completions < 4) {
-        ASSERT_EQ(post_send_numbered(qp_a_, mr_a_, buffer_a_.data(), sent), 0);
+        ASSERT_EQ(post_a(IBV_WR_SEND_WITH_IMM, sent, 0, 8, 0, 0, 0, sent), 0);  // its number as immediate data
         ++sent;
       }
       ibv_wc wc[16];
