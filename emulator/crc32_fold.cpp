@@ -25,16 +25,22 @@ namespace {
 // product of two reflected operands comes out one bit short.
 constexpr uint64_t kPolynomial = 0x104c11db7;
 
+// A polynomial of degree 32 at most, bit-reflected over 33 bits. For one
+// of degree below 32 that is its 32-bit reflection shifted left by one.
+constexpr uint64_t reflect33(uint64_t value) {
+  uint64_t reflected = 0;
+  for (unsigned bit = 0; bit < 33; ++bit)
+    if (value & (uint64_t{1} << bit)) reflected |= uint64_t{1} << (32 - bit);
+  return reflected;
+}
+
 constexpr uint64_t reflected_power(unsigned n) {
   uint64_t remainder = 1;
   for (unsigned i = 0; i < n; ++i) {
     remainder <<= 1;
     if (remainder & (uint64_t{1} << 32)) remainder ^= kPolynomial;
   }
-  uint64_t reflected = 0;
-  for (unsigned bit = 0; bit < 32; ++bit)
-    if (remainder & (uint64_t{1} << bit)) reflected |= uint64_t{1} << (31 - bit);
-  return reflected << 1;
+  return reflect33(remainder);
 }
 
 // The two constants for a fold `bytes` ahead, as the two halves of a lane.
@@ -53,12 +59,6 @@ static_assert(fold_by(64).first_half == 0x154442bd4 && fold_by(64).second_half =
 // The quotient x^64 / P and P itself, 33 bits each, bit-reflected: the
 // two multipliers of the Barrett reduction that ends a fold (the values
 // in Intel's paper above check them).
-constexpr uint64_t reflect33(uint64_t value) {
-  uint64_t reflected = 0;
-  for (unsigned bit = 0; bit < 33; ++bit)
-    if (value & (uint64_t{1} << bit)) reflected |= uint64_t{1} << (32 - bit);
-  return reflected;
-}
 constexpr uint64_t quotient_of_x64() {
   unsigned __int128 remainder = static_cast<unsigned __int128>(1) << 64;
   uint64_t quotient = 0;
