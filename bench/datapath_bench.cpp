@@ -14,6 +14,7 @@
 #include "device_memory.h"
 #include "memory_region_table.h"
 #include "page_aligned.h"
+#include "receive_queue.h"
 
 namespace softverbs {
 namespace {
@@ -69,10 +70,7 @@ class LoopbackPair {
       qp->pd_handle = 1;
       qp->send_cq = qp->recv_cq = cq_;
       qp->attributes.access_flags = access::kRemoteWrite | access::kLocalWrite;
-      qp->rq.capacity = 1024;
-      qp->rq.max_sge = 1;
-      qp->rq.slot_size = sizeof(RecvWqe) + sizeof(Sge);
-      qp->rq.ring_offset = memory_->allocate(uint64_t{qp->rq.capacity} * qp->rq.slot_size);
+      qp->rq = allocate_receive_queue(*memory_, 1024, 1);
     }
     a_->attributes.dest_qpn = b_->qpn;
     b_->attributes.dest_qpn = a_->qpn;

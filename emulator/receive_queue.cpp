@@ -1,5 +1,6 @@
 #include "receive_queue.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "debug_log.h"
@@ -39,6 +40,15 @@ bool take_from_queue(DeviceMemory& memory, RecvQueue& rq, uint32_t pd_handle, pi
 }
 
 }  // namespace
+
+RecvQueue allocate_receive_queue(DeviceMemory& memory, uint32_t capacity, uint32_t max_sge) {
+  RecvQueue rq;
+  rq.capacity = std::max<uint32_t>(capacity, 1);
+  rq.max_sge = std::max<uint32_t>(max_sge, 1);
+  rq.slot_size = static_cast<uint32_t>(sizeof(RecvWqe) + rq.max_sge * sizeof(Sge));
+  rq.ring_offset = memory.allocate(ring_bytes(rq));
+  return rq;
+}
 
 RecvWqe* posted_head(DeviceMemory& memory, RecvQueue& rq) {
   if (rq.capacity == 0) return nullptr;  // a QP with an SRQ has no ring of its own

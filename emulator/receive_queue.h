@@ -24,6 +24,12 @@ struct ReceivePlacement {
   bool protection_error = false;  // an SGE failed its lkey check
 };
 
+// A receive queue with a ring of `capacity` WQEs of `max_sge` SGEs (at least
+// one of each) in device memory; its ring_offset is 0 if the heap is full.
+RecvQueue allocate_receive_queue(DeviceMemory& memory, uint32_t capacity, uint32_t max_sge);
+// The bytes of its ring, for DeviceMemory::release.
+inline uint64_t ring_bytes(const RecvQueue& rq) { return uint64_t{rq.capacity} * rq.slot_size; }
+
 // The entry at the head of `rq` if its poster has finished writing it, else
 // null; for a caller holding the queue's lock. consume_head() then takes it.
 RecvWqe* posted_head(DeviceMemory& memory, RecvQueue& rq);

@@ -493,18 +493,6 @@ struct ProviderSrq {
 ProviderSrq* to_srq(ibv_srq* srq) { return reinterpret_cast<ProviderSrq*>(srq); }
 SrqRecord& record_of(ProviderSrq* srq) { return memory_of(srq->verbs.srq.context).shared().srqs[srq->index]; }
 
-// A receive ring of `capacity` WQEs of `max_sge` SGEs; its offset or 0.
-RecvQueue allocate_receive_queue(DeviceMemory& memory, uint32_t capacity, uint32_t max_sge) {
-  RecvQueue rq;
-  rq.capacity = std::max<uint32_t>(capacity, 1);
-  rq.max_sge = std::max<uint32_t>(max_sge, 1);
-  rq.slot_size = static_cast<uint32_t>(sizeof(RecvWqe) + rq.max_sge * sizeof(Sge));
-  rq.ring_offset = memory.allocate(uint64_t{rq.capacity} * rq.slot_size);
-  return rq;
-}
-
-uint64_t ring_bytes(const RecvQueue& rq) { return uint64_t{rq.capacity} * rq.slot_size; }
-
 ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
   ContextState& state = state_of(pd->context);
   ibv_srq_attr& attr = init->attr;

@@ -46,10 +46,8 @@ class ReceiveQueue : public ::testing::Test {
     ASSERT_GE(qp_index_, 0);
     QpRecord& qp = record();
     qp.recv_cq = cq_;
-    qp.rq.capacity = 64;
-    qp.rq.max_sge = 1;
-    qp.rq.slot_size = static_cast<uint32_t>(sizeof(RecvWqe) + sizeof(Sge));
-    qp.rq.ring_offset = memory_->allocate(uint64_t{qp.rq.capacity} * qp.rq.slot_size);
+    qp.rq = allocate_receive_queue(*memory_, 64, 1);
+    ASSERT_NE(qp.rq.ring_offset, 0u);
     set_state(qp, QpState::Rts);
   }
 

@@ -62,10 +62,7 @@ int PacketHarness::make_qp(QpType type) {
   record.state = QpState::Rts;
   record.pd_handle = pd_;
   record.send_cq = record.recv_cq = cq_;
-  record.rq.capacity = 8;
-  record.rq.max_sge = 2;
-  record.rq.slot_size = static_cast<uint32_t>(sizeof(RecvWqe) + 2 * sizeof(Sge));
-  record.rq.ring_offset = memory_->allocate(uint64_t{record.rq.capacity} * record.rq.slot_size);
+  record.rq = allocate_receive_queue(*memory_, 8, 2);
   record.attributes.qkey = 0x11111111;
   return index;
 }
