@@ -4,6 +4,8 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -60,10 +62,10 @@ class LoopbackPair {
     a_ = &memory_->shared().qps[memory_->allocate_qp(getpid())];
     b_ = &memory_->shared().qps[memory_->allocate_qp(getpid())];
     cq_ = memory_->allocate_cq(getpid());
-    CqRecord& cq = memory_->shared().cqs[cq_];
-    cq.ring_offset = memory_->allocate(4096 * sizeof(CompletionSlot));
-    cq.ring_bytes = 4096 * sizeof(CompletionSlot);
-    CompletionRing::initialize(cq.ring, std::span(memory_->at<CompletionSlot>(cq.ring_offset), 4096));
+    if (!memory_->allocate_completion_ring(memory_->shared().cqs[cq_], 4096)) {
+      std::fprintf(stderr, "datapath_bench: no room for the CQ in %s\n", path_.c_str());
+      std::exit(1);
+    }
     for (QpRecord* qp : {a_, b_}) {
       qp->type = QpType::Rc;
       qp->state = QpState::Rts;
@@ -109,8 +111,7 @@ class LoopbackPair {
     request.sges = std::span(&sge, 1);
     Completion completion, drained;
     execute_send(*memory_, *a_, request, completion);
-    CqRecord& cq = memory_->shared().cqs[cq_];
-    CompletionRing ring(cq.ring, std::span(memory_->at<CompletionSlot>(cq.ring_offset), cq.ring.consumer.capacity));
+    CompletionRing ring = memory_->completion_ring(memory_->shared().cqs[cq_]);
     ring.pop(std::span(&drained, 1));
   }
 

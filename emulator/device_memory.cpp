@@ -117,6 +117,19 @@ std::shared_ptr<DeviceMemory> DeviceMemory::open_or_recreate(const std::filesyst
 
 DeviceMemory::~DeviceMemory() { munmap(base_, size_); }
 
+void DeviceMemory::install_completion_ring(CqRecord& cq, uint64_t offset, uint32_t capacity) {
+  cq.ring_offset = offset;
+  cq.ring_bytes = completion_ring_bytes(capacity);
+  CompletionRing::initialize(cq.ring, std::span(at<CompletionSlot>(offset), capacity));
+}
+
+bool DeviceMemory::allocate_completion_ring(CqRecord& cq, uint32_t capacity) {
+  const uint64_t offset = allocate(completion_ring_bytes(capacity));
+  if (offset == 0) return false;
+  install_completion_ring(cq, offset, capacity);
+  return true;
+}
+
 uint64_t DeviceMemory::allocate(uint64_t bytes) {
   unsigned cls = size_class(bytes);
   if (cls >= std::size(shared().free_lists)) return 0;

@@ -208,6 +208,21 @@ class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
   // Frees the records of processes that exited without cleaning up.
   void reclaim_dead_owners();
 
+  // A CQ's ring of `capacity` slots (a power of two) in device memory.
+  // install_completion_ring points the record at slots allocate() gave and
+  // empties them; callers hold the CQ's poll lock and lock where another
+  // process may see the record. allocate_completion_ring does both for a
+  // CQ that no other process sees yet (false: device memory is full).
+  static uint64_t completion_ring_bytes(uint32_t capacity) { return uint64_t{capacity} * sizeof(CompletionSlot); }
+  void install_completion_ring(CqRecord& cq, uint64_t offset, uint32_t capacity);
+  [[nodiscard]] bool allocate_completion_ring(CqRecord& cq, uint32_t capacity);
+  // The ring as its producers see it (its size read from their own cache
+  // line). The owner's polls keep the slots' offset in process memory
+  // instead: the record's line is the one producers lock.
+  CompletionRing completion_ring(CqRecord& cq) {
+    return CompletionRing(cq.ring, std::span(at<CompletionSlot>(cq.ring_offset), cq.ring.producer.capacity));
+  }
+
   RecvWqe* recv_slot(RecvQueue& queue, uint64_t sequence) {
     return at<RecvWqe>(queue.ring_offset + (sequence % queue.capacity) * queue.slot_size);
   }

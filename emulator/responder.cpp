@@ -118,7 +118,7 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
   {
     SharedLock lock(cq.lock);
     if (!cq.live) return false;
-    CompletionRing ring(cq.ring, std::span(memory.at<CompletionSlot>(cq.ring_offset), cq.ring.producer.capacity));
+    CompletionRing ring = memory.completion_ring(cq);
     bool overflowed_before = ring.overflowed();
     stored = ring.push(completion);
     if (!stored && !overflowed_before) {
@@ -164,7 +164,7 @@ void purge_completions(DeviceMemory& memory, int cq_index, uint32_t qpn) {
   SharedLock poll_lock(cq.ring.consumer.poll_lock);
   SharedLock lock(cq.lock);
   if (!cq.live) return;
-  CompletionRing ring(cq.ring, std::span(memory.at<CompletionSlot>(cq.ring_offset), cq.ring.producer.capacity));
+  CompletionRing ring = memory.completion_ring(cq);
   ring.remove_if([qpn](const Completion& entry) { return entry.qp_num == qpn; });
 }
 

@@ -220,8 +220,7 @@ ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* ch
     return nullptr;
   }
   uint32_t capacity = std::bit_ceil(static_cast<uint32_t>(cqe));
-  uint64_t bytes = uint64_t{capacity} * sizeof(CompletionSlot);
-  uint64_t ring = memory.allocate(bytes);
+  uint64_t ring = memory.allocate(DeviceMemory::completion_ring_bytes(capacity));
   if (ring == 0) {
     memory.shared().cqs[index].live = 0;
     errno = ENOMEM;
@@ -238,9 +237,7 @@ ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* ch
   {
     SharedLock poll_lock(record.ring.consumer.poll_lock);
     SharedLock lock(record.lock);
-    record.ring_offset = ring;
-    record.ring_bytes = bytes;
-    CompletionRing::initialize(record.ring, std::span(memory.at<CompletionSlot>(ring), capacity));
+    memory.install_completion_ring(record, ring, capacity);
     record.owner_handle = reinterpret_cast<uint64_t>(&cq->verbs.cq);
     record.channel = channel_address;
     record.owner_async = state.async_address;
@@ -358,7 +355,7 @@ int resize_cq(ibv_cq* ibv, int cqe) {
   ContextState& state = state_of(ibv->context);
   if (cqe < 1 || cqe > state.device.max_cqe) return EINVAL;
   uint32_t capacity = std::bit_ceil(static_cast<uint32_t>(cqe));
-  uint64_t bytes = uint64_t{capacity} * sizeof(CompletionSlot);
+  uint64_t bytes = DeviceMemory::completion_ring_bytes(capacity);
   uint64_t ring = state.memory->allocate(bytes);
   if (ring == 0) return ENOMEM;
   CqRecord& record = state.memory->shared().cqs[cq->index];
@@ -366,8 +363,7 @@ int resize_cq(ibv_cq* ibv, int cqe) {
   {
     SharedLock poll_lock(record.ring.consumer.poll_lock);
     SharedLock lock(record.lock);
-    CompletionRing old(record.ring,
-                       std::span(state.memory->at<CompletionSlot>(record.ring_offset), record.ring.producer.capacity));
+    CompletionRing old = state.memory->completion_ring(record);
     const size_t waiting = old.size();
     if (waiting > capacity) {
       state.memory->release(ring, bytes);
@@ -375,14 +371,11 @@ int resize_cq(ibv_cq* ibv, int cqe) {
     }
     std::vector<Completion> moving(waiting);
     old.pop(moving);
-    std::span<CompletionSlot> slots(state.memory->at<CompletionSlot>(ring), capacity);
-    CompletionRing::initialize(record.ring, slots);
-    CompletionRing grown(record.ring, slots);
-    for (const Completion& completion : moving) grown.push(completion);
     old_ring = record.ring_offset;
     old_bytes = record.ring_bytes;
-    record.ring_offset = ring;
-    record.ring_bytes = bytes;
+    state.memory->install_completion_ring(record, ring, capacity);
+    CompletionRing grown = state.memory->completion_ring(record);
+    for (const Completion& completion : moving) grown.push(completion);
     cq->slots_offset = ring;
   }
   state.memory->release(old_ring, old_bytes);

@@ -38,10 +38,7 @@ class ReceiveQueue : public ::testing::Test {
     ASSERT_TRUE(memory_) << error;
     cq_ = memory_->allocate_cq(getpid());
     ASSERT_GE(cq_, 0);
-    CqRecord& cq = memory_->shared().cqs[cq_];
-    cq.ring_offset = memory_->allocate(kCqCapacity * sizeof(CompletionSlot));
-    cq.ring_bytes = kCqCapacity * sizeof(CompletionSlot);
-    CompletionRing::initialize(cq.ring, slots());
+    ASSERT_TRUE(memory_->allocate_completion_ring(memory_->shared().cqs[cq_], kCqCapacity));
     qp_index_ = memory_->allocate_qp(getpid());
     ASSERT_GE(qp_index_, 0);
     QpRecord& qp = record();
@@ -52,13 +49,8 @@ class ReceiveQueue : public ::testing::Test {
   }
 
   QpRecord& record() { return memory_->shared().qps[qp_index_]; }
-  std::span<CompletionSlot> slots() {
-    CqRecord& cq = memory_->shared().cqs[cq_];
-    return std::span(memory_->at<CompletionSlot>(cq.ring_offset), kCqCapacity);
-  }
   std::vector<Completion> drain_cq() {
-    CqRecord& cq = memory_->shared().cqs[cq_];
-    CompletionRing ring(cq.ring, slots());
+    CompletionRing ring = memory_->completion_ring(memory_->shared().cqs[cq_]);
     std::vector<Completion> out(kCqCapacity);
     out.resize(ring.pop(out));
     return out;

@@ -40,11 +40,10 @@ PacketHarness::PacketHarness() : directory_(make_directory()), arena_(2 * kGuard
                                             reinterpret_cast<uint64_t>(registered), kRegisteredBytes, kAllAccess);
   key_ = key.value_or(0);
   cq_ = memory_->allocate_cq(getpid());
-  CqRecord& cq = memory_->shared().cqs[cq_];
-  const uint32_t capacity = 1024;
-  cq.ring_offset = memory_->allocate(capacity * sizeof(CompletionSlot));
-  cq.ring_bytes = capacity * sizeof(CompletionSlot);
-  CompletionRing::initialize(cq.ring, std::span(memory_->at<CompletionSlot>(cq.ring_offset), capacity));
+  if (cq_ < 0 || !memory_->allocate_completion_ring(memory_->shared().cqs[cq_], 1024)) {
+    failure_ = "no room for the CQ in device memory";
+    return;
+  }
   for (QpType type : {QpType::Rc, QpType::Uc, QpType::Ud, QpType::Rc}) qp_indices_.push_back(make_qp(type));
   reset_qps();
 }
@@ -180,7 +179,7 @@ bool PacketHarness::guards_intact() {
 }
 
 bool PacketHarness::feed(std::span<const uint8_t> input) {
-  if (!memory_) return false;
+  if (!memory_ || qps_.empty()) return false;  // set-up failed: failure() says why
   if (input.size() < 2 + wire::kBthBytes) return true;
   const size_t role = input[0] % qps_.size();
   udp::UdpQp& qp = qps_[role];
@@ -230,8 +229,7 @@ bool PacketHarness::feed(std::span<const uint8_t> input) {
     udp::completer_tick(*this, qp);
   }
   // Consume the completions, and start over once a QP has failed.
-  CqRecord& cq = memory_->shared().cqs[cq_];
-  CompletionRing ring(cq.ring, std::span(memory_->at<CompletionSlot>(cq.ring_offset), cq.ring.consumer.capacity));
+  CompletionRing ring = memory_->completion_ring(memory_->shared().cqs[cq_]);
   Completion drained[64];
   while (ring.pop(drained) != 0) {
   }
