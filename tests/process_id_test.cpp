@@ -33,11 +33,19 @@ bool pin_to(int cpu) {
   return sched_setaffinity(0, sizeof set, &set) == 0;
 }
 
-// Puts the calling thread back on every CPU it may use when the test ends.
-class PinnedTest : public ::testing::Test {
+// Each test runs on the first CPU it may use (cpus_[0]) and is put back
+// on all of them when it ends.
+class ThreadWaits : public ::testing::Test {
  protected:
-  void SetUp() override { ASSERT_EQ(sched_getaffinity(0, sizeof saved_, &saved_), 0); }
+  void SetUp() override {
+    ASSERT_EQ(sched_getaffinity(0, sizeof saved_, &saved_), 0);
+    cpus_ = allowed_cpus();
+    ASSERT_FALSE(cpus_.empty());
+    ASSERT_TRUE(pin_to(cpus_[0]));
+  }
   void TearDown() override { sched_setaffinity(0, sizeof saved_, &saved_); }
+
+  std::vector<int> cpus_;
 
  private:
   cpu_set_t saved_{};
@@ -90,38 +98,28 @@ TEST(ProcessId, ThreadIdIsTheKernelsOwnInEveryThreadAndAfterFork) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child saw its parent's ids";
 }
 
-using ThreadWaits = PinnedTest;
-
 // The case the UDP engine looks for: its io thread took the core of the
 // application's thread, which is ready to run and waits for it.
 TEST_F(ThreadWaits, AThreadReadyToRunOnThisCpuWaitsForIt) {
-  const std::vector<int> cpus = allowed_cpus();
-  ASSERT_FALSE(cpus.empty());
-  ASSERT_TRUE(pin_to(cpus[0]));
-  Spinner spinner(cpus[0]);
+  Spinner spinner(cpus_[0]);
   ASSERT_TRUE(spinner.pinned());
   // While this thread runs on the one CPU they share, the spinner cannot.
   EXPECT_TRUE(thread_waits_for_this_cpu(spinner.id()));
 }
 
 TEST_F(ThreadWaits, AThreadRunningOnAnotherCpuDoesNot) {
-  const std::vector<int> cpus = allowed_cpus();
-  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs";
-  ASSERT_TRUE(pin_to(cpus[0]));
-  Spinner spinner(cpus[1]);
+  if (cpus_.size() < 2) GTEST_SKIP() << "needs two CPUs";
+  Spinner spinner(cpus_[1]);
   ASSERT_TRUE(spinner.pinned());
   EXPECT_FALSE(thread_waits_for_this_cpu(spinner.id()));
 }
 
 TEST_F(ThreadWaits, ASleepingThreadDoesNot) {
-  const std::vector<int> cpus = allowed_cpus();
-  ASSERT_FALSE(cpus.empty());
-  ASSERT_TRUE(pin_to(cpus[0]));
   int wake[2];
   ASSERT_EQ(pipe(wake), 0);
   std::atomic<pid_t> id{0};
   std::thread sleeper([&] {
-    pin_to(cpus[0]);
+    pin_to(cpus_[0]);
     id.store(current_thread_id());
     char byte;
     (void)!read(wake[0], &byte, 1);  // sleeps here until written
