@@ -131,9 +131,12 @@ constexpr auto kBurstGap = std::chrono::microseconds(10);
 // io thread finds that thread waiting for the io thread's own CPU, as it
 // nearly always is (the io thread took its core): then the batch leaves
 // with no pause. (Before that check, runs of udp ib_write_bw 2 B on 2
-// cores paused up to 9 times, doubling to 100 ms, and were left half
-// unbatched: 0.25-0.33 Mmsg/s against 0.6-1.2. The first pause is short
-// for the cases the check misses.)
+// cores paused up to 9 times, doubling to 100 ms, and 3 runs of 6 were
+// left half unbatched: 0.25-0.51 Mmsg/s against 1.09-1.33. On one CPU
+// every thread waits for the io thread's, so there a batch never pauses,
+// which batching programs gain by and one that spins loses little by:
+// see docs/udp-transport.md. The first pause is short for the cases the
+// check misses.)
 constexpr auto kFirstDeferralPause = std::chrono::milliseconds(1);
 constexpr auto kDeferralPause = std::chrono::milliseconds(100);
 constexpr uint64_t kBusyPollCalls = 8;
