@@ -10,6 +10,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -24,6 +27,14 @@ std::vector<int> allowed_cpus() {
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
     if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
   return cpus;
+}
+
+// The state letter /proc gives thread `tid` of this process ('R', 'S', ...).
+char thread_state(pid_t tid) {
+  std::ifstream stat("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() ? text[close + 2] : '?';
 }
 
 bool pin_to(int cpu) {
@@ -125,7 +136,11 @@ TEST_F(ThreadWaits, ASleepingThreadDoesNot) {
     (void)!read(wake[0], &byte, 1);  // sleeps here until written
   });
   while (id.load() == 0) sched_yield();
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // into its read
+  // Into its read (on a busy machine that may take a while).
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (thread_state(id.load()) != 'S' && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(thread_state(id.load()), 'S');
   EXPECT_FALSE(thread_waits_for_this_cpu(id.load()));
   ASSERT_EQ(write(wake[1], "x", 1), 1);
   sleeper.join();
