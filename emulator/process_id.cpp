@@ -25,7 +25,8 @@ void forget_after_fork() {
   cached_thread_id = 0;
 }
 
-void forget_ids_after_fork() {
+// Has forget_after_fork run in every child forked from now on.
+void forget_ids_in_children() {
   static const bool registered = [] { return pthread_atfork(nullptr, nullptr, forget_after_fork) == 0; }();
   (void)registered;
 }
@@ -35,7 +36,7 @@ void forget_ids_after_fork() {
 pid_t current_pid() {
   pid_t pid = cached.load(std::memory_order_relaxed);
   if (pid != 0) return pid;
-  forget_ids_after_fork();
+  forget_ids_in_children();
   pid = getpid();
   cached.store(pid, std::memory_order_relaxed);
   return pid;
@@ -43,7 +44,7 @@ pid_t current_pid() {
 
 pid_t current_thread_id() {
   if (cached_thread_id != 0) return cached_thread_id;
-  forget_ids_after_fork();
+  forget_ids_in_children();
   cached_thread_id = gettid();
   return cached_thread_id;
 }
@@ -64,9 +65,10 @@ bool thread_waits_for_this_cpu(pid_t tid) {
   // running or ready to run), field 39 the CPU it last ran on, which for a
   // ready task is the CPU whose queue it waits in.
   const char* field = std::strrchr(text, ')');  // the end of field 2
+  if (field == nullptr) return false;
   char state = '\0';
   for (int number = 3; number <= 39; ++number) {  // on to the start of field `number`
-    field = field != nullptr ? std::strchr(field, ' ') : nullptr;
+    field = std::strchr(field, ' ');
     if (field == nullptr) return false;
     ++field;
     if (number == 3) state = *field;
