@@ -4,6 +4,9 @@
 // PSN each; an atomic as one request. For RC it keeps at most kWindow PSNs
 // unacknowledged and at most max_rd_atomic READs and atomics outstanding.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "debug_log.h"
 #include "process_id.h"
@@ -38,6 +41,33 @@ Service service_of(QpType type) {
       break;
   }
   return Service::Rc;
+}
+
+// How an RDMA WRITE of more than one packet goes on the wire. An HCA sends
+// it as one message, FIRST (with the RETH) then MIDDLE and LAST packets; over
+// UDP that costs two sends per 64 KiB at path MTU 4096, since a UDP GSO send
+// carries datagrams of one length (but the last) and FIRST is 16 bytes
+// longer than the rest, and on loopback a send costs about the same whatever
+// it carries (bench/udp_pingpong). So by default each packet is a WRITE ONLY
+// message of its own, with a RETH for its part of the range: all of one
+// length, up to 15 in one send. The responder places the same bytes at the
+// same addresses, in PSN order, and the requester's completion is the same;
+// what differs from an HCA is the capture, and that a WRITE whose range runs
+// past the remote region has its parts before that point placed before the
+// NAK. SOFTVERBS_UDP_WRITES=messages sends them as an HCA does. A WRITE
+// with immediate stays one message: its immediate's receive completion
+// reports the whole length.
+enum class WriteFraming { Packets, Messages };
+
+WriteFraming configured_write_framing() {
+  static const WriteFraming framing = [] {
+    const char* text = std::getenv("SOFTVERBS_UDP_WRITES");
+    if (text == nullptr || std::strcmp(text, "packets") == 0) return WriteFraming::Packets;
+    if (std::strcmp(text, "messages") == 0) return WriteFraming::Messages;
+    std::fprintf(stderr, "softverbs: SOFTVERBS_UDP_WRITES=%s is neither packets nor messages; using packets\n", text);
+    return WriteFraming::Packets;
+  }();
+  return framing;
 }
 
 uint8_t segment_opcode(const SendWqe& wqe, uint32_t index, uint32_t count) {
@@ -100,6 +130,10 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) 
                                                      (psn_add(packet.bth.psn, 1) % kAckRequestInterval) == 0);
   packet.reth = {wqe.remote_address, wqe.rkey, static_cast<uint32_t>(wqe.length)};
   packet.immediate = be32toh(wqe.imm_data);
+  if (wqe.opcode == SendOpcode::RdmaWrite && wqe.psn_count > 1 && configured_write_framing() == WriteFraming::Packets) {
+    packet.bth.opcode = opcode(service_of(qp.type), op::kWriteOnly);
+    packet.reth = {wqe.remote_address + offset, wqe.rkey, static_cast<uint32_t>(length)};
+  }
 
   LocalVectors payload;
   if (!gather_local(port.memory(), qp, wqe, offset, length, 0, payload)) {
