@@ -7,12 +7,14 @@
 // of the peer's, 36 + 20 bytes in one UDP GSO send, as softverbs sends them
 // when an ACK leaves with the next request); one-way throughput with 64 KiB
 // datagrams; and one-way throughput of 64 KiB RDMA WRITEs framed as RoCEv2
-// at path MTU 4096, sent as softverbs sends them: the first packet carries
-// a 16-byte RETH (4128 bytes), the others 4112 (BTH + 4096 + ICRC), and as
-// all datagrams of a UDP GSO send but the last must have one size, each
-// message takes two sends (first + one, then the other 14), received with
-// UDP_GRO; and the same with a software transport's work on the data, as
-// softverbs does it: the sender copies each packet's payload from the
+// at path MTU 4096, received with UDP_GRO, in two framings: as softverbs
+// sends them, each packet a WRITE ONLY with a RETH of its own (4128 bytes:
+// BTH + RETH + 4096 + ICRC), 15 to a UDP GSO send; and as an HCA sends them,
+// one message of FIRST (with the RETH, 4128 bytes) and MIDDLE and LAST
+// packets (4112), where as all datagrams of a UDP GSO send but the last must
+// have one size, each message takes two sends (first + one, then the other
+// 14). And the first framing with a software transport's work on the data,
+// as softverbs does it: the sender copies each packet's payload from the
 // application's buffer into the send buffer and computes its ICRC, the
 // receiver checks every packet's ICRC and copies its payload out. The
 // floors for the RoCEv2-over-UDP transport.
@@ -89,23 +91,29 @@ ssize_t send_datagrams(int fd, char* buffer, const Send& what) {
 }
 
 // The software work around one 64 KiB RDMA WRITE at path MTU 4096 (see the
-// top): the sender fills `packets` from `application`, copying each payload
-// in the pass that computes the packet's CRC (crc32_copy, as softverbs's
-// sender does), and seals the packet with it; the receiver checks each
-// datagram of a GRO batch and copies its payload to `memory`.
+// top), framed as softverbs sends it (a RETH in every packet): the sender
+// fills `packets` from `application`, copying each payload in the pass that
+// computes the packet's CRC (crc32_copy, as softverbs's sender does), and
+// seals the packet with it; the receiver checks each datagram of a GRO
+// batch and copies its payload to `memory`. Returns the bytes written.
 constexpr size_t kPathMtu = 4096;
 constexpr size_t kBth = 12, kReth = 16, kIcrc = 4;
 constexpr size_t kWritePackets = 16;
+constexpr size_t kWriteOnlyPacket = kBth + kReth + kPathMtu + kIcrc;
+// 15 WRITE ONLY packets fit a UDP GSO send (65,507 bytes at most), so 15
+// messages of 16 make 16 full sends.
+constexpr size_t kMessagesPerRound = 15;
 
-void build_write(const uint8_t* application, uint8_t* packets) {
+size_t build_write(const uint8_t* application, uint8_t* packets) {
   for (size_t packet = 0; packet < kWritePackets; ++packet) {
-    const size_t header = packet == 0 ? kBth + kReth : kBth;
+    constexpr size_t header = kBth + kReth;
     uint32_t crc = softverbs::wire::crc32(0xffffffffu, std::span<const uint8_t>(packets, header));
     crc = softverbs::wire::crc32_copy(crc, packets + header,
                                       std::span<const uint8_t>(application + packet * kPathMtu, kPathMtu));
     softverbs::wire::store_icrc(~crc, packets + header + kPathMtu);
-    packets += header + kPathMtu + kIcrc;
+    packets += kWriteOnlyPacket;
   }
+  return kWritePackets * kWriteOnlyPacket;
 }
 
 // Returns the number of datagrams whose CRC did not match.
@@ -126,8 +134,8 @@ size_t check_write(std::span<const uint8_t> batch, size_t segment, uint8_t* memo
 // The parent makes the sends of `pattern` over and over as fast as it can;
 // the child (busy-polling, with UDP_GRO) counts the bytes that arrive
 // between its first and last receive and prints GB/s as `name`. With
-// `software` the pattern is one 64 KiB WRITE, and both sides do the work of
-// build_write and check_write.
+// `software` the pattern is kMessagesPerRound 64 KiB WRITEs of WRITE ONLY
+// packets, and both sides do the work of build_write and check_write.
 void throughput(int a, int b, char* buffer, const std::vector<Send>& pattern, const char* name, bool software = false) {
   size_t bytes_per_round = 0;
   for (const Send& one : pattern) bytes_per_round += one.bytes();
@@ -183,7 +191,9 @@ void throughput(int a, int b, char* buffer, const std::vector<Send>& pattern, co
   }
   std::vector<uint8_t> application(kWritePackets * kPathMtu, 0x5a);
   for (long i = 0; i < rounds; ++i) {
-    if (software) build_write(application.data(), reinterpret_cast<uint8_t*>(buffer));
+    if (software)
+      for (size_t message = 0, at = 0; message < kMessagesPerRound; ++message)
+        at += build_write(application.data(), reinterpret_cast<uint8_t*>(buffer) + at);
     for (size_t offset = 0; const Send& one : pattern) {
       send_datagrams(a, buffer + offset, one);
       if (software) offset += one.bytes();
@@ -227,7 +237,8 @@ std::vector<double> woken_side(int fd, int iterations, bool first) {
 
 }  // namespace
 
-constexpr const char* kParts[] = {"busy", "woken", "roce", "throughput", "roce_write", "roce_write_software"};
+constexpr const char* kParts[] = {
+    "busy", "woken", "roce", "throughput", "roce_write", "roce_write_software", "roce_write_message"};
 
 // Which measurements to make: all by default, or those named in a
 // comma-separated list, so that bench/run can measure a baseline again just
@@ -265,7 +276,7 @@ int main(int argc, char** argv) {
   int a = bound_socket(port_a), b = bound_socket(port_b);
   connect_to(a, port_b);
   connect_to(b, port_a);
-  static char buffer[kWritePackets * (kPathMtu + kBth + kIcrc) + kReth] = {};  // a 64 KiB WRITE's packets
+  static char buffer[kMessagesPerRound * kWritePackets * kWriteOnlyPacket] = {};  // 15 64 KiB WRITEs' packets
   if (wanted("busy")) {
     std::fflush(stdout);  // before fork: the child must not repeat it
     pid_t child = fork();
@@ -332,9 +343,13 @@ int main(int argc, char** argv) {
   }
 
   if (wanted("throughput")) throughput(a, b, buffer, {{65000, 1}}, "udp_throughput_GBps");
-  // A 64 KiB WRITE: first (4128) + middle (4112), then 13 middle + last.
-  if (wanted("roce_write")) throughput(a, b, buffer, {{4128, 1, 4112}, {4112, 14}}, "udp_throughput_roce_write_GBps");
+  // 15 64 KiB WRITEs of 16 WRITE ONLY packets (4128 bytes each): 16 sends of 15.
+  const std::vector<Send> write_only(kMessagesPerRound * kWritePackets / 15, Send{kWriteOnlyPacket, 15});
+  if (wanted("roce_write")) throughput(a, b, buffer, write_only, "udp_throughput_roce_write_GBps");
   if (wanted("roce_write_software"))
-    throughput(a, b, buffer, {{4128, 1, 4112}, {4112, 14}}, "udp_throughput_roce_write_software_GBps", true);
+    throughput(a, b, buffer, write_only, "udp_throughput_roce_write_software_GBps", true);
+  // A 64 KiB WRITE as one message: first (4128) + middle (4112), then 13 middle + last.
+  if (wanted("roce_write_message"))
+    throughput(a, b, buffer, {{4128, 1, 4112}, {4112, 14}}, "udp_throughput_roce_write_message_GBps");
   return 0;
 }
