@@ -295,6 +295,79 @@ TEST_F(UdpOnLoopback, EnvironmentFaultsOverrideTheDevicesForOneProgram) {
   EXPECT_EQ(bad.exit_code, 0) << "a bad setting does not stop programs that never send over UDP";
 }
 
+// A WRITE of 10,000 bytes at path MTU 4096, as tshark decodes the capture:
+// by default three WRITE ONLY packets whose RETHs name consecutive parts of
+// the range (4096, 4096 and 1808 bytes); with SOFTVERBS_UDP_WRITES=messages
+// FIRST, MIDDLE and LAST, the FIRST's RETH naming all 10,000 bytes.
+TEST_F(UdpOnLoopback, CaptureShowsMultiPacketWritesInTheFramingAsked) {
+  constexpr int kWriteFirst = 6, kWriteMiddle = 7, kWriteLast = 8, kWriteOnly = 10;
+  std::string gid = ipv4_gid_index();
+  ASSERT_FALSE(gid.empty());
+  std::string cli = SOFTVERBS_CLI;
+  for (std::string framing : {"packets", "messages"}) {
+    SCOPED_TRACE(framing);
+    std::string capture = dir_.path() + "/" + framing + ".pcap";
+    const std::string tool = "SOFTVERBS_UDP_WRITES=" + framing + " " + cli + " run -- ib_write_bw -d softverbs0 -x " +
+                             gid + " -p " + port_for("framing_" + framing) + " -s 10000 -n 20";
+    std::string script = cli + " capture -w " + capture + " & capture=$!\n" + "while [ ! -s " + capture +
+                         " ]; do sleep 0.05; done; sleep 0.2\n" + tool + " > server.txt 2>&1 & server=$!; sleep 0.5\n" +
+                         "for try in $(seq 1 50); do " + tool +
+                         " 127.0.0.1 > client.txt 2>&1 && break; grep -q \"Couldn't connect\" client.txt || break; "
+                         "sleep 0.2; done; status=$?\n" +
+                         "wait $server || status=1\n" + "kill -INT $capture; wait $capture; exit $status\n";
+    auto r = run_process({"bash", "-c", "cd " + dir_.path() + " || exit 1\n" + script}, env_, 120);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+
+    auto decoded =
+        run_process({"tshark", "-r", capture, "-T", "fields", "-E", "separator=,", "-e", "infiniband.bth.opcode", "-e",
+                     "infiniband.bth.psn", "-e", "infiniband.reth.va", "-e", "infiniband.reth.dmalen"});
+    ASSERT_EQ(decoded.exit_code, 0) << decoded.err;
+    struct Write {
+      int opcode;
+      uint32_t psn;
+      uint64_t va;  // 0: no RETH
+      uint32_t length;
+    };
+    std::vector<Write> writes;
+    std::map<int, int> count;
+    std::istringstream lines(decoded.out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      Write w{};
+      unsigned long long va = 0;
+      int fields = std::sscanf(line.c_str(), "%d,%u,%llx,%u", &w.opcode, &w.psn, &va, &w.length);
+      if (fields < 2 || w.opcode < kWriteFirst || w.opcode > kWriteOnly || w.opcode == 9) continue;
+      w.va = va;
+      writes.push_back(w);
+      ++count[w.opcode];
+    }
+    if (framing == "packets") {
+      EXPECT_EQ(count[kWriteFirst] + count[kWriteMiddle] + count[kWriteLast], 0) << decoded.out;
+      ASSERT_GE(count[kWriteOnly], 3 * 20) << decoded.out;
+      int parts_followed = 0;
+      for (size_t i = 0; i + 1 < writes.size(); ++i) {
+        const Write &w = writes[i], &next = writes[i + 1];
+        EXPECT_TRUE(w.length == 4096 || w.length == 1808) << "PSN " << w.psn << ": " << w.length << " bytes";
+        if (w.length == 4096 && next.psn == ((w.psn + 1) & 0xffffff)) {
+          EXPECT_EQ(next.va, w.va + 4096) << "the next part of the range, PSN " << next.psn;
+          ++parts_followed;
+        }
+      }
+      EXPECT_GE(parts_followed, 2 * 20);
+    } else {
+      EXPECT_EQ(count[kWriteOnly], 0) << decoded.out;
+      EXPECT_GE(count[kWriteFirst], 20);
+      EXPECT_EQ(count[kWriteMiddle], count[kWriteFirst]);
+      EXPECT_EQ(count[kWriteLast], count[kWriteFirst]);
+      for (const Write& w : writes) {
+        if (w.opcode == kWriteFirst) {
+          EXPECT_EQ(w.length, 10000u) << "the FIRST's RETH names the whole WRITE";
+        }
+      }
+    }
+  }
+}
+
 TEST_F(UdpOnLoopback, CaptureDecodesInTsharkAndScapyAgreesWithEveryIcrc) {
   std::string capture = dir_.path() + "/traffic.pcap";
   std::string gid = ipv4_gid_index();
