@@ -141,39 +141,13 @@ class Endpoint {
   // here).
   int post_send(uint64_t wr_id, size_t offset, uint32_t length, ibv_wr_opcode opcode = IBV_WR_SEND,
                 const ConnectInfo* peer = nullptr, uint64_t add = 0) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_.data() + offset), length, mr_->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = opcode;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    if (peer && opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-      wr.wr.atomic.remote_addr = peer->address + offset;
-      wr.wr.atomic.compare_add = add;
-      wr.wr.atomic.rkey = peer->rkey;
-    } else if (peer) {
-      wr.wr.rdma.remote_addr = peer->address + offset;
-      wr.wr.rdma.rkey = peer->rkey;
-    }
-    ibv_send_wr* bad = nullptr;
-    return ibv_post_send(qp_, &wr, &bad);
+    return post(wr_id, offset, length, opcode, peer, offset, add);
   }
 
   // An RDMA WRITE from `local_offset` here to `remote_offset` of `peer`'s buffer.
   int post_write(uint64_t wr_id, size_t local_offset, uint32_t length, const ConnectInfo& peer,
                  uint64_t remote_offset) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_.data() + local_offset), length, mr_->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = peer.address + remote_offset;
-    wr.wr.rdma.rkey = peer.rkey;
-    ibv_send_wr* bad = nullptr;
-    return ibv_post_send(qp_, &wr, &bad);
+    return post(wr_id, local_offset, length, IBV_WR_RDMA_WRITE, &peer, remote_offset, 0);
   }
 
   int post_recv(uint64_t wr_id, size_t offset, uint32_t length) {
@@ -204,6 +178,27 @@ class Endpoint {
   ibv_qp* qp_ = nullptr;
   ibv_mr* mr_ = nullptr;
   std::vector<uint8_t> buffer_;
+
+  int post(uint64_t wr_id, size_t local_offset, uint32_t length, ibv_wr_opcode opcode, const ConnectInfo* peer,
+           uint64_t remote_offset, uint64_t add) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buffer_.data() + local_offset), length, mr_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = opcode;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    if (peer && opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      wr.wr.atomic.remote_addr = peer->address + remote_offset;
+      wr.wr.atomic.compare_add = add;
+      wr.wr.atomic.rkey = peer->rkey;
+    } else if (peer) {
+      wr.wr.rdma.remote_addr = peer->address + remote_offset;
+      wr.wr.rdma.rkey = peer->rkey;
+    }
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(qp_, &wr, &bad);
+  }
   int gid_index_ = -1;
   ibv_gid gid_{};
 };
