@@ -1,7 +1,8 @@
 // The requester: walks a QP's send queue and turns work requests into
 // packets: SEND and RDMA WRITE segmented at the path MTU into first, middle,
-// last or only packets; an RDMA READ as one request whose responses use one
-// PSN each; an atomic as one request. For RC it keeps at most kWindow PSNs
+// last or only packets (a WRITE without immediate into WRITE ONLY packets
+// unless asked otherwise: see WriteFraming); an RDMA READ as one request
+// whose responses use one PSN each; an atomic as one request. For RC it keeps at most kWindow PSNs
 // unacknowledged and at most max_rd_atomic READs and atomics outstanding.
 #include <algorithm>
 #include <cstdio>
