@@ -368,6 +368,24 @@ TEST_F(UdpOnLoopback, CaptureShowsMultiPacketWritesInTheFramingAsked) {
   }
 }
 
+// A value of SOFTVERBS_UDP_WRITES that means nothing is named on stderr, and
+// the WRITEs still go (as WRITE ONLY packets).
+TEST_F(UdpOnLoopback, AnUnknownWriteFramingIsNamedAndTheDefaultUsed) {
+  std::string gid = ipv4_gid_index();
+  ASSERT_FALSE(gid.empty());
+  std::vector<std::string> server = {"ib_write_bw",           "-d", "softverbs0", "-x", gid, "-p",
+                                     port_for("bad_framing"), "-s", "10000",      "-n", "20"};
+  std::vector<std::string> client = server;
+  client.push_back("127.0.0.1");
+  Pair r = run_pair(server, client, {"SOFTVERBS_UDP_WRITES=bytes"});
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_NE(r.client.err.find("SOFTVERBS_UDP_WRITES=bytes is neither packets nor messages; using packets"),
+            std::string::npos)
+      << r.client.err;
+  EXPECT_GE(counters()["rx_packets"], 3u * 20) << "every WRITE arrived";
+}
+
 TEST_F(UdpOnLoopback, CaptureDecodesInTsharkAndScapyAgreesWithEveryIcrc) {
   std::string capture = dir_.path() + "/traffic.pcap";
   std::string gid = ipv4_gid_index();
