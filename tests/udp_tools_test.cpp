@@ -31,6 +31,9 @@ using test::roce_v2_gid_index;
 using test::run_process;
 using test::TemporaryDirectory;
 
+// A port for perftest's exchange (below).
+std::string port_for(const std::string& name);
+
 class UdpOnLoopback : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -71,6 +74,17 @@ class UdpOnLoopback : public ::testing::Test {
     }
     result.server = background.get();
     return result;
+  }
+
+  // ib_write_bw -s SIZE -n ITERATIONS between two processes over the
+  // RoCE v2 GID of 127.0.0.1, with `extra_env` in both.
+  Pair ib_write_bw(const std::string& name, const std::string& size, const std::string& iterations,
+                   std::vector<std::string> extra_env) {
+    std::vector<std::string> server = {"ib_write_bw",  "-d", "softverbs0", "-x", ipv4_gid_index(), "-p",
+                                       port_for(name), "-s", size,         "-n", iterations};
+    std::vector<std::string> client = server;
+    client.push_back("127.0.0.1");
+    return run_pair(server, client, std::move(extra_env));
   }
 
   std::map<std::string, uint64_t> counters() const {
@@ -282,12 +296,7 @@ TEST_F(UdpOnLoopback, LossDuplicationReorderingAndCorruptionAreSurvivedAndCounte
 }
 
 TEST_F(UdpOnLoopback, EnvironmentFaultsOverrideTheDevicesForOneProgram) {
-  std::string gid = ipv4_gid_index();
-  std::vector<std::string> command = {"ib_write_bw",         "-d", "softverbs0", "-x", gid,  "-p",
-                                      port_for("envfaults"), "-s", "16384",      "-n", "500"};
-  std::vector<std::string> client = command;
-  client.push_back("127.0.0.1");
-  Pair r = run_pair(command, client, {"SOFTVERBS_FAULTS=loss=0.1,seed=5"});
+  Pair r = ib_write_bw("envfaults", "16384", "500", {"SOFTVERBS_FAULTS=loss=0.1,seed=5"});
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
   EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
   EXPECT_GT(counters()["faults_dropped"], 0u);
@@ -371,13 +380,7 @@ TEST_F(UdpOnLoopback, CaptureShowsMultiPacketWritesInTheFramingAsked) {
 // A value of SOFTVERBS_UDP_WRITES that means nothing is named on stderr, and
 // the WRITEs still go (as WRITE ONLY packets).
 TEST_F(UdpOnLoopback, AnUnknownWriteFramingIsNamedAndTheDefaultUsed) {
-  std::string gid = ipv4_gid_index();
-  ASSERT_FALSE(gid.empty());
-  std::vector<std::string> server = {"ib_write_bw",           "-d", "softverbs0", "-x", gid, "-p",
-                                     port_for("bad_framing"), "-s", "10000",      "-n", "20"};
-  std::vector<std::string> client = server;
-  client.push_back("127.0.0.1");
-  Pair r = run_pair(server, client, {"SOFTVERBS_UDP_WRITES=bytes"});
+  Pair r = ib_write_bw("bad_framing", "10000", "20", {"SOFTVERBS_UDP_WRITES=bytes"});
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
   EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
   EXPECT_NE(r.client.err.find("SOFTVERBS_UDP_WRITES=bytes is neither packets nor messages; using packets"),
