@@ -2,8 +2,9 @@
 // packets: SEND and RDMA WRITE segmented at the path MTU into first, middle,
 // last or only packets (a WRITE without immediate into WRITE ONLY packets
 // unless asked otherwise: see WriteFraming); an RDMA READ as one request
-// whose responses use one PSN each; an atomic as one request. For RC it keeps at most kWindow PSNs
-// unacknowledged and at most max_rd_atomic READs and atomics outstanding.
+// whose responses use one PSN each; an atomic as one request. For RC it
+// keeps at most kWindow PSNs unacknowledged and at most max_rd_atomic READs
+// and atomics outstanding.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -76,6 +77,7 @@ uint8_t segment_opcode(const SendWqe& wqe, uint32_t index, uint32_t count) {
   const bool write = wqe.opcode == SendOpcode::RdmaWrite || wqe.opcode == SendOpcode::RdmaWriteWithImm;
   const bool immediate = wqe.opcode == SendOpcode::SendWithImm || wqe.opcode == SendOpcode::RdmaWriteWithImm;
   if (write) {
+    if (!immediate && configured_write_framing() == WriteFraming::Packets) return op::kWriteOnly;
     if (first && last) return immediate ? op::kWriteOnlyImm : op::kWriteOnly;
     if (first) return op::kWriteFirst;
     if (last) return immediate ? op::kWriteLastImm : op::kWriteLast;
@@ -121,7 +123,8 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) 
   const uint64_t offset = uint64_t{index} * qp.mtu;
   const uint64_t length = std::min<uint64_t>(qp.mtu, wqe.length - std::min(wqe.length, offset));
   TransportPacket packet;
-  packet.bth.opcode = opcode(service_of(qp.type), segment_opcode(wqe, index, wqe.psn_count));
+  const uint8_t segment = segment_opcode(wqe, index, wqe.psn_count);
+  packet.bth.opcode = opcode(service_of(qp.type), segment);
   packet.bth.dest_qp = qp.dest_qpn;
   packet.bth.psn = psn_add(wqe.first_psn, index);
   const bool last = index + 1 == wqe.psn_count;
@@ -129,12 +132,12 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) 
   const bool nothing_older_in_flight = &wqe == &qp.requester.queue.front();
   packet.bth.ack_request = qp.type == QpType::Rc && ((last && nothing_older_in_flight) ||
                                                      (psn_add(packet.bth.psn, 1) % kAckRequestInterval) == 0);
-  packet.reth = {wqe.remote_address, wqe.rkey, static_cast<uint32_t>(wqe.length)};
+  // Only a FIRST or an ONLY packet carries the RETH: a FIRST's names the
+  // whole message, an ONLY's the bytes it carries (all of a one-packet
+  // WRITE, or its part of one sent as WRITE ONLY packets).
+  packet.reth = {wqe.remote_address + offset, wqe.rkey,
+                 static_cast<uint32_t>(segment == op::kWriteFirst ? wqe.length : length)};
   packet.immediate = be32toh(wqe.imm_data);
-  if (wqe.opcode == SendOpcode::RdmaWrite && wqe.psn_count > 1 && configured_write_framing() == WriteFraming::Packets) {
-    packet.bth.opcode = opcode(service_of(qp.type), op::kWriteOnly);
-    packet.reth = {wqe.remote_address + offset, wqe.rkey, static_cast<uint32_t>(length)};
-  }
 
   LocalVectors payload;
   if (!gather_local(port.memory(), qp, wqe, offset, length, 0, payload)) {
