@@ -22,7 +22,7 @@ namespace softverbs {
 namespace {
 
 void MrKeyLookup(benchmark::State& state) {
-  auto table = std::make_unique<MemoryRegionTable>(1);
+  auto table = std::make_unique<MemoryRegionTable>();
   std::vector<uint32_t> keys;
   for (int i = 0; i < 1000; ++i)
     keys.push_back(*table->register_region(1, 1, 0x10000 * (i + 1), 0x10000 * (i + 1), 4096,
@@ -59,9 +59,9 @@ class LoopbackPair {
     path_ = "/tmp/softverbs-bench-" + std::to_string(getpid()) + ".mem";
     std::string error;
     memory_ = DeviceMemory::open(path_, &error);
-    a_ = &memory_->shared().qps[memory_->allocate_qp(getpid())];
-    b_ = &memory_->shared().qps[memory_->allocate_qp(getpid())];
-    cq_ = memory_->allocate_cq(getpid());
+    a_ = &memory_->shared().qps[memory_->allocate_qp()];
+    b_ = &memory_->shared().qps[memory_->allocate_qp()];
+    cq_ = memory_->allocate_cq();
     if (!memory_->allocate_completion_ring(memory_->shared().cqs[cq_], 4096)) {
       std::fprintf(stderr, "datapath_bench: no room for the CQ in %s\n", path_.c_str());
       std::exit(1);

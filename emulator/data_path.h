@@ -93,6 +93,11 @@ class DeferredChannelWakeups {
   std::vector<ChannelWakeup> held_;
 };
 
+// Moves `qp` (its record live as `qpn`) to ERR under its lock. True if this
+// call moved it: whoever does raises what an HCA raises once per move, such
+// as IBV_EVENT_QP_LAST_WQE_REACHED for a QP on an SRQ.
+bool move_to_error(QpRecord& qp, uint32_t qpn);
+
 // Completes every receive WQE still queued on `qp` with IBV_WC_WR_FLUSH_ERR
 // (its state already ERR, so that a concurrent ibv_post_recv either
 // appended before or sees it; see post_receive).

@@ -11,16 +11,17 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <random>
+#include <vector>
 
 #include "process_id.h"
+#include "random_bits.h"
 
 namespace softverbs {
 
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 12;
+constexpr uint32_t kVersion = 13;
 constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
 constexpr unsigned kMinBlockShift = 12;
 
@@ -42,10 +43,12 @@ void initialize(DeviceShared* shared, uint64_t total_size) {
   }
   for (auto& cq : shared->cqs) cq.lock.initialize();
   for (auto& srq : shared->srqs) srq.lock.initialize();
-  std::construct_at(&shared->mrs, static_cast<uint32_t>(std::random_device{}()));
+  std::construct_at(&shared->mrs);
   std::construct_at(&shared->multicast);
+  shared->processes.initialize();
   shared->next_pd_handle = 1;
-  shared->instance_id = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+  shared->instance_id = random_u64();
+  shared->forward_secret = random_u64();
   shared->heap_start = round_up(sizeof(DeviceShared), 4096);
   shared->heap_next = shared->heap_start;
   shared->heap_end = total_size;
@@ -155,18 +158,24 @@ void DeviceMemory::release(uint64_t offset, uint64_t bytes) {
   shared().free_lists[cls] = offset;
 }
 
-int DeviceMemory::allocate_qp(pid_t owner) {
+int DeviceMemory::allocate_qp() {
+  const int process = process_slot();
+  if (process < 0) return -1;
   SharedLock lock(shared().objects_lock);
   for (int i = 0; i < limits::kMaxQp; ++i) {
     QpRecord& qp = shared().qps[i];
     if (qp.live) continue;
     // Keep the lock object; reset everything else.
     qp.live = 1;
-    qp.qpn = kQpnBase + static_cast<uint32_t>(i);
+    uint32_t tag;
+    do tag = random_between(1, kQpnTagLimit - 1);
+    while (tag == qp.qpn >> kQpnIndexBits);
+    qp.qpn = tag << kQpnIndexBits | static_cast<uint32_t>(i);
     qp.type = QpType::Rc;
     set_state(qp, QpState::Reset);
     qp.signal_all = 0;
-    qp.owner_pid = owner;
+    qp.owner_pid = current_pid();
+    qp.owner_process = process;
     qp.pd_handle = 0;
     qp.send_cq = qp.recv_cq = qp.srq = -1;
     qp.owner_handle = 0;
@@ -180,13 +189,16 @@ int DeviceMemory::allocate_qp(pid_t owner) {
   return -1;
 }
 
-int DeviceMemory::allocate_cq(pid_t owner) {
+int DeviceMemory::allocate_cq() {
+  const int process = process_slot();
+  if (process < 0) return -1;
   SharedLock lock(shared().objects_lock);
   for (int i = 0; i < limits::kMaxCq; ++i) {
     CqRecord& cq = shared().cqs[i];
     if (cq.live) continue;
     cq.live = 1;
-    cq.owner_pid = owner;
+    cq.owner_pid = current_pid();
+    cq.owner_process = process;
     cq.owner_handle = 0;
     cq.ring_offset = 0;
     cq.ring_bytes = 0;
@@ -202,13 +214,16 @@ int DeviceMemory::allocate_cq(pid_t owner) {
   return -1;
 }
 
-int DeviceMemory::allocate_srq(pid_t owner) {
+int DeviceMemory::allocate_srq() {
+  const int process = process_slot();
+  if (process < 0) return -1;
   SharedLock lock(shared().objects_lock);
   for (int i = 0; i < limits::kMaxSrq; ++i) {
     SrqRecord& srq = shared().srqs[i];
     if (srq.live) continue;
     srq.live = 1;
-    srq.owner_pid = owner;
+    srq.owner_pid = current_pid();
+    srq.owner_process = process;
     srq.pd_handle = 0;
     srq.limit = 0;
     srq.owner_handle = 0;
@@ -236,18 +251,25 @@ size_t DeviceMemory::memory_lock_slot() {
 }
 
 QpRecord* DeviceMemory::qp_by_number(uint32_t qpn) {
-  if (qpn < kQpnBase || qpn >= kQpnBase + limits::kMaxQp) return nullptr;
-  QpRecord& qp = shared().qps[qpn - kQpnBase];
-  return qp.live ? &qp : nullptr;
+  QpRecord& qp = shared().qps[qpn & ((1u << kQpnIndexBits) - 1)];
+  // Unlocked: a QP that goes right after is found gone under its lock.
+  return qp.live && qp.qpn == qpn ? &qp : nullptr;
 }
 
 void DeviceMemory::reclaim_dead_owners() {
+  // Only the records of processes dead before the sweep are freed after it:
+  // one that dies during it may own objects the sweep has passed.
+  std::vector<int> dead_before;
+  for (int slot = 0; slot < ProcessTable::kCapacity; ++slot)
+    if (shared().processes.pid_of(slot) != 0 && !owner_alive(slot)) dead_before.push_back(slot);
+  // A record whose owner never joined (-1) is not reclaimed here.
+  const auto dead = [this](int process) { return process >= 0 && !owner_alive(process); };
   for (auto& qp : shared().qps) {
-    if (!qp.live || process_alive(qp.owner_pid)) continue;
+    if (!qp.live || !dead(qp.owner_process)) continue;
     uint64_t ring = 0, bytes = 0;
     {
       SharedLock lock(qp.lock);
-      if (!qp.live || process_alive(qp.owner_pid)) continue;
+      if (!qp.live || !dead(qp.owner_process)) continue;
       ring = qp.rq.ring_offset;
       bytes = uint64_t{qp.rq.capacity} * qp.rq.slot_size;
       qp.live = 0;
@@ -257,11 +279,11 @@ void DeviceMemory::reclaim_dead_owners() {
     shared().multicast.detach_everywhere(qp.qpn);
   }
   for (auto& cq : shared().cqs) {
-    if (!cq.live || process_alive(cq.owner_pid)) continue;
+    if (!cq.live || !dead(cq.owner_process)) continue;
     uint64_t ring = 0, bytes = 0;
     {
       SharedLock lock(cq.lock);
-      if (!cq.live || process_alive(cq.owner_pid)) continue;
+      if (!cq.live || !dead(cq.owner_process)) continue;
       ring = cq.ring_offset;
       bytes = cq.ring_bytes;
       cq.live = 0;
@@ -269,19 +291,24 @@ void DeviceMemory::reclaim_dead_owners() {
     release(ring, bytes);
   }
   for (auto& srq : shared().srqs) {
-    if (!srq.live || process_alive(srq.owner_pid)) continue;
+    if (!srq.live || !dead(srq.owner_process)) continue;
     uint64_t ring = 0, bytes = 0;
     {
       SharedLock lock(srq.lock);
-      if (!srq.live || process_alive(srq.owner_pid)) continue;
+      if (!srq.live || !dead(srq.owner_process)) continue;
       ring = srq.rq.ring_offset;
       bytes = uint64_t{srq.rq.capacity} * srq.rq.slot_size;
       srq.live = 0;
     }
     release(ring, bytes);
   }
-  ExclusiveLock lock(shared().memory_lock);
-  shared().mrs.deregister_owned_if([](int32_t pid) { return !process_alive(pid); });
+  {
+    ExclusiveLock lock(shared().memory_lock);
+    shared().mrs.deregister_owned_if(dead);
+  }
+  // Nothing refers to a dead process's record now: it can be claimed again.
+  SharedLock lock(shared().objects_lock);
+  for (int slot : dead_before) shared().processes.release_if_dead(slot);
 }
 
 }  // namespace softverbs

@@ -19,6 +19,7 @@
 #include "fault_injection.h"
 #include "memory_region_table.h"
 #include "multicast_table.h"
+#include "process_table.h"
 #include "qp_state_machine.h"
 #include "shared_mutex.h"
 #include "transport_counters.h"
@@ -26,8 +27,13 @@
 
 namespace softverbs {
 
-// QPNs start above the special QPs 0 and 1.
-inline constexpr uint32_t kQpnBase = 0x11;
+// A QPN is its record's index in the low kQpnIndexBits and a tag, drawn at
+// random at each creation, above them: QPNs are hard to guess and a stale
+// QPN names no new QP. The tag is never 0 (QPs 0 and 1 are special) nor
+// all ones with the last index (0xffffff is the multicast QPN).
+inline constexpr unsigned kQpnIndexBits = 14;
+static_assert((1 << kQpnIndexBits) == limits::kMaxQp);
+inline constexpr uint32_t kQpnTagLimit = (1u << (24 - kQpnIndexBits)) - 1;  // tags 1 .. kQpnTagLimit - 1
 
 // A receive queue (a QP's own or an SRQ): a ring of RecvWqe slots, each
 // followed by max_sge SGEs. Takers (whoever delivers a SEND, a flush) hold
@@ -57,8 +63,9 @@ struct CqRecord {
   SharedMutex lock;  // producers, arming, resizing; the owner's polls take the ring's poll lock
   uint32_t live = 0;
   int32_t owner_pid = 0;
-  uint64_t owner_handle = 0;  // the ibv_cq pointer in the owner, for events
-  uint64_t ring_offset = 0;   // CompletionSlots
+  int32_t owner_process = -1;  // the owner's ProcessTable record
+  uint64_t owner_handle = 0;   // the ibv_cq pointer in the owner, for events
+  uint64_t ring_offset = 0;    // CompletionSlots
   uint64_t ring_bytes = 0;
   CqArm armed = CqArm::None;
   SocketAddress channel;      // the owner's completion channel; length 0: none
@@ -70,6 +77,7 @@ struct SrqRecord {
   SharedMutex lock;
   uint32_t live = 0;
   int32_t owner_pid = 0;
+  int32_t owner_process = -1;
   uint32_t pd_handle = 0;
   uint32_t limit = 0;         // armed limit; 0: not armed
   uint64_t owner_handle = 0;  // the ibv_srq pointer in the owner, for events
@@ -124,6 +132,7 @@ struct alignas(64) QpRecord {
   QpState state = QpState::Reset;
   uint8_t signal_all = 0;
   int32_t owner_pid = 0;
+  int32_t owner_process = -1;  // the owner's ProcessTable record: whether it lives
   uint32_t pd_handle = 0;
   int32_t send_cq = -1;
   int32_t recv_cq = -1;
@@ -158,6 +167,11 @@ struct DeviceShared {
   uint32_t version = 0;
   uint32_t reserved = 0;
   uint64_t instance_id = 0;     // random, names this device memory's copy agents
+  uint64_t forward_secret = 0;  // random, proves a forwarded UDP packet came from a process of this device
+  // Set by `softverbs down`: the device is gone, as an HCA that was removed.
+  // Every post reads it: a line of its own, which nothing else writes.
+  alignas(64) std::atomic<uint32_t> removed{0};
+  alignas(64) uint32_t reserved_after_removed = 0;
   SharedMutex objects_lock;     // records, handles and the heap
   ReadMostlyMutex memory_lock;  // the MR table: a reader across every data copy, a writer to change it
   SharedMutex atomics_lock;     // makes atomics atomic with respect to each other
@@ -171,6 +185,7 @@ struct DeviceShared {
   SrqRecord srqs[limits::kMaxSrq];
   MemoryRegionTable mrs;
   MulticastTable multicast;  // under memory_lock
+  ProcessTable processes;    // claims under objects_lock
   // The UDP transport's counters, fault settings and capture switch.
   TransportCounters counters;
   SharedFaultSettings faults;
@@ -197,15 +212,29 @@ class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
   uint64_t allocate(uint64_t bytes);
   void release(uint64_t offset, uint64_t bytes);
 
-  // Record allocation; -1 when the device's limit is reached.
-  int allocate_qp(pid_t owner);
-  int allocate_cq(pid_t owner);
-  int allocate_srq(pid_t owner);
+  // Record allocation for this process; -1 when the device's limit is
+  // reached (or the process cannot join the device: see process_slot).
+  int allocate_qp();
+  int allocate_cq();
+  int allocate_srq();
   uint32_t allocate_pd_handle();
 
   QpRecord* qp_by_number(uint32_t qpn);
 
-  // Frees the records of processes that exited without cleaning up.
+  // This process's record in the device's ProcessTable: the process joins
+  // the device on first use (and again in a forked child), which starts
+  // the thread that holds the record's life mutex and serves as its copy
+  // agent (memory_copy.h). -1 if the device has no free record.
+  int process_slot();
+  // Whether the process of a record's owner_process still lives.
+  bool owner_alive(int process_slot) const {
+    return const_cast<DeviceMemory*>(this)->shared().processes.alive(process_slot);
+  }
+  // Whether `softverbs down` removed the device.
+  bool removed() { return shared().removed.load(std::memory_order_acquire) != 0; }
+
+  // Frees the records of processes that exited without cleaning up, and
+  // then their ProcessTable records.
   void reclaim_dead_owners();
 
   // A CQ's ring of `capacity` slots (a power of two) in device memory.
@@ -239,6 +268,7 @@ class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
   char* base_;
   size_t size_;
   std::atomic<uint64_t> memory_lock_slot_{0};  // pid << 32 | slot; 0: none yet
+  std::atomic<uint64_t> process_slot_{0};      // pid << 32 | ProcessTable slot; 0: not joined
 };
 
 // Holds the device's memory_lock as a reader: the keys and the regions they

@@ -15,6 +15,7 @@
 #include "device_limits.h"
 #include "file_util.h"
 #include "process_id.h"
+#include "process_table.h"
 
 namespace softverbs {
 
@@ -94,8 +95,9 @@ bool DeviceRegistry::remove(const std::string& name, std::string* error) const {
     if (error) *error = "cannot remove " + record_path(name).string() + ": " + std::strerror(errno);
     return false;
   }
-  // The users stay listed: processes keep their contexts across a down/up,
-  // and `up` tells them the port is active again.
+  // Its users' contexts died with it (see `softverbs down`).
+  std::error_code ec;
+  fs::remove_all(users_dir(name), ec);
   return true;
 }
 
@@ -114,14 +116,23 @@ int DeviceRegistry::allocate_uverbs_index(const std::string& for_device, const f
   return -1;
 }
 
+namespace {
+
+// A user record's first line names the process's start time: with the pid
+// it names one process for good, where a pid alone may be reused.
+constexpr std::string_view kStartTimeKey = "start_time=";
+
+}  // namespace
+
 void DeviceRegistry::register_user(const std::string& device, pid_t pid,
                                    const std::vector<std::string>& async_sockets) const {
   fs::path dir = users_dir(device);
   mkdir((runtime_dir_ / "users").c_str(), 0700);
   mkdir(dir.c_str(), 0700);
-  std::string lines;
+  std::string lines = std::string(kStartTimeKey) + std::to_string(process_start_time(pid)) + "\n";
   for (const auto& name : async_sockets) lines += name + "\n";
   write_text_file(dir / std::to_string(pid), lines);
+  users(device);  // removes the records of processes that have exited
 }
 
 void DeviceRegistry::unregister_user(const std::string& device, pid_t pid) const {
@@ -136,20 +147,27 @@ std::vector<DeviceUser> DeviceRegistry::users(const std::string& device) const {
     char* end = nullptr;
     long pid = std::strtol(name.c_str(), &end, 10);
     if (end == nullptr || *end != '\0' || pid <= 0) continue;
-    if (!process_alive(static_cast<pid_t>(pid))) {
-      unlink(entry.path().c_str());
-      continue;
-    }
-    DeviceUser user;
-    user.pid = static_cast<pid_t>(pid);
-    user.command = read_first_line(fs::path("/proc") / std::to_string(pid) / "comm").value_or("?");
     std::string lines = read_text_file(entry.path()).value_or("");
+    DeviceUser user;
+    uint64_t start_time = 0;
     for (size_t start = 0; start < lines.size();) {
       size_t end = lines.find('\n', start);
       if (end == std::string::npos) end = lines.size();
-      if (end > start) user.async_sockets.push_back(lines.substr(start, end - start));
+      const std::string line = lines.substr(start, end - start);
+      if (line.rfind(kStartTimeKey, 0) == 0)
+        start_time = std::strtoull(line.c_str() + kStartTimeKey.size(), nullptr, 10);
+      else if (!line.empty())
+        user.async_sockets.push_back(line);
       start = end + 1;
     }
+    // Gone, or its pid now names another process.
+    if (!process_alive(static_cast<pid_t>(pid)) ||
+        (start_time != 0 && process_start_time(static_cast<pid_t>(pid)) != start_time)) {
+      unlink(entry.path().c_str());
+      continue;
+    }
+    user.pid = static_cast<pid_t>(pid);
+    user.command = read_first_line(fs::path("/proc") / std::to_string(pid) / "comm").value_or("?");
     users.push_back(std::move(user));
   }
   std::sort(users.begin(), users.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });

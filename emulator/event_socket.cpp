@@ -4,12 +4,28 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 namespace softverbs {
 
-int open_event_socket(SocketAddress* address) {
+namespace {
+
+int credential_socket() {
   int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int on = 1;
+  if (setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+int open_event_socket(SocketAddress* address) {
+  int fd = credential_socket();
   if (fd < 0) return -1;
   sockaddr_un bound{};
   bound.sun_family = AF_UNIX;
@@ -20,6 +36,46 @@ int open_event_socket(SocketAddress* address) {
     return -1;
   }
   return fd;
+}
+
+int open_trusted_socket(const SocketAddress& address) {
+  if (address.length == 0 || address.length > sizeof address.path) return -1;
+  int fd = credential_socket();
+  if (fd < 0) return -1;
+  sockaddr_un bound{};
+  bound.sun_family = AF_UNIX;
+  std::memcpy(bound.sun_path, address.path, address.length);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&bound),
+           static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.length)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool trusted_sender(uid_t uid) { return uid == 0 || uid == getuid() || uid == geteuid(); }
+
+ssize_t receive_from_trusted(int fd, void* buffer, size_t capacity, int flags) {
+  iovec vector{buffer, capacity};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred))];
+  msghdr message{};
+  message.msg_iov = &vector;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof control;
+  ssize_t length;
+  do length = recvmsg(fd, &message, flags | MSG_CMSG_CLOEXEC);
+  while (length < 0 && errno == EINTR);
+  if (length < 0) return -1;
+  for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header)) {
+    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_CREDENTIALS ||
+        header->cmsg_len < CMSG_LEN(sizeof(ucred)))
+      continue;
+    ucred credentials;
+    std::memcpy(&credentials, CMSG_DATA(header), sizeof credentials);
+    if (trusted_sender(credentials.uid)) return length;
+  }
+  return -2;  // no credentials (the socket lacks SO_PASSCRED) or a stranger's
 }
 
 bool socket_address_of(int fd, SocketAddress* address) {

@@ -3,6 +3,8 @@
 // libibverbs reads from a kernel's channel and async file descriptors.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -14,8 +16,23 @@ struct SocketAddress {
   char path[108] = {};  // sun_path, starting with NUL (abstract)
 };
 
-// A new datagram socket bound to a kernel-chosen abstract address; -1 on error.
+// A new datagram socket bound to a kernel-chosen abstract address; -1 on
+// error. Like every socket here it asks for its senders' credentials
+// (SO_PASSCRED), so that receive_from_trusted can tell who sent what.
 int open_event_socket(SocketAddress* address);
+
+// A datagram socket bound to the abstract address `address`, asking for its
+// senders' credentials; -1 on error.
+int open_trusted_socket(const SocketAddress& address);
+
+// Abstract addresses carry no permissions: any local user can send to one.
+// So a receiver takes only datagrams from processes of its own user (or
+// root): the kernel attaches the sender's credentials, translated into the
+// receiver's user namespace. Returns the datagram's length; -1 on error
+// (errno set); -2 for a datagram from someone else, which is dropped.
+ssize_t receive_from_trusted(int fd, void* buffer, size_t capacity, int flags = 0);
+// Whether a sender with user id `uid` (as the receiver sees it) is trusted.
+bool trusted_sender(uid_t uid);
 
 // The bound address of `fd`; false if it is not an AF_UNIX socket.
 bool socket_address_of(int fd, SocketAddress* address);

@@ -116,7 +116,7 @@ struct AgentSegment {
   uint64_t address;
   uint64_t length;
   uint32_t key;
-  uint32_t reserved;
+  uint32_t access;  // the right the copy exercises (access::k*), checked against the key's region
 };
 
 struct AgentRequest {
@@ -143,17 +143,31 @@ SocketAddress agent_address(DeviceMemory& memory, pid_t pid) {
   return address;
 }
 
-// The agent's side: checks every segment against the region its key names in
-// this process, then copies between the bounce buffer and that memory.
-int serve(DeviceMemory& memory, const AgentRequest& request) {
-  if (request.count > kMaxSegments) return EINVAL;
+// The rights a copy into (write) or out of the agent's memory may exercise:
+// placing a SEND needs local write on the receive buffer's key, a WRITE
+// remote write, a READ remote read, an atomic remote atomic both ways.
+bool right_fits_direction(uint32_t right, bool write) {
+  if (right == 0 || (right & (right - 1)) != 0) return false;  // exactly one
+  if (write) return right == access::kLocalWrite || right == access::kRemoteWrite || right == access::kRemoteAtomic;
+  return right == access::kRemoteRead || right == access::kRemoteAtomic;
+}
+
+}  // namespace
+
+int serve_copy_request(DeviceMemory& memory, std::span<const uint8_t> datagram) {
+  AgentRequest request;
+  if (datagram.size() != sizeof request) return EINVAL;
+  std::memcpy(&request, datagram.data(), sizeof request);
+  if (request.magic != kAgentMagic || request.count > kMaxSegments || request.write > 1) return EINVAL;
   uint64_t bytes = 0;
   for (uint32_t i = 0; i < request.count; ++i) {
     const AgentSegment& s = request.segments[i];
     std::optional<MemoryRegion> region = memory.shared().mrs.find(s.key);
     if (!region || region->owner_pid != current_pid() || s.address < region->address ||
-        s.address - region->address > region->length || s.length > region->length - (s.address - region->address))
+        s.address - region->address > region->length || s.length > region->length - (s.address - region->address) ||
+        !right_fits_direction(s.access, request.write == 1) || (region->access & s.access) != s.access)
       return EFAULT;
+    if (s.length > kChunkBytes - bytes) return EINVAL;
     bytes += s.length;
   }
   const DeviceShared& shared = memory.shared();
@@ -173,17 +187,7 @@ int serve(DeviceMemory& memory, const AgentRequest& request) {
   return 0;
 }
 
-void agent_loop(std::shared_ptr<DeviceMemory> memory, int fd) {
-  for (;;) {
-    AgentRequest request;
-    ssize_t n = recv(fd, &request, sizeof request, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return;
-    if (n != static_cast<ssize_t>(sizeof request) || request.magic != kAgentMagic) continue;  // not ours: ignore
-    AgentReply reply{kAgentMagic, serve(*memory, request)};
-    send_datagram(request.reply, &reply, sizeof reply);
-  }
-}
+namespace {
 
 // One request: the caller's bounce buffer holds (or receives) the bytes of
 // `segments`, in order.
@@ -199,13 +203,20 @@ int agent_request(DeviceMemory& memory, pid_t pid, bool write, uint64_t bounce,
   if (reply_fd < 0) return errno;
   int status = EHOSTUNREACH;
   if (send_datagram(agent_address(memory, pid), &request, sizeof request)) {
-    pollfd waiting{reply_fd, POLLIN, 0};
-    AgentReply reply{};
-    if (poll(&waiting, 1, kAgentTimeoutMs) == 1 && recv(reply_fd, &reply, sizeof reply, 0) == sizeof reply &&
-        reply.magic == kAgentMagic)
-      status = reply.status;
-    else
-      status = ETIMEDOUT;
+    status = ETIMEDOUT;
+    // Only the agent's answer counts: a datagram from another user is
+    // skipped, so that no one can answer in its place.
+    for (;;) {
+      pollfd waiting{reply_fd, POLLIN, 0};
+      AgentReply reply{};
+      if (poll(&waiting, 1, kAgentTimeoutMs) != 1) break;
+      const ssize_t got = receive_from_trusted(reply_fd, &reply, sizeof reply);
+      if (got == -1) break;
+      if (got == static_cast<ssize_t>(sizeof reply) && reply.magic == kAgentMagic) {
+        status = reply.status;
+        break;
+      }
+    }
   }
   close(reply_fd);
   return status;
@@ -234,7 +245,7 @@ int agent_copy(DeviceMemory& memory, pid_t pid, bool write, std::span<const iove
     while (range < remote.size() && segments.size() < kMaxSegments && chunk < bounce_bytes && moved + chunk < wanted) {
       const RemoteRange& r = remote[range];
       uint64_t take = std::min({r.length - range_offset, bounce_bytes - chunk, wanted - moved - chunk});
-      if (take > 0) segments.push_back({r.address + range_offset, take, r.key, 0});
+      if (take > 0) segments.push_back({r.address + range_offset, take, r.key, r.access});
       chunk += take;
       range_offset += take;
       if (range_offset == r.length) {
@@ -356,28 +367,24 @@ int copy_from_process(DeviceMemory& memory, pid_t pid, std::span<const iovec> lo
   return copy(memory, pid, false, local, remote, process_vm_readv);
 }
 
-void start_copy_agent(DeviceMemory& memory) {
-  static std::mutex mutex;
-  static std::set<std::pair<pid_t, uint64_t>> started;  // threads do not survive fork: keyed by pid too
-  std::lock_guard guard(mutex);
-  auto instance = std::make_pair(getpid(), memory.shared().instance_id);
-  if (started.count(instance)) return;
-  std::shared_ptr<DeviceMemory> keep = memory.shared_from_this();
-  SocketAddress address = agent_address(memory, getpid());
-  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
-  sockaddr_un bound{};
-  bound.sun_family = AF_UNIX;
-  std::memcpy(bound.sun_path, address.path, address.length);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&bound),
-           static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.length)) != 0) {
-    close(fd);
-    return;
+int open_copy_agent_socket(DeviceMemory& memory) {
+  const SocketAddress address = agent_address(memory, current_pid());
+  return open_trusted_socket(address);
+}
+
+void serve_copy_requests(DeviceMemory& memory, int fd) {
+  for (;;) {
+    alignas(AgentRequest) uint8_t datagram[sizeof(AgentRequest) + 1];
+    const ssize_t n = receive_from_trusted(fd, datagram, sizeof datagram);
+    if (n == -1) return;
+    if (n == -2) continue;  // another user's: not answered at all
+    AgentRequest request;
+    if (static_cast<size_t>(n) != sizeof request) continue;
+    std::memcpy(&request, datagram, sizeof request);
+    if (request.magic != kAgentMagic) continue;
+    AgentReply reply{kAgentMagic, serve_copy_request(memory, std::span(datagram, sizeof request))};
+    send_datagram(request.reply, &reply, sizeof reply);
   }
-  started.insert(instance);
-  // Blocks in recv: costs nothing while idle, and only serves copies the
-  // kernel would not let peers make themselves.
-  std::thread(agent_loop, std::move(keep), fd).detach();
 }
 
 }  // namespace softverbs

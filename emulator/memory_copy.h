@@ -23,6 +23,10 @@ struct RemoteRange {
   uint64_t address = 0;
   uint64_t length = 0;
   uint32_t key = 0;
+  // The one right the copy exercises on the key's region (access::k*:
+  // local write to place a SEND, remote write, read or atomic); the copy
+  // agent refuses a range whose region does not grant it.
+  uint32_t access = 0;
 };
 
 enum class CopyMethod : uint8_t { Auto, KernelOnly, AgentOnly };
@@ -48,8 +52,17 @@ int agent_copy_from_process(DeviceMemory& memory, pid_t pid, std::span<const iov
 // shorter list holds).
 void copy_within_process(std::span<const iovec> to, std::span<const iovec> from);
 
-// Starts this process's copy agent for `memory` (once; later calls do
-// nothing): a thread blocked on a socket, serving other processes' copies.
-void start_copy_agent(DeviceMemory& memory);
+// This process's copy agent socket for `memory` (an abstract datagram
+// socket that takes only datagrams of this user: see event_socket.h);
+// -1 on error.
+int open_copy_agent_socket(DeviceMemory& memory);
+// Serves copy requests from `fd` until it fails: each range is checked
+// against the region its key names in this process (owner, bounds, the
+// right exercised) before a byte moves. Requests from other users get no
+// answer. Runs on the process's presence thread (DeviceMemory::process_slot).
+void serve_copy_requests(DeviceMemory& memory, int fd);
+// One request datagram, as the agent serves it: 0 or an errno (for the
+// fuzz target and tests).
+int serve_copy_request(DeviceMemory& memory, std::span<const uint8_t> datagram);
 
 }  // namespace softverbs

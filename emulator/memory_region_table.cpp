@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cerrno>
 
+#include "random_bits.h"
+
 namespace softverbs {
 
 int validate_registration_access(uint32_t flags) {
@@ -13,16 +15,8 @@ int validate_registration_access(uint32_t flags) {
   return 0;
 }
 
-MemoryRegionTable::MemoryRegionTable(uint32_t seed) {
-  for (uint32_t i = 0; i < kCapacity; ++i) slots_[i].variant = static_cast<uint8_t>(seed + i * 37);
-}
-
-// A key is the slot index in the upper 24 bits and a variant byte in the low
-// 8, as HCAs build them: the byte changes at each registration of the slot.
 const MemoryRegionTable::Slot* MemoryRegionTable::slot_of(uint32_t key) const {
-  uint32_t index = key >> 8;
-  if (index >= kCapacity) return nullptr;
-  const Slot& slot = slots_[index];
+  const Slot& slot = slots_[index_of(key)];
   if (!slot.live || slot.region.key != key) return nullptr;
   return &slot;
 }
@@ -63,6 +57,7 @@ void MemoryRegionTable::write_slot(Slot& slot, const MemoryRegion& region, bool 
   store_relaxed(slot.region.pd_handle, region.pd_handle);
   store_relaxed(slot.region.access, region.access);
   store_relaxed(slot.region.owner_pid, region.owner_pid);
+  slot.region.owner_process = region.owner_process;  // read under the lock only
   store_relaxed(slot.region.address, region.address);
   store_relaxed(slot.region.iova, region.iova);
   store_relaxed(slot.region.length, region.length);
@@ -79,18 +74,20 @@ void MemoryRegionTable::set_live(Slot& slot, bool live) {
 
 std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, int32_t owner_pid, uint64_t address,
                                                            uint64_t iova, uint64_t length, uint32_t access_flags,
-                                                           const SharedBacking& backing) {
+                                                           const SharedBacking& backing, int32_t owner_process) {
   for (uint32_t probe = 0; probe < kCapacity; ++probe) {
     uint32_t index = (next_free_hint_ + probe) % kCapacity;
     Slot& slot = slots_[index];
     if (slot.live) continue;
-    ++slot.variant;
     // Key 0 is never handed out: a zeroed SGE must not name a region.
-    if (index == 0 && slot.variant == 0) ++slot.variant;
-    write_slot(
-        slot,
-        MemoryRegion{(index << 8) | slot.variant, pd_handle, access_flags, owner_pid, address, iova, length, backing},
-        true);
+    uint16_t tag;
+    do tag = static_cast<uint16_t>(random_u64());
+    while (tag == slot.tag || (index == 0 && tag == 0));
+    slot.tag = tag;
+    write_slot(slot,
+               MemoryRegion{(uint32_t{tag} << kIndexBits) | index, pd_handle, access_flags, owner_pid, owner_process, 0,
+                            address, iova, length, backing},
+               true);
     next_free_hint_ = (index + 1) % kCapacity;
     ++live_;
     return slot.region.key;
@@ -101,7 +98,7 @@ std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, i
 bool MemoryRegionTable::deregister(uint32_t key) {
   const Slot* found = slot_of(key);
   if (found == nullptr) return false;
-  set_live(slots_[key >> 8], false);
+  set_live(slots_[index_of(key)], false);
   --live_;
   return true;
 }
@@ -110,7 +107,7 @@ bool MemoryRegionTable::reregister(uint32_t key, const MemoryRegion& updated) {
   if (slot_of(key) == nullptr) return false;
   MemoryRegion region = updated;
   region.key = key;
-  write_slot(slots_[key >> 8], region, true);
+  write_slot(slots_[index_of(key)], region, true);
   return true;
 }
 
@@ -135,9 +132,7 @@ KeyCheck MemoryRegionTable::check_against(const Checked& region, uint32_t key, u
 
 KeyCheck MemoryRegionTable::check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
                                   uint32_t needed_access, ResolvedRange* resolved, Lock lock) const {
-  uint32_t index = key >> 8;
-  if (index >= kCapacity) return KeyCheck::InvalidKey;
-  const Slot& slot = slots_[index];
+  const Slot& slot = slots_[index_of(key)];
   if (lock == Lock::Held) return check_against(read(slot), key, pd_handle, iova, length, needed_access, resolved);
   const std::optional<Checked> copy = read_consistent(slot);
   if (!copy) return KeyCheck::InvalidKey;

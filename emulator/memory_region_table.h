@@ -53,6 +53,8 @@ struct MemoryRegion {
   uint32_t pd_handle = 0;
   uint32_t access = 0;
   int32_t owner_pid = 0;
+  int32_t owner_process = -1;  // the owner's ProcessTable record
+  uint32_t reserved = 0;
   uint64_t address = 0;  // the process-virtual start of the registered range
   uint64_t iova = 0;     // where the range starts in the key's address space
   uint64_t length = 0;
@@ -69,14 +71,12 @@ class MemoryRegionTable {
  public:
   static constexpr uint32_t kCapacity = 65536;
 
-  // A table whose first keys' variant bytes start at `seed`, so that keys are
-  // not the same in every run.
-  explicit MemoryRegionTable(uint32_t seed = 0);
-
   // Registers and returns the key (lkey == rkey), or nullopt when full.
+  // `owner_process` is the owner's ProcessTable record (-1: none, never
+  // reclaimed).
   std::optional<uint32_t> register_region(uint32_t pd_handle, int32_t owner_pid, uint64_t address, uint64_t iova,
                                           uint64_t length, uint32_t access_flags,
-                                          const SharedBacking& backing = SharedBacking{});
+                                          const SharedBacking& backing = SharedBacking{}, int32_t owner_process = -1);
   // False if `key` names no live region.
   bool deregister(uint32_t key);
   // Re-registration in place (ibv_rereg_mr): the key stays, what it names
@@ -101,12 +101,13 @@ class MemoryRegionTable {
 
   size_t live_count() const { return live_; }
 
-  // Deregisters every region whose owner `is_gone`; returns how many.
+  // Deregisters every region whose owner `is_gone` (given the region's
+  // owner_process); returns how many.
   template <typename Predicate>
   size_t deregister_owned_if(Predicate is_gone) {
     size_t removed = 0;
     for (Slot& slot : slots_) {
-      if (slot.live && is_gone(slot.region.owner_pid)) {
+      if (slot.live && is_gone(slot.region.owner_process)) {
         set_live(slot, false);
         --live_;
         ++removed;
@@ -116,10 +117,17 @@ class MemoryRegionTable {
   }
 
  private:
+  // A key is its slot's index in the low 16 bits and a random tag above
+  // them, as rxe puts random bits in every key: a peer cannot guess a key
+  // from another it has seen.
+  static constexpr unsigned kIndexBits = 16;
+  static_assert(kCapacity == 1u << kIndexBits);
+  static uint32_t index_of(uint32_t key) { return key & (kCapacity - 1); }
+
   struct Slot {
     MemoryRegion region;
     bool live = false;
-    uint8_t variant = 0;    // changes at every reuse: a stale key stays invalid
+    uint16_t tag = 0;       // drawn anew at every reuse, never the same twice running: a stale key stays invalid
     uint32_t sequence = 0;  // odd while a change is being written
   };
   // What the checks read of a slot.

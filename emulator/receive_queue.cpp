@@ -31,7 +31,7 @@ bool take_from_queue(DeviceMemory& memory, RecvQueue& rq, uint32_t pd_handle, pi
       continue;
     }
     if (sges[i].length == 0) continue;
-    out.vectors.push_back({where.address, sges[i].length, sges[i].lkey});
+    out.vectors.push_back({where.address, sges[i].length, sges[i].lkey, access::kLocalWrite});
     out.sges.push_back(sges[i]);
     out.capacity += sges[i].length;
   }

@@ -83,7 +83,7 @@ RemoteRanges first_bytes(const RemoteRanges& ranges, uint64_t length) {
   for (const RemoteRange& r : ranges) {
     if (length == 0) break;
     uint64_t take = std::min(r.length, length);
-    out.push_back({r.address, take, r.key});
+    out.push_back({r.address, take, r.key, r.access});
     length -= take;
   }
   return out;
@@ -97,7 +97,7 @@ RemoteRanges skip_bytes(const RemoteRanges& ranges, uint64_t skip) {
       skip -= r.length;
       continue;
     }
-    out.push_back({r.address + skip, r.length - skip, r.key});
+    out.push_back({r.address + skip, r.length - skip, r.key, r.access});
     skip = 0;
   }
   return out;
@@ -220,8 +220,8 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
       if (target == nullptr) continue;
       SharedLock target_lock(target->lock);
       uint32_t qkey = (request.remote_qkey & 0x80000000u) ? qp.attributes.qkey : request.remote_qkey;
-      if (!target->live || target->type != QpType::Ud || !receive_capable(target->state) ||
-          target->attributes.qkey != qkey)
+      if (!target->live || target->qpn != member || target->type != QpType::Ud || !receive_capable(target->state) ||
+          target->attributes.qkey != qkey || !memory.owner_alive(target->owner_process))
         continue;
       place_send(memory, qp, *target, request, local, completion);
     }
@@ -239,7 +239,11 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
   if (target == nullptr) return unreachable();
 
   SharedLock target_lock(target->lock);
-  if (!target->live || target->type != qp.type || !receive_capable(target->state)) return unreachable();
+  if (!target->live || target->qpn != target_qpn || target->type != qp.type || !receive_capable(target->state))
+    return unreachable();
+  // A QP whose process has died answers nothing, as a QP whose host died
+  // (its memory may still be mapped here, but nothing may land in it).
+  if (!memory.owner_alive(target->owner_process)) return unreachable();
   if (qp.type != QpType::Ud && target->attributes.dest_qpn != qp.qpn) return unreachable();
   if (qp.type == QpType::Ud) {
     // A qkey with the high bit set means "use the QP's own qkey".
@@ -273,7 +277,7 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
         if (reliable) return SendOutcome::ReceiverNotReady;
         return SendOutcome::Completed;
       }
-      RemoteRange remote{where.address, local.length, request.rkey};
+      RemoteRange remote{where.address, local.length, request.rkey, access::kRemoteWrite};
       if (local.length > 0 && copy_to_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)) != 0) {
         completion.status = WcStatus::RemoteAccessError;
         return SendOutcome::Completed;
@@ -297,7 +301,7 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
         completion.status = WcStatus::RemoteAccessError;
         return SendOutcome::Completed;
       }
-      RemoteRange remote{where.address, local.length, request.rkey};
+      RemoteRange remote{where.address, local.length, request.rkey, access::kRemoteRead};
       if (local.length > 0 && copy_from_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)) != 0)
         completion.status = WcStatus::RemoteAccessError;
       return SendOutcome::Completed;
@@ -320,7 +324,7 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
       SharedLock atomics(device.atomics_lock);
       uint64_t original = 0;
       iovec value{&original, 8};
-      RemoteRange remote{where.address, 8, request.rkey};
+      RemoteRange remote{where.address, 8, request.rkey, access::kRemoteAtomic};
       if (copy_from_process(memory, where.owner_pid, std::span(&value, 1), std::span(&remote, 1)) != 0) {
         completion.status = WcStatus::RemoteAccessError;
         return SendOutcome::Completed;

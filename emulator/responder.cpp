@@ -145,6 +145,13 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
   return stored;
 }
 
+bool move_to_error(QpRecord& qp, uint32_t qpn) {
+  SharedLock lock(qp.lock);
+  if (!qp.live || qp.qpn != qpn || load_state(qp) == QpState::Error) return false;
+  set_state(qp, QpState::Error);
+  return true;
+}
+
 void flush_receive_queue(DeviceMemory& memory, QpRecord& qp) {
   wait_for_receive_posts(qp);  // see post_receive
   // The lock is held across the completions, so that two flushes (the one

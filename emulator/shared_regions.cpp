@@ -78,6 +78,19 @@ bool every_mapping_of(const std::vector<Mapping>& mappings, uint64_t start, uint
   return covered >= end;
 }
 
+}  // namespace
+
+int check_registrable(uint64_t address, uint64_t length, bool writable) {
+  if (length == 0) return 0;
+  if (address + length < address) return EINVAL;
+  const bool accessible = every_mapping_of(read_mappings(), address, address + length, [&](const Mapping& m) {
+    return m.permissions.size() >= 2 && m.permissions[0] == 'r' && (!writable || m.permissions[1] == 'w');
+  });
+  return accessible ? 0 : EFAULT;
+}
+
+namespace {
+
 // Is every byte of [start, end) private, anonymous, readable and writable
 // memory (and nothing else: no file, no hugetlb, no special mapping)?
 bool private_anonymous(uint64_t start, uint64_t end) {

@@ -29,6 +29,12 @@ namespace softverbs {
 // Whether regions are shared at all (SOFTVERBS_SHARE_MR, default on).
 bool region_sharing_enabled();
 
+// Whether [address, address + length) may be registered: 0; EINVAL if the
+// range wraps past 2^64; EFAULT if part of it is not mapped, or not
+// readable, or not writable where `writable` (what an HCA's driver finds
+// when it pins the pages with the access asked for).
+int check_registrable(uint64_t address, uint64_t length, bool writable);
+
 // In the owner, at registration: the backing of [address, address + length),
 // made now or found among the ones made before (a region inside one shares
 // it). nullopt if the memory does not qualify; `why` says why.

@@ -371,12 +371,12 @@ Clock::time_point next_deadline(const UdpQp& qp) {
 void enter_error(TransportPort& port, UdpQp& qp) {
   DeviceMemory& memory = port.memory();
   QpRecord& record = memory.shared().qps[qp.index];
+  const bool moved = move_to_error(record, qp.qpn);
   bool has_srq;
   SocketAddress owner_async;
   uint64_t owner_handle;
   {
     SharedLock lock(record.lock);
-    if (record.live && record.qpn == qp.qpn) set_state(record, QpState::Error);
     has_srq = record.srq >= 0;
     owner_async = record.owner_async;
     owner_handle = record.owner_handle;
@@ -398,7 +398,7 @@ void enter_error(TransportPort& port, UdpQp& qp) {
   qp.connected = false;
   qp.failed = true;
   flush_receive_queue(memory, record);
-  if (has_srq) send_async_event(owner_async, owner_handle, AsyncEventType::QpLastWqeReached);
+  if (moved && has_srq) send_async_event(owner_async, owner_handle, AsyncEventType::QpLastWqeReached);
 }
 
 void flush_posted(TransportPort& port, const UdpQp& qp, const SendWqe& wqe) {

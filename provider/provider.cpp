@@ -105,7 +105,11 @@ std::unique_ptr<ContextState> load_context_state(const ibv_device* device) {
     return nullptr;
   }
   state->memory->reclaim_dead_owners();
-  start_copy_agent(*state->memory);
+  if (state->memory->process_slot() < 0) {
+    std::fprintf(stderr, "softverbs: %s: too many processes use the device\n", config->name.c_str());
+    errno = ENOMEM;
+    return nullptr;
+  }
   state->gids = read_gid_table(device->ibdev_path, config->netdev);
   auto netdev = query_netdev(config->netdev);
   state->netdev_is_loopback = !netdev || netdev->is_loopback;

@@ -33,6 +33,7 @@ struct ContextState {
   std::mutex qps_mutex;
   std::vector<ProviderQp*> qps;
   std::atomic<int> deferred_sends{0};
+  std::atomic<bool> removal_handled{false};  // the device's removal was acted on
   // The GID table (as the sysfs tree shows it) and whether the device's
   // netdev is a loopback one, for the transport choice.
   std::vector<GidEntry> gids;

@@ -59,9 +59,25 @@ T* container_of(Member* member, Member T::*field) {
 
 struct ProviderPd {
   ibv_pd ibv{};
+  // MRs, QPs, SRQs and AHs made in it: an HCA refuses to free a PD that
+  // still has any (EBUSY), and the PD stays usable.
+  std::atomic<int> users{0};
 };
 
+ProviderPd* to_pd(ibv_pd* pd) { return reinterpret_cast<ProviderPd*>(pd); }
+void use_pd(ibv_pd* pd) { to_pd(pd)->users.fetch_add(1, std::memory_order_relaxed); }
+void unuse_pd(ibv_pd* pd) { to_pd(pd)->users.fetch_sub(1, std::memory_order_relaxed); }
+
+// Verbs that create objects fail with EIO once the device is gone, as
+// those of a removed HCA do.
+bool device_removed(ibv_context* context) {
+  if (!memory_of(context).removed()) return false;
+  errno = EIO;
+  return true;
+}
+
 ibv_pd* alloc_pd(ibv_context* context) {
+  if (device_removed(context)) return nullptr;
   auto pd = std::make_unique<ProviderPd>();
   pd->ibv.context = context;
   pd->ibv.handle = memory_of(context).allocate_pd_handle();
@@ -69,9 +85,14 @@ ibv_pd* alloc_pd(ibv_context* context) {
 }
 
 int dealloc_pd(ibv_pd* pd) {
-  std::unique_ptr<ProviderPd> owner(reinterpret_cast<ProviderPd*>(pd));
+  if (to_pd(pd)->users.load(std::memory_order_relaxed) > 0) return EBUSY;
+  std::unique_ptr<ProviderPd> owner(to_pd(pd));
   return 0;
 }
+
+// The IB access rights that make an HCA pin pages for writing.
+constexpr int kWritableAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
 
 // ---- memory regions -------------------------------------------------------
 
@@ -84,7 +105,19 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
     errno = EINVAL;
     return nullptr;
   }
+  if (device_removed(pd->context)) return nullptr;
+  // Pages an HCA could not pin with the access asked for are refused now,
+  // not found out when a peer's WRITE lands on them.
+  if (int error = check_registrable(reinterpret_cast<uint64_t>(addr), length, access_flags & kWritableAccess)) {
+    errno = error;
+    return nullptr;
+  }
   DeviceMemory& memory = memory_of(pd->context);
+  const int process = memory.process_slot();
+  if (process < 0) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   uint64_t iova = (access_flags & IBV_ACCESS_ZERO_BASED) ? 0 : hca_va;
   // Memory that other processes write or read (receive buffers, remote
   // access) becomes mappable by them, where it qualifies.
@@ -101,7 +134,7 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
   {
     ExclusiveLock lock(memory.shared().memory_lock);
     key = memory.shared().mrs.register_region(pd->handle, getpid(), reinterpret_cast<uint64_t>(addr), iova, length,
-                                              static_cast<uint32_t>(access_flags), backing);
+                                              static_cast<uint32_t>(access_flags), backing, process);
   }
   if (!key) {
     release_pages(backing);
@@ -118,6 +151,7 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
   mr->ibv_mr.rkey = *key;
   mr->mr_type = abi::kMrTypeMr;
   mr->access = access_flags;
+  use_pd(pd);
   return &mr.release()->ibv_mr;
 }
 
@@ -133,6 +167,15 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
   if ((flags & IBV_REREG_MR_CHANGE_PD) && (pd == nullptr || pd->context != mr.context)) {
     errno = EINVAL;
     return EINVAL;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    const int access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access_flags : vmr->access;
+    if (length > limits::kMaxMrSize || (addr == nullptr && length != 0)) error = EINVAL;
+    if (error == 0) error = check_registrable(reinterpret_cast<uint64_t>(addr), length, access & kWritableAccess);
+    if (error != 0) {
+      errno = error;
+      return error;
+    }
   }
   SharedBacking dropped;
   bool found = false;
@@ -162,6 +205,10 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
     return EINVAL;
   }
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access_flags;
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    unuse_pd(mr.pd);
+    use_pd(pd);
+  }
   release_pages(dropped);
   return 0;
 }
@@ -181,6 +228,7 @@ int dereg_mr(abi::verbs_mr* vmr) {
   });
   if (!removed) return EINVAL;
   release_pages(backing);
+  unuse_pd(vmr->ibv_mr.pd);
   std::unique_ptr<abi::verbs_mr> owner(vmr);
   return 0;
 }
@@ -213,8 +261,9 @@ ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* ch
     errno = EINVAL;
     return nullptr;
   }
+  if (device_removed(context)) return nullptr;
   DeviceMemory& memory = *state.memory;
-  int index = memory.allocate_cq(getpid());
+  int index = memory.allocate_cq();
   if (index < 0) {
     errno = ENOMEM;
     return nullptr;
@@ -446,6 +495,7 @@ ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
+  if (device_removed(pd->context)) return nullptr;
   auto ah = std::make_unique<ProviderAh>();
   ah->ibv.context = pd->context;
   ah->ibv.pd = pd;
@@ -467,10 +517,12 @@ ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
       return nullptr;
     }
   }
+  use_pd(pd);
   return &ah.release()->ibv;
 }
 
 int destroy_ah(ibv_ah* ah) {
+  unuse_pd(ah->pd);
   std::unique_ptr<ProviderAh> owner(reinterpret_cast<ProviderAh*>(ah));
   return 0;
 }
@@ -494,8 +546,9 @@ ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
     errno = EINVAL;
     return nullptr;
   }
+  if (device_removed(pd->context)) return nullptr;
   DeviceMemory& memory = *state.memory;
-  int index = memory.allocate_srq(getpid());
+  int index = memory.allocate_srq();
   if (index < 0) {
     errno = ENOMEM;
     return nullptr;
@@ -528,6 +581,7 @@ ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
     record.owner_handle = reinterpret_cast<uint64_t>(&ibv);
     record.owner_async = state.async_address;
   }
+  use_pd(pd);
   return &srq.release()->verbs.srq;
 }
 
@@ -591,6 +645,7 @@ int destroy_srq(ibv_srq* ibv) {
     bytes = ring_bytes(record.rq);
   }
   state.memory->release(ring, bytes);
+  unuse_pd(ibv->pd);
   std::unique_ptr<ProviderSrq> owner(srq);
   return 0;
 }
@@ -657,6 +712,7 @@ struct ProviderQp {
   // RC/UC: connected over UDP (chosen at RTR). UD: also receives over UDP,
   // and sends there to GIDs that are not this device's.
   bool over_udp = false;
+  bool removal_handled = false;  // see fail_after_removal
 };
 
 namespace {
@@ -710,8 +766,9 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
+  if (device_removed(pd->context)) return nullptr;
   DeviceMemory& memory = *state.memory;
-  int index = memory.allocate_qp(getpid());
+  int index = memory.allocate_qp();
   if (index < 0) {
     errno = ENOMEM;
     return nullptr;
@@ -771,6 +828,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     if (qp->srq) ++qp->srq->qp_references;
     state.qps.push_back(qp.get());
   }
+  use_pd(pd);
   {
     SharedLock lock(record.lock);
     record.owner_handle = reinterpret_cast<uint64_t>(&qp->verbs.qp);
@@ -782,17 +840,9 @@ void complete_send(DeviceMemory& memory, ProviderQp* qp, const Completion& compl
   deliver_completion(memory, qp->send_cq->index, completion, false);
 }
 
-// Takes the QP to ERR: deferred sends and queued receives complete flushed.
-void enter_error_state(DeviceMemory& memory, ProviderQp* qp) {
+// Completes this QP's deferred sends flushed (the QP is in ERR).
+void flush_deferred_sends(DeviceMemory& memory, ProviderQp* qp) {
   QpRecord& record = record_of(qp);
-  {
-    SharedLock lock(record.lock);
-    set_state(record, QpState::Error);
-  }
-  qp->verbs.qp.state = IBV_QPS_ERR;
-  // A QP on an SRQ reports that no more receives will complete on it.
-  if (qp->srq != nullptr)
-    send_async_event(record.owner_async, reinterpret_cast<uint64_t>(&qp->verbs.qp), AsyncEventType::QpLastWqeReached);
   while (!qp->deferred.empty()) {
     Completion flushed;
     flushed.wr_id = qp->deferred.front().request.wr_id;
@@ -803,6 +853,16 @@ void enter_error_state(DeviceMemory& memory, ProviderQp* qp) {
     qp->deferred.pop_front();
     count_deferred(qp, -1);
   }
+}
+
+// Takes the QP to ERR: deferred sends and queued receives complete flushed.
+void enter_error_state(DeviceMemory& memory, ProviderQp* qp) {
+  QpRecord& record = record_of(qp);
+  // A QP on an SRQ reports, once, that no more receives will complete on it.
+  if (move_to_error(record, qp->verbs.qp.qp_num) && qp->srq != nullptr)
+    send_async_event(record.owner_async, reinterpret_cast<uint64_t>(&qp->verbs.qp), AsyncEventType::QpLastWqeReached);
+  qp->verbs.qp.state = IBV_QPS_ERR;
+  flush_deferred_sends(memory, qp);
   flush_receive_queue(memory, record);
 }
 
@@ -836,6 +896,7 @@ int destroy_qp(ibv_qp* ibv) {
     std::lock_guard guard(qp->mutex);
     drop_deferred(qp);
   }
+  unuse_pd(ibv->pd);
   std::unique_ptr<ProviderQp> owner(qp);
   return 0;
 }
@@ -1163,7 +1224,9 @@ bool attempt_send(DeviceMemory& memory, ProviderQp* qp, DeferredSend& send) {
     // No responder yet: a real RC requester retransmits for
     // 4.096 us * 2^timeout per try, retry_cnt + 1 tries, before giving up.
     const Clock::time_point attempted_at = Clock::now();
-    if (first_attempt) {
+    // The budget starts at the first attempt that found no responder (a
+    // send that met RNR first, from a peer that then died, starts it then).
+    if (send.give_up == Clock::time_point::max()) {
       double per_try = 4.096e-6 * static_cast<double>(uint64_t{1} << record.attributes.timeout);
       send.give_up = attempted_at + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(per_try * (record.attributes.retry_count + 1)));
@@ -1185,6 +1248,16 @@ bool attempt_send(DeviceMemory& memory, ProviderQp* qp, DeferredSend& send) {
   return true;
 }
 
+// The device was removed (`softverbs down`): the QP goes to ERR, as on an
+// HCA that is gone, and what it had outstanding completes flushed, once.
+// Callers hold qp->mutex.
+void fail_after_removal(ContextState& state, ProviderQp* qp) {
+  if (qp->removal_handled) return;
+  qp->removal_handled = true;
+  enter_error_state(*state.memory, qp);
+  if (qp->over_udp) udp_transport(state)->sync_qp(qp->index);
+}
+
 // Retries this QP's deferred sends whose time has come, in order; returns
 // when the next one is due.
 Clock::time_point progress_qp(DeviceMemory& memory, ProviderQp* qp) {
@@ -1193,6 +1266,13 @@ Clock::time_point progress_qp(DeviceMemory& memory, ProviderQp* qp) {
     QpRecord& record = record_of(qp);
     SharedLock lock(record.lock);
     if (record.state == QpState::Sqd) return Clock::time_point::max();  // drained: waits for RTS
+  }
+  if (load_state(record_of(qp)) == QpState::Error) {
+    // Moved to ERR by someone else (a peer's failed delivery, the device's
+    // removal): what waits completes flushed.
+    qp->verbs.qp.state = IBV_QPS_ERR;
+    flush_deferred_sends(memory, qp);
+    return Clock::time_point::max();
   }
   while (!qp->deferred.empty()) {
     if (Clock::now() < qp->deferred.front().next_attempt) return qp->deferred.front().next_attempt;
@@ -1214,6 +1294,13 @@ Clock::time_point progress_qp(DeviceMemory& memory, ProviderQp* qp) {
 }  // namespace
 
 Clock::time_point progress_deferred_sends(ContextState& state) {
+  if (state.memory->removed() && !state.removal_handled.exchange(true)) {
+    std::lock_guard guard(state.qps_mutex);
+    for (ProviderQp* qp : state.qps) {
+      std::lock_guard qp_guard(qp->mutex);
+      fail_after_removal(state, qp);
+    }
+  }
   if (state.deferred_sends.load(std::memory_order_acquire) == 0) return Clock::time_point::max();
   // Holding qps_mutex keeps every QP alive (destroy_qp takes it too).
   std::lock_guard guard(state.qps_mutex);
@@ -1344,6 +1431,7 @@ int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   int error;
   {
     std::lock_guard guard(qp->mutex);
+    if (memory_of(ibv->context).removed()) fail_after_removal(state_of(ibv->context), qp);
     error = post_send_locked(qp, wr, bad_wr, due);
   }
   if (due != Clock::time_point::max()) schedule_progress(due);

@@ -17,8 +17,9 @@ namespace {
 
 struct ChildRegion {
   pid_t pid;
-  uint32_t key;
+  uint32_t key;  // local write, remote write and read
   uint64_t address;
+  uint32_t read_only_key;  // the same bytes, remote read only
 };
 
 // The child maps the device memory, registers 4 KiB of its own (a guard page
@@ -44,14 +45,18 @@ class CopyAgent : public ::testing::Test {
     std::vector<uint8_t> buffer(3 * 4096, 0x11);
     uint8_t* registered = buffer.data() + 4096;
     std::memset(registered, 0, 4096);
-    std::optional<uint32_t> key;
+    std::optional<uint32_t> key, read_only_key;
+    const int process = memory->process_slot();  // joins: the agent starts
     {
       ExclusiveLock lock(memory->shared().memory_lock);
-      key = memory->shared().mrs.register_region(1, getpid(), reinterpret_cast<uint64_t>(registered),
-                                                 reinterpret_cast<uint64_t>(registered), 4096, 0);
+      key = memory->shared().mrs.register_region(
+          1, getpid(), reinterpret_cast<uint64_t>(registered), reinterpret_cast<uint64_t>(registered), 4096,
+          access::kLocalWrite | access::kRemoteWrite | access::kRemoteRead, {}, process);
+      read_only_key = memory->shared().mrs.register_region(1, getpid(), reinterpret_cast<uint64_t>(registered),
+                                                           reinterpret_cast<uint64_t>(registered), 4096,
+                                                           access::kRemoteRead, {}, process);
     }
-    start_copy_agent(*memory);
-    ChildRegion mine{getpid(), key.value_or(0), reinterpret_cast<uint64_t>(registered)};
+    ChildRegion mine{getpid(), key.value_or(0), reinterpret_cast<uint64_t>(registered), read_only_key.value_or(0)};
     if (write(to_parent_[1], &mine, sizeof mine) != sizeof mine) _exit(2);
     uint8_t expected_first = 0;
     if (read(to_child_[0], &expected_first, 1) != 1) _exit(3);
@@ -80,11 +85,12 @@ TEST_F(CopyAgent, WritesAndReadsRegisteredBytes) {
   std::vector<uint8_t> data(4096);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 3 + 1);
   iovec local{data.data(), data.size()};
-  RemoteRange remote{region_.address, 4096, region_.key};
+  RemoteRange remote{region_.address, 4096, region_.key, access::kRemoteWrite};
   ASSERT_EQ(agent_copy_to_process(*memory_, region_.pid, std::span(&local, 1), std::span(&remote, 1)), 0);
   std::vector<uint8_t> back(4096, 0);
   iovec sink{back.data(), back.size()};
-  ASSERT_EQ(agent_copy_from_process(*memory_, region_.pid, std::span(&sink, 1), std::span(&remote, 1)), 0);
+  RemoteRange readable{region_.address, 4096, region_.read_only_key, access::kRemoteRead};
+  ASSERT_EQ(agent_copy_from_process(*memory_, region_.pid, std::span(&sink, 1), std::span(&readable, 1)), 0);
   EXPECT_EQ(back, data);
   EXPECT_EQ(finish(data[0]), 0);
 }
@@ -93,10 +99,15 @@ TEST_F(CopyAgent, RefusesBytesOutsideTheKeysRegion) {
   uint8_t bytes[2] = {0x77, 0x77};
   iovec local{bytes, 2};
   const RemoteRange cases[] = {
-      {region_.address - 1, 2, region_.key},      // starts before the region
-      {region_.address + 4096, 2, region_.key},   // after it
-      {region_.address + 4095, 2, region_.key},   // runs one byte past its end
-      {region_.address, 2, region_.key ^ 0x100},  // a key that names nothing
+      {region_.address - 1, 2, region_.key, access::kRemoteWrite},                    // starts before the region
+      {region_.address + 4096, 2, region_.key, access::kRemoteWrite},                 // after it
+      {region_.address + 4095, 2, region_.key, access::kRemoteWrite},                 // runs one byte past its end
+      {region_.address, 2, region_.key ^ 0x10000, access::kRemoteWrite},              // a key that names nothing
+      {region_.address, 2, region_.read_only_key, access::kRemoteWrite},              // a right the key lacks
+      {region_.address, 2, region_.read_only_key, access::kLocalWrite},               // the same, as a SEND
+      {region_.address, 2, region_.key, access::kRemoteRead},                         // a read right to write
+      {region_.address, 2, region_.key, 0},                                           // no right named
+      {region_.address, 2, region_.key, access::kRemoteWrite | access::kLocalWrite},  // two rights at once
   };
   for (size_t i = 0; i < std::size(cases); ++i)
     EXPECT_EQ(agent_copy_to_process(*memory_, region_.pid, std::span(&local, 1), std::span(&cases[i], 1)), EFAULT)
@@ -107,7 +118,7 @@ TEST_F(CopyAgent, RefusesBytesOutsideTheKeysRegion) {
 TEST_F(CopyAgent, NoAgentAnswersForAProcessWithoutOne) {
   uint8_t byte = 1;
   iovec local{&byte, 1};
-  RemoteRange remote{region_.address, 1, region_.key};
+  RemoteRange remote{region_.address, 1, region_.key, access::kRemoteWrite};
   // Our own pid runs no agent on this device memory.
   EXPECT_NE(agent_copy_to_process(*memory_, getpid() + 100000, std::span(&local, 1), std::span(&remote, 1)), 0);
   EXPECT_EQ(finish(0), 0);

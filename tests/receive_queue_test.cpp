@@ -36,10 +36,10 @@ class ReceiveQueue : public ::testing::Test {
     std::string error;
     memory_ = DeviceMemory::open(std::string(directory_.path()) + "/device.mem", &error);
     ASSERT_TRUE(memory_) << error;
-    cq_ = memory_->allocate_cq(getpid());
+    cq_ = memory_->allocate_cq();
     ASSERT_GE(cq_, 0);
     ASSERT_TRUE(memory_->allocate_completion_ring(memory_->shared().cqs[cq_], kCqCapacity));
-    qp_index_ = memory_->allocate_qp(getpid());
+    qp_index_ = memory_->allocate_qp();
     ASSERT_GE(qp_index_, 0);
     QpRecord& qp = record();
     qp.recv_cq = cq_;

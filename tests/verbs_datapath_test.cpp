@@ -656,6 +656,89 @@ TEST_F(RcDataPath, RegistrationRules) {
   EXPECT_EQ(ibv_dereg_mr(ok), 0);
 }
 
+// An HCA pins the pages with the access asked for, so memory it could not
+// pin is refused at registration (EFAULT; EINVAL for a range that wraps)
+// rather than found out when a peer's WRITE lands on it.
+TEST_F(RcDataPath, RegistrationRefusesMemoryAnHcaCouldNotPin) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* area = mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(area, MAP_FAILED);
+  auto* bytes = static_cast<uint8_t*>(area);
+  ASSERT_EQ(munmap(bytes + 2 * page, page), 0);           // a hole after two pages
+  ASSERT_EQ(mprotect(bytes + page, page, PROT_READ), 0);  // the second page read-only
+  struct Case {
+    const char* what;
+    void* address;
+    size_t length;
+    int access;
+    int error;  // 0: accepted
+  };
+  const Case cases[] = {
+      {"unmapped memory", bytes + 2 * page, page, 0, EFAULT},
+      {"a range running into unmapped memory", bytes + page, 2 * page, IBV_ACCESS_REMOTE_READ, EFAULT},
+      {"read-only memory with local write", bytes + page, page, IBV_ACCESS_LOCAL_WRITE, EFAULT},
+      {"read-only memory with remote write", bytes + page, page, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+       EFAULT},
+      {"writable and read-only pages with remote atomic", bytes, 2 * page,
+       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC, EFAULT},
+      {"a range that wraps past 2^64", reinterpret_cast<void*>(UINTPTR_MAX - page + 1), 2 * page, 0, EINVAL},
+      {"read-only memory for remote reads", bytes + page, page, IBV_ACCESS_REMOTE_READ, 0},
+      {"read-only memory for local reads", bytes + page, page, 0, 0},
+      {"writable memory with every right", bytes, page, kAllAccess, 0},
+  };
+  for (const Case& c : cases) {
+    errno = 0;
+    ibv_mr* mr = ibv_reg_mr(pd_, c.address, c.length, c.access);
+    if (c.error == 0) {
+      EXPECT_NE(mr, nullptr) << c.what << ": " << std::strerror(errno);
+      if (mr) {
+        EXPECT_EQ(ibv_dereg_mr(mr), 0);
+      }
+    } else {
+      EXPECT_EQ(mr, nullptr) << c.what;
+      EXPECT_EQ(errno, c.error) << c.what;
+      if (mr) ibv_dereg_mr(mr);
+    }
+  }
+  munmap(bytes, 2 * page);
+}
+
+// An HCA refuses to free a PD that still has MRs, QPs, SRQs or AHs (EBUSY),
+// and the PD stays usable.
+TEST_F(RcDataPath, AProtectionDomainInUseIsBusyAndStaysUsable) {
+  ibv_pd* pd = ibv_alloc_pd(context_);
+  ASSERT_NE(pd, nullptr);
+  ibv_mr* mr = ibv_reg_mr(pd, buffer_a_.data(), 64, 0);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(ibv_dealloc_pd(pd), EBUSY) << "with an MR";
+  ibv_qp_init_attr init{};
+  init.send_cq = init.recv_cq = cq_a_;
+  init.qp_type = IBV_QPT_RC;
+  init.cap = {1, 1, 1, 1, 0};
+  ibv_qp* qp = ibv_create_qp(pd, &init);
+  ASSERT_NE(qp, nullptr) << "the PD is still usable";
+  ASSERT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_dealloc_pd(pd), EBUSY) << "with a QP";
+  ASSERT_EQ(ibv_destroy_qp(qp), 0);
+  ibv_srq_init_attr srq_init{};
+  srq_init.attr = {4, 1, 0};
+  ibv_srq* srq = ibv_create_srq(pd, &srq_init);
+  ASSERT_NE(srq, nullptr);
+  EXPECT_EQ(ibv_dealloc_pd(pd), EBUSY) << "with an SRQ";
+  ASSERT_EQ(ibv_destroy_srq(srq), 0);
+  ibv_ah_attr ah_attr{};
+  ah_attr.port_num = 1;
+  ah_attr.is_global = 1;
+  const int gid_index = ipv4_gid_index(context_, &ah_attr.grh.dgid);
+  ASSERT_GE(gid_index, 0);
+  ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index);
+  ibv_ah* ah = ibv_create_ah(pd, &ah_attr);
+  ASSERT_NE(ah, nullptr);
+  EXPECT_EQ(ibv_dealloc_pd(pd), EBUSY) << "with an AH";
+  ASSERT_EQ(ibv_destroy_ah(ah), 0);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0) << "once nothing uses it";
+}
+
 TEST_F(RcDataPath, CqInUseCannotBeDestroyed) {
   connect(IBV_QPT_RC);
   EXPECT_EQ(ibv_destroy_cq(cq_a_), EBUSY);

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <chrono>
 #include <memory>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -127,7 +128,7 @@ TEST(MemoryRegistration, RemoteWriteOrAtomicNeedsLocalWrite) {
 class MrTable : public ::testing::Test {
  protected:
   // 16 MiB of slots: on the heap.
-  std::unique_ptr<MemoryRegionTable> table = std::make_unique<MemoryRegionTable>(0x5a);
+  std::unique_ptr<MemoryRegionTable> table = std::make_unique<MemoryRegionTable>();
 };
 
 TEST_F(MrTable, KeysAreDistinctNonZeroAndNotReusedVerbatim) {
@@ -145,6 +146,29 @@ TEST_F(MrTable, KeysAreDistinctNonZeroAndNotReusedVerbatim) {
   for (uint32_t key : keys) EXPECT_NE(key, *a);
   EXPECT_EQ(table->check_local(*a, 1, 0x10000, 1, 0, nullptr), KeyCheck::InvalidKey);
   EXPECT_EQ(table->live_count(), 4u);
+}
+
+// A peer that has seen one key must not be able to guess another: each
+// key carries 16 random bits (rxe: 8), drawn anew at every registration,
+// also when a slot is reused.
+TEST_F(MrTable, KeysCarryRandomBitsThatChangeAtEveryReuse) {
+  std::set<uint32_t> tags, keys;
+  uint32_t previous = 0;
+  bool any_sequential = false;
+  for (int i = 0; i < 200; ++i) {
+    const uint32_t key = *table->register_region(1, 100, 0x10000, 0x10000, 64, 0);
+    EXPECT_TRUE(keys.insert(key).second) << "a key repeated right after its slot was freed";
+    tags.insert(key >> 16);
+    any_sequential = any_sequential || key == previous + 1 || key == previous + 0x10000;
+    previous = key;
+    ASSERT_TRUE(table->deregister(key));
+  }
+  EXPECT_GT(tags.size(), 150u) << "200 registrations of one slot drew few distinct tags";
+  EXPECT_FALSE(any_sequential);
+  std::set<uint32_t> first_keys;
+  for (int i = 0; i < 8; ++i)
+    first_keys.insert(*std::make_unique<MemoryRegionTable>()->register_region(1, 1, 0, 0, 1, 0));
+  EXPECT_GT(first_keys.size(), 4u) << "fresh tables hand out the same first key";
 }
 
 TEST_F(MrTable, BoundsAreCheckedWithoutOverflow) {
@@ -219,8 +243,8 @@ TEST_F(MrTable, UnlockedChecksGiveTheLockedChecksAnswers) {
 // other, whole: never region A's PD with region B's bounds, nor A's
 // bounds resolved into B's pages.
 TEST_F(MrTable, UnlockedChecksNeverSeeHalfAChange) {
-  const MemoryRegion a{0, 1, access::kLocalWrite | access::kRemoteWrite, 10, 0xa0000000, 0x1000, 0x1000, {}};
-  const MemoryRegion b{0, 2, access::kRemoteRead, 20, 0xb0000000, 0x100000000, 0x10, {}};
+  const MemoryRegion a{0, 1, access::kLocalWrite | access::kRemoteWrite, 10, -1, 0, 0xa0000000, 0x1000, 0x1000, {}};
+  const MemoryRegion b{0, 2, access::kRemoteRead, 20, -1, 0, 0xb0000000, 0x100000000, 0x10, {}};
   const uint32_t key = *table->register_region(a.pd_handle, a.owner_pid, a.address, a.iova, a.length, a.access);
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> saw_a{0}, saw_b{0}, torn{0};

@@ -8,7 +8,9 @@
 #include <iostream>
 #include <system_error>
 
+#include "data_path.h"
 #include "device_attributes.h"
+#include "device_memory.h"
 #include "event_socket.h"
 #include "file_util.h"
 #include "library_paths.h"
@@ -80,7 +82,10 @@ constexpr const char* kUpHelp =
 constexpr const char* kDownHelp =
     "usage: softverbs down [NAME | --all]\n"
     "\n"
-    "Removes the emulated device NAME (default softverbs0), or every device.\n";
+    "Removes the emulated device NAME (default softverbs0), or every device.\n"
+    "Programs that have it open see what an HCA's removal gives them: the event\n"
+    "IBV_EVENT_DEVICE_FATAL, their QPs in the error state with their work flushed,\n"
+    "and EIO from verbs that create objects.\n";
 
 constexpr const char* kStatusHelp =
     "usage: softverbs status [NAME]\n"
@@ -105,6 +110,26 @@ void announce_port_event(const DeviceRegistry& registry, const std::string& devi
       if (address_from_text(name, &address)) send_async_event(address, kPort, event);
     }
   }
+}
+
+// The device's removal, as an HCA's: its memory says it is gone (every
+// post after sees it), each QP goes to ERR with its queued receives
+// flushed, and the file goes. Processes that have it mapped keep their
+// mapping; a later `up` starts a new device.
+void remove_device_memory(const DeviceConfig& config) {
+  const fs::path path = config.runtime_dir / (config.name + ".mem");
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  std::string error;
+  auto memory = DeviceMemory::open(path, &error);
+  if (memory) {
+    memory->shared().removed.store(1, std::memory_order_release);
+    for (QpRecord& qp : memory->shared().qps) {
+      const uint32_t qpn = qp.qpn;
+      if (qp.live && move_to_error(qp, qpn)) flush_receive_queue(*memory, qp);
+    }
+  }
+  fs::remove(path, ec);
 }
 
 std::string gid_type_label(GidType type) { return type == GidType::RoceV2 ? "RoCE v2" : "RoCE v1"; }
@@ -264,7 +289,8 @@ int command_down(std::span<char*> args) {
   RegistryLock lock(registry);
   for (const auto& config : targets) {
     std::string error;
-    announce_port_event(registry, config.name, AsyncEventType::PortError);
+    remove_device_memory(config);
+    announce_port_event(registry, config.name, AsyncEventType::DeviceFatal);
     remove_device_tree(registry.sysfs_root(), config);
     if (!registry.remove(config.name, &error)) {
       report_error("down: " + error);

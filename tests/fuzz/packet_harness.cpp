@@ -39,7 +39,7 @@ PacketHarness::PacketHarness() : directory_(make_directory()), arena_(2 * kGuard
       memory_->shared().mrs.register_region(pd_, getpid(), reinterpret_cast<uint64_t>(registered),
                                             reinterpret_cast<uint64_t>(registered), kRegisteredBytes, kAllAccess);
   key_ = key.value_or(0);
-  cq_ = memory_->allocate_cq(getpid());
+  cq_ = memory_->allocate_cq();
   if (cq_ < 0 || !memory_->allocate_completion_ring(memory_->shared().cqs[cq_], 1024)) {
     failure_ = "no room for the CQ in device memory";
     return;
@@ -55,7 +55,7 @@ PacketHarness::~PacketHarness() {
 }
 
 int PacketHarness::make_qp(QpType type) {
-  int index = memory_->allocate_qp(getpid());
+  int index = memory_->allocate_qp();
   QpRecord& record = memory_->shared().qps[index];
   record.type = type;
   record.state = QpState::Rts;
