@@ -20,25 +20,39 @@ extern "C" __attribute__((visibility("default"))) int socket(int domain, int typ
   return static_cast<int>(syscall(SYS_socket, domain, type, protocol));
 }
 
-// ---- completion channels --------------------------------------------------
+// ---- completion channels and asynchronous events ----------------------------
 //
 // libibverbs creates a completion channel with a kernel command and no
 // provider hook. For a softverbs context we make the channel ourselves: a
 // datagram socket with an abstract address, to which whichever process
 // completes work on an armed CQ sends the 8-byte CQ handle that
 // ibv_get_cq_event reads. ibv_destroy_comp_channel's close()+free() suit it.
+//
+// Any local user can send to an abstract address, and libibverbs follows
+// the pointer it reads. So for softverbs contexts this library reads the
+// channel and the async fd itself: a datagram counts only if its sender is
+// of this user (the kernel attaches the sender's credentials) and the
+// provider says the pointer in it names a live object of the context (see
+// preload_interface.h). Anything else is dropped unread by libibverbs.
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
 #include <sys/un.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "preload_interface.h"
+
 namespace {
+
+std::atomic<const SoftverbsHandleValidator*> validator{nullptr};
 
 bool is_softverbs_context(const ibv_context* context) {
   if (context == nullptr || context->device == nullptr) return false;
+  if (const SoftverbsHandleValidator* check = validator.load(std::memory_order_acquire))
+    return check->is_context(context);
   std::string marker = std::string(context->device->ibdev_path) + "/softverbs.conf";
   return access(marker.c_str(), F_OK) == 0;
 }
@@ -46,10 +60,12 @@ bool is_softverbs_context(const ibv_context* context) {
 ibv_comp_channel* create_softverbs_channel(ibv_context* context) {
   int fd = static_cast<int>(syscall(SYS_socket, AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (fd < 0) return nullptr;
+  const int on = 1;
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   // Autobind: the kernel picks a unique abstract name.
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(sa_family_t)) != 0) {
+  if (setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0 ||
+      bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(sa_family_t)) != 0) {
     int saved = errno;
     close(fd);
     errno = saved;
@@ -67,15 +83,133 @@ ibv_comp_channel* create_softverbs_channel(ibv_context* context) {
   return channel;
 }
 
+// Whether a sender with user id `uid` (as this process's user namespace
+// sees it) may wake this process: its own user, or root.
+bool trusted(uid_t uid) { return uid == 0 || uid == getuid() || uid == geteuid(); }
+
+// Reads one datagram of exactly `size` bytes from a trusted sender into
+// `out`, skipping others; -1 with errno when the read fails (EAGAIN on a
+// non-blocking fd with nothing trusted left), 0 when `accept` took one.
+template <typename Accept>
+int read_trusted(int fd, void* out, size_t size, Accept accept) {
+  for (;;) {
+    alignas(8) unsigned char bytes[32];
+    iovec vector{bytes, sizeof bytes};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred))];
+    msghdr message{};
+    message.msg_iov = &vector;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+    ssize_t length = recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
+    if (length < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    bool from_trusted = false;
+    for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header)) {
+      if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_CREDENTIALS ||
+          header->cmsg_len < CMSG_LEN(sizeof(ucred)))
+        continue;
+      ucred credentials;
+      std::memcpy(&credentials, CMSG_DATA(header), sizeof credentials);
+      from_trusted = trusted(credentials.uid);
+    }
+    if (!from_trusted || static_cast<size_t>(length) != size || (message.msg_flags & MSG_TRUNC)) continue;
+    std::memcpy(out, bytes, size);
+    if (accept()) return 0;
+  }
+}
+
+template <typename Function>
+Function real_function(const char* name, const char* version) {
+  return reinterpret_cast<Function>(dlvsym(RTLD_NEXT, name, version));
+}
+
 }  // namespace
+
+// The provider calls this (found with dlsym) when it loads.
+extern "C" __attribute__((visibility("default"))) void softverbs_preload_register_validator(
+    const SoftverbsHandleValidator* offered) {
+  if (offered != nullptr && offered->version == softverbs::kValidatorVersion)
+    validator.store(offered, std::memory_order_release);
+}
 
 extern "C" __attribute__((visibility("default"))) ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
   if (is_softverbs_context(context)) return create_softverbs_channel(context);
   using Create = ibv_comp_channel* (*)(ibv_context*);
-  static Create real = reinterpret_cast<Create>(dlvsym(RTLD_NEXT, "ibv_create_comp_channel", "IBVERBS_1.0"));
+  static Create real = real_function<Create>("ibv_create_comp_channel", "IBVERBS_1.0");
   if (real == nullptr) {
     errno = ENOSYS;
     return nullptr;
   }
   return real(context);
+}
+
+extern "C" __attribute__((visibility("default"))) int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq,
+                                                                       void** cq_context) {
+  const SoftverbsHandleValidator* check = validator.load(std::memory_order_acquire);
+  if (check == nullptr || channel == nullptr || !check->is_context(channel->context)) {
+    using Get = int (*)(ibv_comp_channel*, ibv_cq**, void**);
+    static Get real = real_function<Get>("ibv_get_cq_event", "IBVERBS_1.1");
+    if (real == nullptr) {
+      errno = ENOSYS;
+      return -1;
+    }
+    return real(channel, cq, cq_context);
+  }
+  uint64_t handle = 0;
+  if (read_trusted(channel->fd, &handle, sizeof handle, [&] { return check->is_channel_cq(channel, handle); }) != 0)
+    return -1;
+  *cq = reinterpret_cast<ibv_cq*>(handle);
+  *cq_context = (*cq)->cq_context;
+  return 0;
+}
+
+extern "C" __attribute__((visibility("default"))) int ibv_get_async_event(ibv_context* context,
+                                                                          ibv_async_event* event) {
+  const SoftverbsHandleValidator* check = validator.load(std::memory_order_acquire);
+  if (check == nullptr || !check->is_context(context)) {
+    using Get = int (*)(ibv_context*, ibv_async_event*);
+    static Get real = real_function<Get>("ibv_get_async_event", "IBVERBS_1.1");
+    if (real == nullptr) {
+      errno = ENOSYS;
+      return -1;
+    }
+    return real(context, event);
+  }
+  struct {
+    uint64_t element;
+    uint32_t event_type;
+    uint32_t reserved;
+  } raw{};
+  static_assert(sizeof raw == 16);
+  if (read_trusted(context->async_fd, &raw, sizeof raw,
+                   [&] { return check->is_event_element(context, raw.event_type, raw.element); }) != 0)
+    return -1;
+  *event = {};
+  event->event_type = static_cast<ibv_event_type>(raw.event_type);
+  switch (event->event_type) {
+    case IBV_EVENT_CQ_ERR:
+      event->element.cq = reinterpret_cast<ibv_cq*>(raw.element);
+      break;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      event->element.srq = reinterpret_cast<ibv_srq*>(raw.element);
+      break;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      event->element.qp = reinterpret_cast<ibv_qp*>(raw.element);
+      break;
+    default:
+      event->element.port_num = static_cast<int>(raw.element);
+      break;
+  }
+  return 0;
 }

@@ -17,6 +17,7 @@
 #include "device_limits.h"
 #include "device_registry.h"
 #include "file_util.h"
+#include "handle_registry.h"
 #include "memory_copy.h"
 #include "netdev.h"
 #include "progress_thread.h"
@@ -78,9 +79,43 @@ void uninit_device(abi::verbs_device* device) {
 
 void free_context(ibv_context* context);
 
+// libibverbs built `event` from 16 bytes it read from async_fd. Without the
+// preload (which reads them itself and drops forged ones) a datagram from
+// another local user could name any pointer: such an event is turned into
+// one that names none, rather than left for the application to follow.
+void sanitize_async_event(ibv_context* context, ibv_async_event* event) {
+  uint64_t element = 0;
+  switch (event->event_type) {
+    case IBV_EVENT_CQ_ERR:
+      element = reinterpret_cast<uint64_t>(event->element.cq);
+      break;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      element = reinterpret_cast<uint64_t>(event->element.srq);
+      break;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      element = reinterpret_cast<uint64_t>(event->element.qp);
+      break;
+    default:
+      element = static_cast<uint64_t>(event->element.port_num);
+      break;
+  }
+  if (is_valid_event(context, event->event_type, element)) return;
+  event->event_type = IBV_EVENT_SM_CHANGE;  // never raised on a RoCE port otherwise
+  event->element.port_num = 1;
+}
+
 const abi::verbs_context_ops kContextOps = [] {
   abi::verbs_context_ops ops{};
   ops.free_context = free_context;
+  ops.async_event = sanitize_async_event;
   ops.query_device_ex = query_device_ex;
   ops.query_port = query_port;
   add_verbs_object_ops(ops);
@@ -159,6 +194,8 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   user_records().opened(context->state->config, address_to_text(context->state->async_address));
   register_for_progress(context->state.get());
+  register_handle(HandleKind::Context, &context->verbs.context);
+  offer_validator_to_preload();
   return &context->verbs;
 }
 
@@ -185,6 +222,7 @@ namespace {
 
 void free_context(ibv_context* ibv_context) {
   ProviderContext* context = to_provider(ibv_context);
+  unregister_handle(HandleKind::Context, ibv_context);
   unregister_from_progress(context->state.get());
   user_records().closed(context->state->config, address_to_text(context->state->async_address));
   std::destroy_at(&context->state);

@@ -20,6 +20,7 @@
 #include "device_attributes.h"
 #include "device_limits.h"
 #include "event_socket.h"
+#include "handle_registry.h"
 #include "progress_thread.h"
 #include "provider_context.h"
 #include "qp_state_machine.h"
@@ -291,6 +292,7 @@ ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* ch
     record.channel = channel_address;
     record.owner_async = state.async_address;
   }
+  register_handle(HandleKind::Cq, &cq->verbs.cq);
   return cq.release();
 }
 
@@ -386,6 +388,7 @@ int destroy_cq(ibv_cq* ibv) {
     std::lock_guard guard(state.qps_mutex);
     if (cq->qp_references > 0) return EBUSY;
   }
+  unregister_handle(HandleKind::Cq, ibv);
   CqRecord& record = state.memory->shared().cqs[cq->index];
   uint64_t ring, bytes;
   {
@@ -582,6 +585,7 @@ ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
     record.owner_async = state.async_address;
   }
   use_pd(pd);
+  register_handle(HandleKind::Srq, &ibv);
   return &srq.release()->verbs.srq;
 }
 
@@ -636,6 +640,7 @@ int destroy_srq(ibv_srq* ibv) {
     std::lock_guard guard(state.qps_mutex);
     if (srq->qp_references > 0) return EBUSY;
   }
+  unregister_handle(HandleKind::Srq, ibv);
   SrqRecord& record = record_of(srq);
   uint64_t ring, bytes;
   {
@@ -833,6 +838,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     SharedLock lock(record.lock);
     record.owner_handle = reinterpret_cast<uint64_t>(&qp->verbs.qp);
   }
+  register_handle(HandleKind::Qp, &qp->verbs.qp);
   return &qp.release()->verbs.qp;
 }
 
@@ -869,6 +875,7 @@ void enter_error_state(DeviceMemory& memory, ProviderQp* qp) {
 int destroy_qp(ibv_qp* ibv) {
   ProviderQp* qp = to_qp(ibv);
   ContextState& state = state_of(ibv->context);
+  unregister_handle(HandleKind::Qp, ibv);
   if (qp->over_udp) udp_transport(state)->forget_qp(ibv->qp_num);
   QpRecord& record = record_of(qp);
   uint64_t ring, bytes;

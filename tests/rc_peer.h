@@ -6,6 +6,8 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -206,6 +208,7 @@ template <typename Body>
 pid_t spawn_peer(int socket_fd, size_t buffer_bytes, int depth, uint8_t timeout, uint8_t retry_count, Body body) {
   pid_t pid = fork();
   if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test that fails or times out leaves no peer behind
   Endpoint child;
   ConnectInfo mine, theirs;
   if (!child.open(buffer_bytes, depth)) _exit(10);

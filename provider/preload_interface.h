@@ -1,0 +1,34 @@
+// What the preload library asks the provider before it hands an application
+// a pointer it read from a socket. A completion channel yields 8 bytes that
+// libibverbs takes for an ibv_cq pointer, an async fd 16 bytes of which 8
+// may be a CQ, QP or SRQ pointer: the provider, which made those objects,
+// says whether the bytes name one of them. The provider finds the preload's
+// registration function with dlsym (the preload is in the global scope; the
+// provider, dlopen'ed by libibverbs, is not).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+
+extern "C" {
+
+struct SoftverbsHandleValidator {
+  uint32_t version;  // kValidatorVersion
+  // A context of a softverbs device that is open.
+  bool (*is_context)(const ibv_context* context);
+  // A live CQ of `channel`'s context created with `channel`.
+  bool (*is_channel_cq)(const ibv_comp_channel* channel, uint64_t cq);
+  // `element` is what an event of `event_type` may name on `context`: a
+  // live CQ, QP or SRQ of it for the events about one, anything for port
+  // and device events.
+  bool (*is_event_element)(const ibv_context* context, uint32_t event_type, uint64_t element);
+};
+
+using SoftverbsRegisterValidator = void (*)(const SoftverbsHandleValidator* validator);
+}
+
+namespace softverbs {
+inline constexpr uint32_t kValidatorVersion = 1;
+inline constexpr const char* kRegisterValidatorSymbol = "softverbs_preload_register_validator";
+}  // namespace softverbs
