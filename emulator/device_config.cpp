@@ -119,7 +119,12 @@ std::optional<DeviceConfig> DeviceConfig::parse(std::string_view text, std::stri
 }
 
 bool is_valid_device_name(std::string_view name) {
-  if (name.empty() || name.size() > 63 || name == "." || name == "..") return false;
+  // A name starts with a letter or digit: "-x" would read as an option to
+  // every command that takes a device name, "." and ".." as directories.
+  if (name.empty() || name.size() > 63) return false;
+  const char first = name.front();
+  if (!((first >= 'a' && first <= 'z') || (first >= 'A' && first <= 'Z') || (first >= '0' && first <= '9')))
+    return false;
   for (char c : name) {
     bool ok =
         (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';

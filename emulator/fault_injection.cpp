@@ -60,7 +60,10 @@ std::optional<FaultSettings> FaultSettings::parse(std::string_view text, std::st
   if (text.empty() || text == "none") return settings;
   for (std::string_view item : split(text, ',')) {
     item = trim(item);
-    if (item.empty()) continue;
+    if (item.empty()) {
+      *error = "empty fault setting in '" + std::string(text) + "' (settings are KEY=VALUE, separated by commas)";
+      return std::nullopt;
+    }
     size_t equals = item.find('=');
     if (equals == std::string_view::npos) {
       *error = "fault setting '" + std::string(item) + "' is not KEY=VALUE";

@@ -35,7 +35,8 @@ enum class Counter : uint8_t {
   FaultsReordered,
   FaultsDelayed,
   FaultsCorrupted,
-  ReceiveWaits,  // SENDs that found no receive posted and waited for one (kReceiveGrace)
+  ReceiveWaits,        // SENDs that found no receive posted and waited for one (kReceiveGrace)
+  WrongSourceDropped,  // RC/UC packets from an address that is not the QP's peer
   Count
 };
 
@@ -54,7 +55,7 @@ inline constexpr std::array<const char*, kCounterCount> kCounterNames = {
     "send_errors",         "faults_dropped",
     "faults_duplicated",   "faults_reordered",
     "faults_delayed",      "faults_corrupted",
-    "receive_waits",
+    "receive_waits",       "wrong_source_dropped",
 };
 
 // One process's counts. A process adds only to its own slot: counters on a

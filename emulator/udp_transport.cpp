@@ -175,7 +175,6 @@ constexpr auto kAnswerSpinPerLook = std::chrono::milliseconds(1);
 // 30-40 us, against 0 of 10 after 1,024 and 0-2 of 10 with the socket
 // always in the set).
 constexpr uint32_t kBusyReadsBeforeLeavingSet = 1024;
-constexpr uint32_t kForwardMagic = 0x53565246;  // "SVRF"
 // UDP GSO limits: the datagrams of one send fit one 64 KiB IP packet.
 constexpr size_t kMaxGsoBytes = 60000;
 constexpr size_t kMaxGsoSegments = 64;
@@ -333,14 +332,6 @@ std::vector<std::string> abstract_names_with_prefix(const std::string& prefix) {
   }
   return names;
 }
-
-struct ForwardHeader {
-  uint32_t magic = kForwardMagic;
-  uint16_t source_port = 0;
-  uint16_t destination_port = 0;
-  uint8_t source[16] = {};
-  uint8_t destination[16] = {};
-};
 
 bool is_response(uint8_t opcode) {
   if ((opcode & 0xe0) != static_cast<uint8_t>(Service::Rc)) return false;
@@ -1301,10 +1292,13 @@ bool UdpTransport::Engine::drain(Watcher& watcher, Reads reads) {
       const size_t segment = udp_gro_segment(messages[i].msg_hdr, bytes.size());
       FlowAddress flow;
       if (watcher.forward) {
-        ForwardHeader header;
+        udp::ForwardHeader header;
         if (bytes.size() < sizeof header) continue;
         std::memcpy(&header, bytes.data(), sizeof header);
-        if (header.magic != kForwardMagic) continue;
+        if (header.magic != udp::kForwardMagic || header.secret != memory_->shared().forward_secret) {
+          counters().add(Counter::MalformedPackets);
+          continue;
+        }
         std::memcpy(flow.source.data(), header.source, 16);
         std::memcpy(flow.destination.data(), header.destination, 16);
         flow.source_port = header.source_port;
@@ -1381,6 +1375,15 @@ void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<co
     udp::ud_receive(*this, *qp, *packet, flow);
     return;
   }
+  // As rxe's check_addr: a connected QP takes packets only from its peer's
+  // address to its own. RoCE authenticates nothing, but a local user who
+  // guessed the QPN, PSN and rkey still cannot speak for a remote peer.
+  if (flow.source != qp->path.remote || flow.destination != qp->path.local) {
+    counters().add(Counter::WrongSourceDropped);
+    debug_log("QP %#x: packet from %s dropped: its peer is %s", qpn, format_address(flow.source).c_str(),
+              format_address(qp->path.remote).c_str());
+    return;
+  }
   if (is_response(packet->bth.opcode)) {
     udp::completer_receive(*this, *qp, *packet);
     touched_.push_back(qpn);
@@ -1436,7 +1439,8 @@ void UdpTransport::Engine::retry_awaiting_locked(udp::UdpQp& qp, bool may_wait) 
 }
 
 void UdpTransport::Engine::forward(uint16_t port, const FlowAddress& flow, std::span<const uint8_t> datagram) {
-  ForwardHeader header;
+  udp::ForwardHeader header;
+  header.secret = memory_->shared().forward_secret;
   header.source_port = flow.source_port;
   header.destination_port = flow.destination_port;
   std::memcpy(header.source, flow.source.data(), 16);

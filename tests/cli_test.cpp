@@ -67,6 +67,10 @@ TEST_F(Cli, UpRejectsBadArguments) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("invalid transport"), std::string::npos) << r.err;
 
+  r = softverbs({"up", "--name", "-x"});
+  EXPECT_EQ(r.exit_code, 2) << "a name that reads as an option could not be taken down again";
+  EXPECT_NE(r.err.find("invalid device name '-x'"), std::string::npos) << r.err;
+
   r = softverbs({"up", "--name"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("needs a value"), std::string::npos) << r.err;
@@ -75,6 +79,28 @@ TEST_F(Cli, UpRejectsBadArguments) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("unexpected argument 'extra'"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(runtime_dir() + "/devices/softverbs0.conf")) << "a rejected call changes nothing";
+}
+
+// Opening the device prunes the records of processes that have gone,
+// including one whose pid now names another process; `down` removes the
+// device's memory file and its users' records.
+TEST_F(Cli, StaleUserRecordsArePrunedAndDownLeavesNothingBehind) {
+  ASSERT_EQ(softverbs({"up"}).exit_code, 0);
+  const fs::path users = runtime_dir() + "/users/softverbs0";
+  fs::create_directories(users);
+  const fs::path gone = users / "4194000";                   // above the default pid_max: no such process
+  const fs::path reused = users / std::to_string(getpid());  // a live pid, but not the process recorded
+  ASSERT_TRUE(write_text_file(gone, "start_time=1\n"));
+  ASSERT_TRUE(write_text_file(reused, "start_time=1\n"));
+  auto r = run_process({SOFTVERBS_CLI, "run", "--", "ibv_devinfo", "-d", "softverbs0"},
+                       {"SOFTVERBS_RUNTIME_DIR=" + runtime_dir()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(gone));
+  EXPECT_FALSE(fs::exists(reused)) << "a reused pid is not the process that was recorded";
+  EXPECT_TRUE(fs::exists(runtime_dir() + "/softverbs0.mem"));
+  ASSERT_EQ(softverbs({"down"}).exit_code, 0);
+  EXPECT_FALSE(fs::exists(runtime_dir() + "/softverbs0.mem")) << "1 GiB sparse, left behind before";
+  EXPECT_FALSE(fs::exists(users));
 }
 
 TEST_F(Cli, TransportAndFaultSettingsPersistAndShow) {
@@ -109,6 +135,10 @@ TEST_F(Cli, TransportVerbsRejectBadArguments) {
   r = softverbs({"up", "--faults", "loss"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("not KEY=VALUE"), std::string::npos) << r.err;
+  r = softverbs({"faults", "softverbs0", "loss=0.1,,"});
+  EXPECT_EQ(r.exit_code, 2) << "a typo is not taken silently";
+  EXPECT_NE(r.err.find("empty fault setting"), std::string::npos) << r.err;
+  EXPECT_EQ(softverbs({"faults"}).out, "softverbs0: none\n") << "and changes nothing";
   r = softverbs({"up", "--transport", "tcp"});
   EXPECT_EQ(r.exit_code, 2);
   r = softverbs({"faults", "nosuchdevice"});

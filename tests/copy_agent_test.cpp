@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cross_user_helpers.h"
 #include "device_memory.h"
 #include "memory_copy.h"
 #include "process_runner.h"
@@ -113,6 +114,29 @@ TEST_F(CopyAgent, RefusesBytesOutsideTheKeysRegion) {
     EXPECT_EQ(agent_copy_to_process(*memory_, region_.pid, std::span(&local, 1), std::span(&cases[i], 1)), EFAULT)
         << "case " << i;
   EXPECT_EQ(finish(0), 0) << "the child's guard bytes and region were not touched";
+}
+
+// The reproduction: as user nobody, a forged request made root's
+// agent copy device heap into root's registered memory, and its EFAULT or
+// EINVAL answers told which key and address pairs were valid. Now another
+// user gets no answer at all, and nothing moves.
+TEST_F(CopyAgent, AnotherUsersRequestIsNeitherServedNorAnswered) {
+  if (!test::can_switch_user()) GTEST_SKIP() << "needs root, to run a second user";
+  const int status = test::run_as_nobody([&] {
+    // Device memory stays mapped after the switch, as it would for an
+    // attacker who had obtained the file some other way.
+    uint8_t bytes[2] = {0x77, 0x77};
+    iovec local{bytes, 2};
+    RemoteRange valid{region_.address, 2, region_.key, access::kRemoteWrite};
+    RemoteRange invalid{region_.address, 2, region_.key ^ 0x10000, access::kRemoteWrite};
+    const int to_valid = agent_copy_to_process(*memory_, region_.pid, std::span(&local, 1), std::span(&valid, 1));
+    const int to_invalid = agent_copy_to_process(*memory_, region_.pid, std::span(&local, 1), std::span(&invalid, 1));
+    // No answer: the requester waits out its timeout either way, and learns
+    // nothing from the difference.
+    return to_valid == ETIMEDOUT && to_invalid == ETIMEDOUT ? 0 : 1;
+  });
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(finish(0), 0) << "the child's region and guard bytes were not touched";
 }
 
 TEST_F(CopyAgent, NoAgentAnswersForAProcessWithoutOne) {

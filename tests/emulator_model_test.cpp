@@ -124,6 +124,9 @@ TEST(DeviceConfig, DeviceNameRules) {
   EXPECT_FALSE(is_valid_device_name("a/b"));
   EXPECT_FALSE(is_valid_device_name("has space"));
   EXPECT_FALSE(is_valid_device_name(std::string(64, 'x')));
+  EXPECT_FALSE(is_valid_device_name("-x")) << "would read as an option";
+  EXPECT_FALSE(is_valid_device_name(".hidden"));
+  EXPECT_TRUE(is_valid_device_name("0dev"));
 }
 
 TEST(DeviceConfig, NodeGuidIsStableLocalAndDistinct) {

@@ -142,7 +142,8 @@ std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::
                                      const std::string& netdev_name, std::optional<TransportChoice> transport,
                                      std::string* error, const std::optional<std::string>& faults) {
   if (!is_valid_device_name(name)) {
-    *error = "invalid device name '" + name + "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -";
+    *error = "invalid device name '" + name +
+             "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -, starting with a letter or digit";
     return std::nullopt;
   }
   auto netdev = query_netdev(netdev_name);
@@ -231,7 +232,8 @@ int command_up(std::span<char*> args) {
     faults = settings->any() ? settings->to_string() : "none";
   }
   if (!is_valid_device_name(name)) {
-    report_error("up: invalid device name '" + name + "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -");
+    report_error("up: invalid device name '" + name +
+                 "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -, starting with a letter or digit");
     return kExitUsage;
   }
   if (!query_netdev(netdev)) {
