@@ -146,6 +146,16 @@ uint64_t DeviceMemory::allocate(uint64_t bytes) {
   }
   uint64_t offset = round_up(s.heap_next, std::min<uint64_t>(block, 1 << 21));
   if (offset + block > s.heap_end) return 0;
+  // The alignment gap goes to the free lists, as blocks aligned to their
+  // size, rather than being lost for the device's life.
+  for (uint64_t gap = s.heap_next; gap < offset;) {
+    uint64_t piece = uint64_t{1} << kMinBlockShift;
+    while ((gap % (piece * 2)) == 0 && gap + piece * 2 <= offset) piece *= 2;
+    const unsigned piece_class = size_class(piece);
+    *at<uint64_t>(gap) = s.free_lists[piece_class];
+    s.free_lists[piece_class] = gap;
+    gap += piece;
+  }
   s.heap_next = offset + block;
   return offset;  // never used before: zero
 }
@@ -309,6 +319,22 @@ void DeviceMemory::reclaim_dead_owners() {
   // Nothing refers to a dead process's record now: it can be claimed again.
   SharedLock lock(shared().objects_lock);
   for (int slot : dead_before) shared().processes.release_if_dead(slot);
+}
+
+DeviceUsage DeviceMemory::usage() {
+  DeviceUsage usage;
+  DeviceShared& s = shared();
+  for (int slot = 0; slot < ProcessTable::kCapacity; ++slot) usage.processes += owner_alive(slot);
+  for (const QpRecord& qp : s.qps) usage.qps += qp.live != 0;
+  for (const CqRecord& cq : s.cqs) usage.cqs += cq.live != 0;
+  for (const SrqRecord& srq : s.srqs) usage.srqs += srq.live != 0;
+  usage.mrs = static_cast<uint32_t>(s.mrs.live_count());
+  SharedLock lock(s.objects_lock);
+  uint64_t free_bytes = 0;
+  for (size_t cls = 0; cls < std::size(s.free_lists); ++cls)
+    for (uint64_t block = s.free_lists[cls]; block != 0; block = *at<uint64_t>(block)) free_bytes += uint64_t{1} << cls;
+  usage.heap_bytes = s.heap_next - s.heap_start - free_bytes;
+  return usage;
 }
 
 }  // namespace softverbs

@@ -192,6 +192,14 @@ struct DeviceShared {
   CaptureControl capture;
 };
 
+// What a device holds now: `softverbs stat` shows it, and tests check that
+// it returns to where it was once the processes that used it are gone.
+struct DeviceUsage {
+  uint32_t processes = 0;  // joined and alive
+  uint32_t qps = 0, cqs = 0, srqs = 0, mrs = 0;
+  uint64_t heap_bytes = 0;  // rings and receive queues, in blocks handed out
+};
+
 class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
  public:
   // Maps (creating and initializing on first use) the device memory file.
@@ -236,6 +244,7 @@ class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
   // Frees the records of processes that exited without cleaning up, and
   // then their ProcessTable records.
   void reclaim_dead_owners();
+  DeviceUsage usage();
 
   // A CQ's ring of `capacity` slots (a power of two) in device memory.
   // install_completion_ring points the record at slots allocate() gave and

@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <vector>
 
@@ -137,6 +138,15 @@ std::array<uint8_t, kGrhBytes> build_grh(const SendRequest& request, uint64_t pa
   return grh;
 }
 
+// Whether a copy into or out of `target`'s process failed with `error`
+// because that process is exiting: then nothing answers, as for a QP that
+// is gone. The kernel says ESRCH once the process's first thread has let
+// go of its memory, which may be before the thread that holds its
+// ProcessTable record has exited.
+bool target_gone(DeviceMemory& memory, const QpRecord& target, int error) {
+  return error == ESRCH || !memory.owner_alive(target.owner_process);
+}
+
 // A SEND (with or without immediate) into `target`'s next receive WQE; the
 // target's lock is held by the caller.
 SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_record, const SendRequest& request,
@@ -175,6 +185,12 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
     }
     auto payload_vectors = skip_bytes(receive.vectors, header);
     if (error == 0 && local.length > 0) error = copy_to_process(memory, receive.owner, local.vectors, payload_vectors);
+    if (error != 0 && target_gone(memory, *target, error)) {
+      // It died while the bytes moved: as a QP that is gone, it answers
+      // nothing (and completes nothing).
+      if (reliable) completion.status = WcStatus::RetryExceededError;
+      return SendOutcome::Completed;
+    }
     if (error != 0) {
       debug_log("SEND from QP %#x to QP %#x: copy into process %d failed: %s", qp.qpn, target->qpn, receive.owner,
                 strerror(error));
@@ -255,6 +271,15 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
     }
   }
 
+  // A copy that failed: the target's process died while the bytes moved
+  // (nothing answers, as for a QP that is gone), or the range could not be
+  // reached after all (an error the requester reports).
+  auto copy_failed = [&](int error) {
+    if (target_gone(memory, *target, error)) return unreachable();
+    completion.status = WcStatus::RemoteAccessError;
+    return SendOutcome::Completed;
+  };
+
   // One-sided operations: checked against the target's registration and the
   // target QP's remote access rights.
   auto check_remote = [&](uint32_t needed, uint64_t length, ResolvedRange& where) {
@@ -278,10 +303,9 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
         return SendOutcome::Completed;
       }
       RemoteRange remote{where.address, local.length, request.rkey, access::kRemoteWrite};
-      if (local.length > 0 && copy_to_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)) != 0) {
-        completion.status = WcStatus::RemoteAccessError;
-        return SendOutcome::Completed;
-      }
+      if (local.length > 0)
+        if (int error = copy_to_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)))
+          return copy_failed(error);
       if (request.opcode == SendOpcode::RdmaWriteWithImm) {
         Completion received;
         received.wr_id = receive.wr_id;
@@ -302,8 +326,9 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
         return SendOutcome::Completed;
       }
       RemoteRange remote{where.address, local.length, request.rkey, access::kRemoteRead};
-      if (local.length > 0 && copy_from_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)) != 0)
-        completion.status = WcStatus::RemoteAccessError;
+      if (local.length > 0)
+        if (int error = copy_from_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)))
+          return copy_failed(error);
       return SendOutcome::Completed;
     }
     case SendOpcode::AtomicCompareSwap:
@@ -325,10 +350,8 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
       uint64_t original = 0;
       iovec value{&original, 8};
       RemoteRange remote{where.address, 8, request.rkey, access::kRemoteAtomic};
-      if (copy_from_process(memory, where.owner_pid, std::span(&value, 1), std::span(&remote, 1)) != 0) {
-        completion.status = WcStatus::RemoteAccessError;
-        return SendOutcome::Completed;
-      }
+      if (int error = copy_from_process(memory, where.owner_pid, std::span(&value, 1), std::span(&remote, 1)))
+        return copy_failed(error);
       uint64_t updated = original;
       if (request.opcode == SendOpcode::AtomicFetchAdd)
         updated = original + request.compare_add;
@@ -336,10 +359,8 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
         updated = request.swap;
       if (updated != original) {
         iovec next{&updated, 8};
-        if (copy_to_process(memory, where.owner_pid, std::span(&next, 1), std::span(&remote, 1)) != 0) {
-          completion.status = WcStatus::RemoteAccessError;
-          return SendOutcome::Completed;
-        }
+        if (int error = copy_to_process(memory, where.owner_pid, std::span(&next, 1), std::span(&remote, 1)))
+          return copy_failed(error);
       }
       copy_within_process(local.vectors, std::span(&value, 1));
       return SendOutcome::Completed;

@@ -17,7 +17,6 @@
 #include <map>
 #include <mutex>
 #include <new>
-#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -26,6 +25,7 @@
 #include "device_registry.h"
 #include "listener_directory.h"
 #include "multicast_table.h"
+#include "random_bits.h"
 
 namespace softverbs::cm {
 
@@ -250,7 +250,9 @@ class Engine {
     std::thread([this] { run(); }).detach();
   }
 
-  uint32_t random_psn() { return static_cast<uint32_t>(random_()) & 0xffffff; }
+  // From the kernel's generator: a peer that saw one connection's PSNs
+  // cannot predict the next one's (a forged packet needs the PSN).
+  uint32_t random_psn() { return static_cast<uint32_t>(random_u64()) & 0xffffff; }
 
  private:
   Engine() {
@@ -282,7 +284,6 @@ class Engine {
 
   int wake_read_ = -1, wake_write_ = -1;
   bool thread_started_ = false;
-  std::mt19937 random_{std::random_device{}()};
 };
 
 // Queues `event` on the id's channel; `area` is the private-data area size

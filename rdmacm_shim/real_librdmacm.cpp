@@ -46,9 +46,9 @@ void* load_real() {
   auto try_load = [&](const char* path) -> void* {
     char resolved[4096];
     if (realpath(path, resolved) == nullptr || self == resolved) return nullptr;
-    // RTLD_DEEPBIND: the real library's internal calls must reach its own
-    // functions, not ours, which come first in the global scope. (ASan
-    // refuses RTLD_DEEPBIND; sanitizer builds only load the tests' stand-in.)
+      // RTLD_DEEPBIND: the real library's internal calls must reach its own
+      // functions, not ours, which come first in the global scope. (ASan
+      // refuses RTLD_DEEPBIND; sanitizer builds only load the tests' stand-in.)
 #if defined(__SANITIZE_ADDRESS__)
     constexpr int kBinding = 0;
 #else

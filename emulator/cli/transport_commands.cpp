@@ -27,8 +27,10 @@ constexpr const char* kStatHelp =
     "Shows the UDP transport's counters of device NAME (default: every device), summed\n"
     "over every process that used it: packets and bytes sent and received,\n"
     "retransmissions, ACK timeouts, NAKs sent and received (PSN sequence, RNR, errors),\n"
-    "duplicates, drops (bad ICRC, malformed, unknown QP) and injected faults.\n"
-    "--reset sets them to zero.\n";
+    "duplicates, drops (bad ICRC, malformed, unknown QP, wrong source) and injected\n"
+    "faults; then what the device holds: live processes, QPs, CQs, SRQs, MRs and the\n"
+    "bytes of device memory in use (after reclaiming what exited processes left).\n"
+    "--reset sets the counters to zero.\n";
 
 constexpr const char* kFaultsHelp =
     "usage: softverbs faults [NAME] [SPEC]\n"
@@ -139,6 +141,18 @@ int command_stat(std::span<char*> args) {
     for (size_t i = 0; i < kCounterCount; ++i)
       std::cout << "  " << std::left << std::setw(26) << kCounterNames[i] << counters.get(static_cast<Counter>(i))
                 << '\n';
+    // What the device holds, once what exited processes left is reclaimed
+    // (their user records too).
+    memory->reclaim_dead_owners();
+    registry.users(config.name);
+    const DeviceUsage usage = memory->usage();
+    for (const auto& [name, value] : {std::pair<const char*, uint64_t>{"processes", usage.processes},
+                                      {"qps", usage.qps},
+                                      {"cqs", usage.cqs},
+                                      {"srqs", usage.srqs},
+                                      {"mrs", usage.mrs},
+                                      {"heap_bytes", usage.heap_bytes}})
+      std::cout << "  " << std::left << std::setw(26) << name << value << '\n';
   }
   return kExitOk;
 }
