@@ -107,32 +107,13 @@ int kernel_copy(pid_t pid, std::span<const iovec> local, std::span<const iovec> 
 
 // ---- the copy agent ---------------------------------------------------------
 
-constexpr uint32_t kAgentMagic = 0x53564147;  // "SVAG"
-constexpr size_t kMaxSegments = 32;
-constexpr uint64_t kChunkBytes = uint64_t{4} << 20;
+using copy_agent::kMaxSegments;
+using AgentSegment = copy_agent::Segment;
+using AgentRequest = copy_agent::Request;
+using AgentReply = copy_agent::Reply;
+constexpr uint32_t kAgentMagic = copy_agent::kMagic;
+constexpr uint64_t kChunkBytes = copy_agent::kChunkBytes;
 constexpr int kAgentTimeoutMs = 5000;
-
-struct AgentSegment {
-  uint64_t address;
-  uint64_t length;
-  uint32_t key;
-  uint32_t access;  // the right the copy exercises (access::k*), checked against the key's region
-};
-
-struct AgentRequest {
-  uint32_t magic;
-  uint32_t write;  // 1: bounce -> agent's memory; 0: agent's memory -> bounce
-  uint64_t bounce_offset;
-  uint32_t count;
-  uint32_t reserved;
-  SocketAddress reply;
-  AgentSegment segments[kMaxSegments];
-};
-
-struct AgentReply {
-  uint32_t magic;
-  int32_t status;
-};
 
 SocketAddress agent_address(DeviceMemory& memory, pid_t pid) {
   char name[96];

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <span>
 
+#include "event_socket.h"
+
 namespace softverbs {
 
 class DeviceMemory;
@@ -28,6 +30,37 @@ struct RemoteRange {
   // agent refuses a range whose region does not grant it.
   uint32_t access = 0;
 };
+
+// The copy agent's datagrams (a request to the target's agent socket, its
+// answer to the requester's), for the agent, its requesters and the fuzz
+// target.
+namespace copy_agent {
+inline constexpr uint32_t kMagic = 0x53564147;  // "SVAG"
+inline constexpr size_t kMaxSegments = 32;
+inline constexpr uint64_t kChunkBytes = uint64_t{4} << 20;  // bytes one request moves at most
+
+struct Segment {
+  uint64_t address;
+  uint64_t length;
+  uint32_t key;
+  uint32_t access;  // the right the copy exercises (access::k*), checked against the key's region
+};
+
+struct Request {
+  uint32_t magic;
+  uint32_t write;  // 1: bounce -> agent's memory; 0: agent's memory -> bounce
+  uint64_t bounce_offset;
+  uint32_t count;
+  uint32_t reserved;
+  SocketAddress reply;
+  Segment segments[kMaxSegments];
+};
+
+struct Reply {
+  uint32_t magic;
+  int32_t status;
+};
+}  // namespace copy_agent
 
 enum class CopyMethod : uint8_t { Auto, KernelOnly, AgentOnly };
 

@@ -97,6 +97,8 @@ bool is_valid_event(const ibv_context* context, uint32_t event_type, uint64_t el
   return *reinterpret_cast<ibv_context* const*>(element) == context;
 }
 
+const SoftverbsHandleValidator& handle_validator() { return kValidator; }
+
 void offer_validator_to_preload() {
   static const bool offered = [] {
     auto offer = reinterpret_cast<SoftverbsRegisterValidator>(dlsym(RTLD_DEFAULT, kRegisterValidatorSymbol));

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "preload_interface.h"
+
 namespace softverbs::provider {
 
 enum class HandleKind : uint8_t { Context, Cq, Qp, Srq };
@@ -16,7 +18,9 @@ void register_handle(HandleKind kind, const void* handle);
 void unregister_handle(HandleKind kind, const void* handle);
 bool is_live_handle(HandleKind kind, uint64_t handle);
 
-// Hands the preload (if it is loaded) the checks it makes, once.
+// The checks the preload makes, over this registry.
+const SoftverbsHandleValidator& handle_validator();
+// Hands the preload (if it is loaded) those checks, once.
 void offer_validator_to_preload();
 
 // ibv_async_event as libibverbs built it from the 16 bytes it read:

@@ -41,8 +41,10 @@ extern "C" __attribute__((visibility("default"))) int socket(int domain, int typ
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 
+#include "event_datagram.h"
 #include "preload_interface.h"
 
 namespace {
@@ -87,11 +89,11 @@ ibv_comp_channel* create_softverbs_channel(ibv_context* context) {
 // sees it) may wake this process: its own user, or root.
 bool trusted(uid_t uid) { return uid == 0 || uid == getuid() || uid == geteuid(); }
 
-// Reads one datagram of exactly `size` bytes from a trusted sender into
-// `out`, skipping others; -1 with errno when the read fails (EAGAIN on a
-// non-blocking fd with nothing trusted left), 0 when `accept` took one.
-template <typename Accept>
-int read_trusted(int fd, void* out, size_t size, Accept accept) {
+// Reads datagrams until `decode` takes one (given its bytes and whether its
+// sender is trusted), skipping others; -1 with errno when a read fails
+// (EAGAIN on a non-blocking fd with nothing acceptable left).
+template <typename Decode>
+int read_until_accepted(int fd, Decode decode) {
   for (;;) {
     alignas(8) unsigned char bytes[32];
     iovec vector{bytes, sizeof bytes};
@@ -115,9 +117,8 @@ int read_trusted(int fd, void* out, size_t size, Accept accept) {
       std::memcpy(&credentials, CMSG_DATA(header), sizeof credentials);
       from_trusted = trusted(credentials.uid);
     }
-    if (!from_trusted || static_cast<size_t>(length) != size || (message.msg_flags & MSG_TRUNC)) continue;
-    std::memcpy(out, bytes, size);
-    if (accept()) return 0;
+    if (message.msg_flags & MSG_TRUNC) continue;
+    if (decode(std::span<const unsigned char>(bytes, static_cast<size_t>(length)), from_trusted)) return 0;
   }
 }
 
@@ -158,11 +159,15 @@ extern "C" __attribute__((visibility("default"))) int ibv_get_cq_event(ibv_comp_
     }
     return real(channel, cq, cq_context);
   }
-  uint64_t handle = 0;
-  if (read_trusted(channel->fd, &handle, sizeof handle, [&] { return check->is_channel_cq(channel, handle); }) != 0)
+  ibv_cq* taken = nullptr;
+  if (read_until_accepted(channel->fd, [&](std::span<const unsigned char> bytes, bool trusted_sender) {
+        auto named = softverbs::decode_channel_datagram(bytes, trusted_sender, channel, *check);
+        if (named) taken = *named;
+        return named.has_value();
+      }) != 0)
     return -1;
-  *cq = reinterpret_cast<ibv_cq*>(handle);
-  *cq_context = (*cq)->cq_context;
+  *cq = taken;
+  *cq_context = taken->cq_context;
   return 0;
 }
 
@@ -178,38 +183,11 @@ extern "C" __attribute__((visibility("default"))) int ibv_get_async_event(ibv_co
     }
     return real(context, event);
   }
-  struct {
-    uint64_t element;
-    uint32_t event_type;
-    uint32_t reserved;
-  } raw{};
-  static_assert(sizeof raw == 16);
-  if (read_trusted(context->async_fd, &raw, sizeof raw,
-                   [&] { return check->is_event_element(context, raw.event_type, raw.element); }) != 0)
+  if (read_until_accepted(context->async_fd, [&](std::span<const unsigned char> bytes, bool trusted_sender) {
+        auto decoded = softverbs::decode_async_datagram(bytes, trusted_sender, context, *check);
+        if (decoded) *event = *decoded;
+        return decoded.has_value();
+      }) != 0)
     return -1;
-  *event = {};
-  event->event_type = static_cast<ibv_event_type>(raw.event_type);
-  switch (event->event_type) {
-    case IBV_EVENT_CQ_ERR:
-      event->element.cq = reinterpret_cast<ibv_cq*>(raw.element);
-      break;
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED:
-      event->element.srq = reinterpret_cast<ibv_srq*>(raw.element);
-      break;
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
-      event->element.qp = reinterpret_cast<ibv_qp*>(raw.element);
-      break;
-    default:
-      event->element.port_num = static_cast<int>(raw.element);
-      break;
-  }
   return 0;
 }
