@@ -81,28 +81,6 @@ TEST_F(Cli, UpRejectsBadArguments) {
   EXPECT_FALSE(fs::exists(runtime_dir() + "/devices/softverbs0.conf")) << "a rejected call changes nothing";
 }
 
-// Opening the device prunes the records of processes that have gone,
-// including one whose pid now names another process; `down` removes the
-// device's memory file and its users' records.
-TEST_F(Cli, StaleUserRecordsArePrunedAndDownLeavesNothingBehind) {
-  ASSERT_EQ(softverbs({"up"}).exit_code, 0);
-  const fs::path users = runtime_dir() + "/users/softverbs0";
-  fs::create_directories(users);
-  const fs::path gone = users / "4194000";                   // above the default pid_max: no such process
-  const fs::path reused = users / std::to_string(getpid());  // a live pid, but not the process recorded
-  ASSERT_TRUE(write_text_file(gone, "start_time=1\n"));
-  ASSERT_TRUE(write_text_file(reused, "start_time=1\n"));
-  auto r = run_process({SOFTVERBS_CLI, "run", "--", "ibv_devinfo", "-d", "softverbs0"},
-                       {"SOFTVERBS_RUNTIME_DIR=" + runtime_dir()});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_FALSE(fs::exists(gone));
-  EXPECT_FALSE(fs::exists(reused)) << "a reused pid is not the process that was recorded";
-  EXPECT_TRUE(fs::exists(runtime_dir() + "/softverbs0.mem"));
-  ASSERT_EQ(softverbs({"down"}).exit_code, 0);
-  EXPECT_FALSE(fs::exists(runtime_dir() + "/softverbs0.mem")) << "1 GiB sparse, left behind before";
-  EXPECT_FALSE(fs::exists(users));
-}
-
 TEST_F(Cli, TransportAndFaultSettingsPersistAndShow) {
   ASSERT_EQ(softverbs({"up", "--transport", "udp", "--faults", "loss=10%,seed=3"}).exit_code, 0);
   auto status = softverbs({"status"});

@@ -132,6 +132,28 @@ TEST_F(RdmaTools, AsyncwatchSeesTheEventsThatTheCliRaises) {
   EXPECT_EQ(r.out.find("IBV_EVENT_PORT_ACTIVE"), std::string::npos) << r.out;
 }
 
+// Opening the device prunes the records of processes that have gone,
+// including one whose pid now names another process; `down` removes the
+// device's memory file and its users' records.
+TEST_F(RdmaTools, StaleUserRecordsArePrunedAndDownLeavesNothingBehind) {
+  const std::vector<std::string> env = {"SOFTVERBS_RUNTIME_DIR=" + runtime_dir()};
+  ASSERT_EQ(run_process({SOFTVERBS_CLI, "up"}, env).exit_code, 0);
+  const fs::path users = runtime_dir() + "/users/softverbs0";
+  fs::create_directories(users);
+  const fs::path gone = users / "4194000";                   // above the default pid_max: no such process
+  const fs::path reused = users / std::to_string(getpid());  // a live pid, but not the process recorded
+  ASSERT_TRUE(write_text_file(gone, "start_time=1\n"));
+  ASSERT_TRUE(write_text_file(reused, "start_time=1\n"));
+  auto r = run_tool({"ibv_devinfo", "-d", "softverbs0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(gone));
+  EXPECT_FALSE(fs::exists(reused)) << "a reused pid is not the process that was recorded";
+  EXPECT_TRUE(fs::exists(runtime_dir() + "/softverbs0.mem"));
+  ASSERT_EQ(run_process({SOFTVERBS_CLI, "down"}, env).exit_code, 0);
+  EXPECT_FALSE(fs::exists(runtime_dir() + "/softverbs0.mem")) << "1 GiB sparse, left behind before";
+  EXPECT_FALSE(fs::exists(users));
+}
+
 TEST_F(RdmaTools, PreloadRefusesOnlyRdmaNetlink) {
   // On a host with ib_core, libibverbs would ask RDMA netlink and never see
   // the sysfs tree; the preload makes that socket fail as on a host without.
