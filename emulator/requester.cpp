@@ -284,6 +284,9 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
   // target QP's remote access rights.
   auto check_remote = [&](uint32_t needed, uint64_t length, ResolvedRange& where) {
     if ((target->attributes.access_flags & needed) != needed) return false;
+    // A zero-length RDMA READ or WRITE touches no memory, so no key is
+    // checked (IBA C9-88): UCX flushes with one that names rkey 0.
+    if (length == 0 && needed != access::kRemoteAtomic) return true;
     return device.mrs.check_remote(request.rkey, target->pd_handle, request.remote_address, length, needed, &where) ==
                KeyCheck::Ok &&
            where.owner_pid == target->owner_pid;

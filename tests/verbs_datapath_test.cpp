@@ -413,6 +413,37 @@ TEST_F(RcDataPath, WriteWithImmediateConsumesAReceive) {
   EXPECT_EQ(poll_n(cq_a_, 1).size(), 1u);
 }
 
+// A zero-length RDMA operation touches no memory and checks no key (IBA
+// C9-88), as UCX's rc_verbs flush expects: an inline WRITE of nothing,
+// rkey 0, no SGE. The QP's own access rights still apply.
+TEST_F(RcDataPath, AZeroLengthRdmaOperationChecksNoKey) {
+  connect(IBV_QPT_RC);
+  ASSERT_EQ(post_recv_b(7, 0, 0), 0);
+  for (ibv_wr_opcode opcode : {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE_WITH_IMM}) {
+    ibv_send_wr wr{};
+    wr.wr_id = 100 + opcode;
+    wr.opcode = opcode;
+    wr.num_sge = 0;
+    wr.send_flags = IBV_SEND_SIGNALED | (opcode == IBV_WR_RDMA_READ ? 0 : IBV_SEND_INLINE);
+    wr.imm_data = htonl(5);
+    wr.wr.rdma = {0, 0};  // no address, rkey 0
+    ibv_send_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
+    auto done = poll_n(cq_a_, 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status, IBV_WC_SUCCESS) << "opcode " << opcode << ": " << ibv_wc_status_str(done[0].status);
+  }
+  auto received = poll_n(cq_b_, 1);
+  ASSERT_EQ(received.size(), 1u) << "the WRITE with immediate took a receive";
+  EXPECT_EQ(received[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(received[0].byte_len, 0u);
+  EXPECT_EQ(received[0].wr_id, 7u);
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(qp_a_, &attr, IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(attr.qp_state, IBV_QPS_RTS);
+}
+
 TEST_F(RcDataPath, AtomicsReturnTheOriginalValue) {
   connect(IBV_QPT_RC);
   uint64_t target = 40;
