@@ -13,7 +13,10 @@ void CompletionRing::initialize(CompletionRingHeader& header, std::span<Completi
   header.producer.capacity = static_cast<uint32_t>(slots.size());
   header.consumer.capacity = static_cast<uint32_t>(slots.size());
   header.consumer.consumed = 0;
-  for (CompletionSlot& slot : slots) slot.sequence = 0;
+  // Only slots that are not zero already are written: a ring of fresh or
+  // released heap pages stays uncommitted until completions reach it.
+  for (CompletionSlot& slot : slots)
+    if (slot.sequence != 0) slot.sequence = 0;
 }
 
 bool CompletionRing::push(const Completion& completion) {

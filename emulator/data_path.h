@@ -35,6 +35,7 @@ struct SendRequest {
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;
   bool has_grh = false;
+  bool roce_v2 = true;  // the source GID's type: a RoCE v2 packet (UDP/IP) or a v1 one (a GRH)
   std::array<uint8_t, 16> source_gid{};
   std::array<uint8_t, 16> destination_gid{};
   uint8_t hop_limit = 0;

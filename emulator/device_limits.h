@@ -20,7 +20,9 @@ inline constexpr int kMaxQpWr = 16384;
 inline constexpr int kMaxSge = 32;
 inline constexpr int kMaxSgeRd = 32;
 inline constexpr int kMaxCq = 16384;
-inline constexpr int kMaxCqe = 65535;
+// As mlx5: libfabric's ofi_rxm sizes its CQ as universe size (256) times
+// queue depth. A ring's pages are committed only as completions reach them.
+inline constexpr int kMaxCqe = (1 << 22) - 1;
 inline constexpr int kMaxMr = 65536;
 inline constexpr int kMaxPd = 16384;
 inline constexpr int kMaxQpRdAtomic = 128;

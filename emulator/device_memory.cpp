@@ -21,9 +21,13 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 13;
-constexpr uint64_t kHeapBytes = uint64_t{1} << 30;
+constexpr uint32_t kVersion = 14;
+// Sparse: pages are committed only as rings and queues use them, so the
+// heap can hold rings as large as the device allows (a 4 Mi-entry CQ is
+// 256 MiB of address space).
+constexpr uint64_t kHeapBytes = uint64_t{8} << 30;
 constexpr unsigned kMinBlockShift = 12;
+constexpr uint64_t kReleaseBlockBytes = uint64_t{1} << 16;
 
 uint64_t round_up(uint64_t value, uint64_t alignment) { return (value + alignment - 1) / alignment * alignment; }
 
@@ -141,7 +145,10 @@ uint64_t DeviceMemory::allocate(uint64_t bytes) {
   DeviceShared& s = shared();
   if (uint64_t head = s.free_lists[cls]; head != 0) {
     s.free_lists[cls] = *at<uint64_t>(head);
-    std::memset(base_ + head, 0, block);
+    // Zeroed again; a large block by giving its pages back (they read as
+    // zeros and are committed only when written), as a fresh one is.
+    if (block < kReleaseBlockBytes || madvise(base_ + head, block, MADV_REMOVE) != 0)
+      std::memset(base_ + head, 0, block);
     return head;
   }
   uint64_t offset = round_up(s.heap_next, std::min<uint64_t>(block, 1 << 21));

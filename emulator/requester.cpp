@@ -106,10 +106,16 @@ RemoteRanges skip_bytes(const RemoteRanges& ranges, uint64_t skip) {
 
 // The 40 bytes a UD receive buffer starts with. Between RoCE v2 GIDs of
 // IPv4 addresses a RoCE NIC puts the packet's IPv4 header in the last 20
-// (which is how ibv_init_ah_from_wc tells the kinds apart); otherwise a GRH.
+// (which is how ibv_init_ah_from_wc tells the kinds apart); otherwise a GRH
+// (RoCE v1, or the IPv6 header of RoCE v2, which has the GRH's layout).
+bool ipv4_packet(const SendRequest& request) {
+  return request.has_grh && request.roce_v2 && wire::is_ipv4_mapped(request.source_gid) &&
+         wire::is_ipv4_mapped(request.destination_gid);
+}
+
 std::array<uint8_t, kGrhBytes> build_grh(const SendRequest& request, uint64_t payload) {
   std::array<uint8_t, kGrhBytes> grh{};
-  if (request.has_grh && wire::is_ipv4_mapped(request.source_gid) && wire::is_ipv4_mapped(request.destination_gid)) {
+  if (ipv4_packet(request)) {
     wire::FlowAddress flow;
     flow.source = request.source_gid;
     flow.destination = request.destination_gid;
@@ -179,6 +185,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
     if (header != 0) {
       // UD: the first 40 bytes of the receive buffer hold the GRH.
       received.flags |= request.has_grh ? wc_flag::kGrh : 0;
+      if (request.has_grh) received.sl = roce_packet_type(request.roce_v2, ipv4_packet(request));
       auto grh = build_grh(request, local.length);
       iovec grh_vector{grh.data(), grh.size()};
       error = copy_to_process(memory, receive.owner, std::span(&grh_vector, 1), first_bytes(receive.vectors, header));

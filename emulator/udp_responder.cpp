@@ -765,6 +765,7 @@ void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, c
   c.qp_num = qp.qpn;
   c.src_qp = packet.deth.source_qp;
   c.flags = wc_flag::kGrh;
+  c.sl = roce_packet_type(true, flow.ipv4());  // every packet here is RoCE v2
   if (immediate) {
     c.imm_data = htobe32(packet.immediate);
     c.flags |= wc_flag::kWithImm;

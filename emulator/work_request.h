@@ -51,6 +51,15 @@ inline WcOpcode completion_opcode(SendOpcode opcode) {
   return WcOpcode::Send;
 }
 
+// What a RoCE HCA reports in a UD receive's wc.sl: not a service level but
+// the packet's network header type, as mlx5 does and UCX reads it: bit 3
+// set for a RoCE v2 (UDP) packet, and in bits 0-2 its L3 header: 0 a GRH
+// (RoCE v1), 1 IPv6, 2 IPv4.
+inline uint8_t roce_packet_type(bool roce_v2, bool ipv4) {
+  if (!roce_v2) return 0x0;
+  return ipv4 ? 0xa : 0x9;
+}
+
 // A receive queue entry, stored in shared memory with its SGEs after it.
 struct RecvWqe {
   uint64_t wr_id = 0;

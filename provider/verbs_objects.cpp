@@ -1175,6 +1175,9 @@ int translate_send(const QpRecord& record, const ibv_send_wr* wr, DeferredSend& 
     r.remote_qpn = wr->wr.ud.remote_qpn;
     r.remote_qkey = wr->wr.ud.remote_qkey;
     r.has_grh = ah->attr.is_global;
+    const ContextState& state = state_of(ah->ibv.context);
+    r.roce_v2 = !ah->attr.is_global || ah->attr.grh.sgid_index >= state.gids.size() ||
+                state.gids[ah->attr.grh.sgid_index].type == GidType::RoceV2;
     std::memcpy(r.source_gid.data(), ah->source_gid.raw, 16);
     std::memcpy(r.destination_gid.data(), ah->attr.grh.dgid.raw, 16);
     r.hop_limit = ah->attr.grh.hop_limit;

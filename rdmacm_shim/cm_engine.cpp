@@ -460,7 +460,8 @@ CmId* new_id(EventChannel* channel, void* context, rdma_port_space ps, ibv_qp_ty
     channel = id->own_channel.get();
   }
   id->channel = channel;
-  id->id.channel = id->own_channel ? nullptr : &channel->channel;
+  // As librdmacm: a synchronous id's own channel is its id->channel too.
+  id->id.channel = &channel->channel;
   id->id.context = context;
   id->id.ps = ps;
   id->id.qp_type = qp_type;
@@ -1420,7 +1421,7 @@ int ack_cm_event(rdma_cm_event* event) {
   Engine& engine = Engine::instance();
   std::lock_guard guard(engine.mutex);
   CmId* id = priv(event->id);
-  if (engine.ids.count(id) && !id->own_channel) {
+  if (engine.ids.count(id)) {
     ++id->events_acked;
     engine.events_acked.notify_all();
   }
@@ -1428,11 +1429,23 @@ int ack_cm_event(rdma_cm_event* event) {
 }
 
 int migrate_id(rdma_cm_id* public_id, rdma_event_channel* channel) {
-  if (public_id == nullptr || channel == nullptr) return fail(EINVAL);
-  std::lock_guard guard(Engine::instance().mutex);
+  if (public_id == nullptr) return fail(EINVAL);
+  Engine& engine = Engine::instance();
+  std::lock_guard guard(engine.mutex);
   CmId* id = priv(public_id);
+  // As librdmacm: a NULL channel makes the id synchronous, with a channel
+  // of its own; one that is synchronous already cannot be made so again.
+  if (channel == nullptr && id->own_channel) return fail(EINVAL);
+  std::unique_ptr<EventChannel> own;
+  EventChannel* to;
+  if (channel == nullptr) {
+    own = std::make_unique<EventChannel>();
+    if (!open_channel(*own)) return fail(ENOMEM);
+    to = own.get();
+  } else {
+    to = priv(channel);
+  }
   // Events not yet read move with the id.
-  EventChannel* to = priv(channel);
   auto& from = id->channel->queue;
   for (auto it = from.begin(); it != from.end();) {
     if ((*it)->event.id == public_id) {
@@ -1444,8 +1457,22 @@ int migrate_id(rdma_cm_id* public_id, rdma_event_channel* channel) {
       ++it;
     }
   }
+  if (id->own_channel) {
+    // A synchronous id leaves its channel, which goes (with the event it
+    // held), as librdmacm destroys it: the id is asynchronous from now on.
+    id->held_event.reset();
+    id->id.event = nullptr;
+    EventChannel& old = *id->own_channel;
+    close(old.channel.fd);
+    close(old.signal_write);
+    old.queue.clear();
+    old.destroyed = true;
+    old.destroyed_by = std::this_thread::get_id();
+    engine.retired_channels.push_back(std::move(id->own_channel));
+  }
+  id->own_channel = std::move(own);
   id->channel = to;
-  id->id.channel = channel;
+  id->id.channel = &to->channel;
   to->ready.notify_all();
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 #include <sys/wait.h>
@@ -94,10 +95,10 @@ ibv_qp_init_attr qp_attributes() {
   if (rdma_get_recv_comp(id, &wc) != 1 || wc.status != IBV_WC_LOC_LEN_ERR || wc.wr_id != 0xbb) fail(13);
   // The QP is in error now; wait for the peer to disconnect.
   rdma_cm_event* event = nullptr;
-  while (rdma_get_cm_event(listen_id->channel ? listen_id->channel : id->channel, &event) == 0) {
-    (void)event;
-    break;
-  }
+  // A synchronous id has a channel of its own, as with librdmacm.
+  if (id->channel == nullptr || id->channel == listen_id->channel) fail(15);
+  if (rdma_get_cm_event(id->channel, &event) != 0 || event->event != RDMA_CM_EVENT_DISCONNECTED) fail(16);
+  rdma_ack_cm_event(event);
   bool written = std::memcmp(remote.data() + 100, "written!", 9) == 0;
   rdma_disconnect(id);
   rdma_dereg_mr(remote_mr);
@@ -389,6 +390,57 @@ TEST(RdmaCmAlone, WildcardBindHasNoDeviceAndBadAddressesAreRefused) {
   EXPECT_EQ(rdma_create_id(channel, &other, nullptr, static_cast<rdma_port_space>(7)), -1);
   EXPECT_EQ(errno, EINVAL);
   EXPECT_STREQ(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED");
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(channel);
+}
+
+// As librdmacm (cma.c): a synchronous id (NULL channel) has a channel of
+// its own; rdma_migrate_id onto an application's channel makes it
+// asynchronous, as libfabric's verbs provider relies on (it resolves the
+// address synchronously, migrates, then waits for events with epoll), and
+// migrating to NULL makes an asynchronous id synchronous again.
+TEST(RdmaCmAlone, MigratingAnIdChangesWhetherItIsSynchronous) {
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_NE(id->channel, nullptr) << "a synchronous id's own channel";
+  errno = 0;
+  EXPECT_EQ(rdma_migrate_id(id, nullptr), -1) << "synchronous already";
+  EXPECT_EQ(errno, EINVAL);
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  peer.sin_port = htons(7499);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&peer), 2000), 0) << "returns resolved";
+  EXPECT_NE(id->verbs, nullptr);
+
+  rdma_event_channel* channel = rdma_create_event_channel();
+  ASSERT_NE(channel, nullptr);
+  ASSERT_EQ(rdma_migrate_id(id, channel), 0);
+  EXPECT_EQ(id->channel, channel);
+  ASSERT_EQ(rdma_resolve_route(id, 2000), 0);
+  // Asynchronous now: the result is an event on the new channel, whose
+  // descriptor is readable for it.
+  pollfd readable{channel->fd, POLLIN, 0};
+  ASSERT_EQ(poll(&readable, 1, 5000), 1);
+  rdma_cm_event* event = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+  EXPECT_EQ(event->event, RDMA_CM_EVENT_ROUTE_RESOLVED);
+  EXPECT_EQ(event->id, id);
+  ASSERT_EQ(rdma_ack_cm_event(event), 0);
+
+  // And back: synchronous, on a channel of its own again.
+  ASSERT_EQ(rdma_migrate_id(id, nullptr), 0);
+  EXPECT_NE(id->channel, nullptr);
+  EXPECT_NE(id->channel, channel);
+  rdma_cm_id* other = nullptr;
+  ASSERT_EQ(rdma_create_id(channel, &other, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_EQ(rdma_resolve_addr(other, nullptr, reinterpret_cast<sockaddr*>(&peer), 2000), 0);
+  readable = {channel->fd, POLLIN, 0};
+  ASSERT_EQ(poll(&readable, 1, 5000), 1) << "the asynchronous one reports on the channel";
+  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+  EXPECT_EQ(event->id, other) << "nothing of the migrated id is left there";
+  rdma_ack_cm_event(event);
+  rdma_destroy_id(other);
   rdma_destroy_id(id);
   rdma_destroy_event_channel(channel);
 }

@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -770,6 +772,34 @@ TEST_F(RcDataPath, AProtectionDomainInUseIsBusyAndStaysUsable) {
   EXPECT_EQ(ibv_dealloc_pd(pd), 0) << "once nothing uses it";
 }
 
+// As large a CQ as mlx5 allows (libfabric's ofi_rxm asks for universe size
+// times queue depth), without committing memory for entries not yet used.
+TEST_F(RcDataPath, TheLargestCqCommitsMemoryOnlyAsCompletionsArrive) {
+  ibv_device_attr attr{};
+  ASSERT_EQ(ibv_query_device(context_, &attr), 0);
+  EXPECT_EQ(attr.max_cqe, (1 << 22) - 1);
+  const char* runtime = std::getenv("SOFTVERBS_RUNTIME_DIR");
+  ASSERT_NE(runtime, nullptr);
+  const std::string device_file = std::string(runtime) + "/softverbs0.mem";
+  const auto committed = [&] {
+    struct stat info {};
+    return stat(device_file.c_str(), &info) == 0 ? static_cast<uint64_t>(info.st_blocks) * 512 : UINT64_MAX;
+  };
+  for (int round = 0; round < 2; ++round) {  // the second reuses the first's freed ring
+    const uint64_t before = committed();
+    ibv_cq* big = ibv_create_cq(context_, attr.max_cqe, nullptr, nullptr, 0);
+    ASSERT_NE(big, nullptr) << std::strerror(errno);
+    EXPECT_GE(big->cqe, attr.max_cqe);
+    const uint64_t after = committed();
+    EXPECT_LT(after > before ? after - before : 0, uint64_t{1} << 20)
+        << "round " << round << ": a 256 MiB ring committed";
+    EXPECT_EQ(ibv_destroy_cq(big), 0);
+  }
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(context_, attr.max_cqe + 1, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+}
+
 TEST_F(RcDataPath, CqInUseCannotBeDestroyed) {
   connect(IBV_QPT_RC);
   EXPECT_EQ(ibv_destroy_cq(cq_a_), EBUSY);
@@ -873,6 +903,11 @@ TEST_F(RcDataPath, SharedReceiveQueueFeedsSeveralQpsAndRaisesItsLimitEvent) {
   EXPECT_EQ(event.event_type, IBV_EVENT_QP_LAST_WQE_REACHED);
   EXPECT_EQ(event.element.qp, qp_b_);
   ibv_ack_async_event(&event);
+  // Once per move to ERR: not again from the UDP transport as it flushes
+  // (UCX asserts on a second one), nor for a move from ERR to ERR.
+  ASSERT_EQ(ibv_modify_qp(qp_b_, &error, IBV_QP_STATE), 0);
+  pollfd more{context_->async_fd, POLLIN, 0};
+  EXPECT_EQ(poll(&more, 1, 200), 0) << "a second asynchronous event";
   EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
   qp_b_ = nullptr;
   EXPECT_EQ(ibv_destroy_srq(srq), 0);
@@ -1245,6 +1280,14 @@ TEST_F(DataPath, AddressHandleFromAWorkCompletion) {
   auto received = poll_n(cq_b_, 1);
   ASSERT_EQ(received.size(), 1u);
   ASSERT_TRUE(received[0].wc_flags & IBV_WC_GRH);
+  // What a RoCE HCA reports for a RoCE v2 packet over IPv4 (the GIDs here
+  // are 127.0.0.1's): the packet type in wc.sl, as mlx5 does and UCX's UD
+  // transport reads it, and the IPv4 header in the last 20 bytes of the
+  // 40-byte GRH area (RoCE annex A17.4.5.1), its destination at the end.
+  EXPECT_EQ(received[0].sl, 0xa) << "bit 3: RoCE v2 (UDP); 2: IPv4";
+  EXPECT_EQ(buffer_b_[20], 0x45) << "an IPv4 header of 20 bytes";
+  const uint8_t loopback[4] = {127, 0, 0, 1};
+  EXPECT_EQ(std::memcmp(buffer_b_.data() + 36, loopback, 4), 0);
   ibv_ah* reply = ibv_create_ah_from_wc(pd_, &received[0], reinterpret_cast<ibv_grh*>(buffer_b_.data()), 1);
   ASSERT_NE(reply, nullptr) << std::strerror(errno);
   EXPECT_EQ(ibv_destroy_ah(reply), 0);
