@@ -81,6 +81,23 @@ TEST_F(Cli, UpRejectsBadArguments) {
   EXPECT_FALSE(fs::exists(runtime_dir() + "/devices/softverbs0.conf")) << "a rejected call changes nothing";
 }
 
+// One device per netdev where both would use its RoCEv2 port, as rxe: the
+// second could not start its UDP transport in a program that opens both
+// (UCX opens every device). Shared memory uses no port, and neither does
+// an auto device on a loopback netdev.
+TEST_F(Cli, ASecondDeviceOnANetdevWhoseRoceV2PortIsTakenIsRefused) {
+  ASSERT_EQ(softverbs({"up", "--name", "roce1", "--transport", "udp"}).exit_code, 0);
+  auto r = softverbs({"up", "--name", "roce2", "--transport", "udp"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("lo already carries roce1"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(runtime_dir() + "/devices/roce2.conf"));
+  EXPECT_EQ(softverbs({"up", "--name", "shm1", "--transport", "shm"}).exit_code, 0) << "shm uses no UDP port";
+  EXPECT_EQ(softverbs({"up", "--name", "roce1"}).exit_code, 0) << "refreshing the device itself is fine";
+  ASSERT_EQ(softverbs({"down", "roce1"}).exit_code, 0);
+  EXPECT_EQ(softverbs({"up", "--name", "auto1"}).exit_code, 0);
+  EXPECT_EQ(softverbs({"up", "--name", "auto2"}).exit_code, 0) << "auto on lo: no UDP, no conflict";
+}
+
 TEST_F(Cli, TransportAndFaultSettingsPersistAndShow) {
   ASSERT_EQ(softverbs({"up", "--transport", "udp", "--faults", "loss=10%,seed=3"}).exit_code, 0);
   auto status = softverbs({"status"});

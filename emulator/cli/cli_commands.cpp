@@ -157,6 +157,23 @@ std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::
   DeviceConfig config;
   auto existing = registry.find(name);
   if (existing) config = *existing;
+  // Two devices on one netdev cannot share its RoCEv2 port (4791 on its
+  // addresses), as rxe allows one device per netdev: refused here rather
+  // than failing later in whichever program opens both (UCX opens all).
+  const TransportChoice wanted = transport.value_or(existing ? existing->transport : TransportChoice::Auto);
+  const auto carries_udp = [&](TransportChoice choice) {
+    return choice == TransportChoice::Udp || (choice == TransportChoice::Auto && !netdev->is_loopback);
+  };
+  for (const DeviceConfig& other : registry.list()) {
+    if (other.name == name || other.netdev != netdev_name) continue;
+    if (carries_udp(wanted) && carries_udp(other.transport)) {
+      *error = netdev_name + " already carries " + other.name + " (transport " +
+               std::string(transport_name(other.transport)) +
+               "), and two devices on one netdev cannot share its RoCEv2 port (one per netdev, as with rxe): use " +
+               "another --netdev, or `softverbs down " + other.name + "` first";
+      return std::nullopt;
+    }
+  }
   config.name = name;
   config.netdev = netdev_name;
   if (transport) config.transport = *transport;
