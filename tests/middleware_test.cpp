@@ -1,0 +1,180 @@
+// The libraries RDMA applications are built on, unmodified, on a softverbs
+// device: UCX (ucx_perftest, its uct and ucp tests), libfabric's verbs
+// provider (fi_pingpong, with data checks) and Open MPI over each (an MPI
+// program of ours that checks every byte of a ping-pong from 8 B to 4 MiB
+// and an allreduce). Each test brings up a device of its own, shared
+// memory (softverbs0 on lo) or RoCEv2 over UDP, and starts every program
+// through `softverbs run`, as a user would; the transport is chosen with
+// the libraries' own settings (UCX_TLS, FI_PROVIDER, MCA options).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "device_status.h"
+#include "process_runner.h"
+
+namespace softverbs {
+namespace {
+
+using test::ProcessResult;
+using test::run_process;
+using test::run_server_client;
+using test::TemporaryDirectory;
+
+bool in_path(const std::string& program) { return run_process({"sh", "-c", "command -v " + program}).exit_code == 0; }
+
+// Whether a TCP socket listens on `port` (any address), from /proc/net:
+// the servers below take the first connection as their client, so they
+// cannot be probed by connecting.
+bool listening_on(uint16_t port) {
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const auto colon = local.rfind(':');
+      if (state == "0A" && colon != std::string::npos && std::stoul(local.substr(colon + 1), nullptr, 16) == port)
+        return true;
+    }
+  }
+  return false;
+}
+
+struct Transport {
+  const char* name;
+  const char* up_option;  // for `softverbs up --transport`
+};
+void PrintTo(const Transport& transport, std::ostream* out) { *out << transport.name; }
+
+class Middleware : public ::testing::TestWithParam<Transport> {
+ protected:
+  void SetUp() override {
+    for (const char* program : {"ucx_perftest", "fi_pingpong", "mpirun"})
+      if (!in_path(program)) GTEST_SKIP() << program << " is not installed (scripts/install-deps installs it)";
+    const auto up = run_process({SOFTVERBS_CLI, "up", "--transport", GetParam().up_option}, env());
+    ASSERT_EQ(up.exit_code, 0) << up.err;
+  }
+  std::vector<std::string> env() const { return {"SOFTVERBS_RUNTIME_DIR=" + dir_.path() + "/rt"}; }
+  std::vector<std::string> under_softverbs(const std::vector<std::string>& command) const {
+    std::vector<std::string> argv = {SOFTVERBS_CLI, "run", "--"};
+    argv.insert(argv.end(), command.begin(), command.end());
+    return argv;
+  }
+
+  // A ucx_perftest server and client; the client's output.
+  ProcessResult ucx_perftest(const std::vector<std::string>& test, const std::vector<std::string>& variables) {
+    std::vector<std::string> server = {"env"};
+    server.insert(server.end(), variables.begin(), variables.end());
+    server.push_back("ucx_perftest");
+    server.insert(server.end(), test.begin(), test.end());
+    std::vector<std::string> client = server;
+    client.push_back("127.0.0.1");
+    auto pair = run_server_client(
+        under_softverbs(server), under_softverbs(client), env(), [] { return listening_on(13337); }, 60);
+    EXPECT_EQ(pair.server.exit_code, 0) << pair.server.out << pair.server.err;
+    EXPECT_EQ(pair.server.err.find("Assertion"), std::string::npos) << pair.server.err;
+    EXPECT_EQ(pair.client.err.find("Assertion"), std::string::npos) << pair.client.err;
+    return pair.client;
+  }
+
+  // fi_pingpong with every size and data checks; the client's output. Its
+  // dgram endpoints send from GID index FI_VERBS_GID_IDX (default 0, the
+  // RoCE v1 link-local GID): over UDP a user names a RoCE v2 one, as on rxe
+  // (`ibv_ud_pingpong -g` is the same choice).
+  ProcessResult fi_pingpong(const std::string& provider, const std::string& endpoint) {
+    const std::vector<std::string> server = {"env",         "FI_VERBS_GID_IDX=" + roce_v2_ipv4_gid_index(),
+                                             "fi_pingpong", "-p",
+                                             provider,      "-e",
+                                             endpoint,      "-c",
+                                             "-I",          "50"};
+    std::vector<std::string> client = server;
+    client.push_back("127.0.0.1");
+    auto pair = run_server_client(
+        under_softverbs(server), under_softverbs(client), env(), [] { return listening_on(47592); }, 60);
+    EXPECT_EQ(pair.server.exit_code, 0) << pair.server.out << pair.server.err;
+    return pair.client;
+  }
+
+  ProcessResult mpirun(int ranks, const std::vector<std::string>& options) {
+    std::vector<std::string> command = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+                                        std::to_string(ranks)};
+    command.insert(command.end(), options.begin(), options.end());
+    command.push_back(MPI_CHECK_PROGRAM);
+    return run_process(under_softverbs(command), env(), 120);
+  }
+
+  std::string roce_v2_ipv4_gid_index() const {
+    return test::roce_v2_gid_index(run_process({SOFTVERBS_CLI, "status"}, env()).out,
+                                   test::ipv4_mapped_gid("127.0.0.1"));
+  }
+
+  TemporaryDirectory dir_;
+};
+
+// UCX limited to softverbs' verbs transports: no shared memory, no TCP.
+const std::vector<std::string> kUcxOnSoftverbs = {"UCX_TLS=rc_verbs,ud_verbs,self", "UCX_NET_DEVICES=softverbs0:1"};
+
+void expect_finished(const ProcessResult& client, const std::string& what) {
+  EXPECT_EQ(client.exit_code, 0) << what << ":\n" << client.out << client.err;
+  EXPECT_NE(client.out.find("Final:"), std::string::npos) << what << ":\n" << client.out;
+}
+
+TEST_P(Middleware, UctActiveMessagesOverRcAndUdVerbs) {
+  for (const char* transport : {"rc_verbs", "ud_verbs"})
+    expect_finished(ucx_perftest({"-d", "softverbs0:1", "-x", transport, "-t", "am_lat", "-n", "2000"}, {}),
+                    std::string("uct am_lat over ") + transport);
+}
+
+TEST_P(Middleware, UcpTagRmaAndStreamTests) {
+  for (const char* test : {"tag_lat", "tag_bw", "ucp_put_lat", "ucp_get", "stream_bw"})
+    expect_finished(ucx_perftest({"-t", test, "-n", "2000"}, kUcxOnSoftverbs), std::string("ucp ") + test);
+}
+
+TEST_P(Middleware, FiPingpongOverVerbsMsgDgramAndRxm) {
+  for (const auto& [provider, endpoint] :
+       {std::pair<const char*, const char*>{"verbs", "msg"}, {"verbs", "dgram"}, {"verbs;ofi_rxm", "rdm"}}) {
+    const ProcessResult client = fi_pingpong(provider, endpoint);
+    EXPECT_EQ(client.exit_code, 0) << provider << " " << endpoint << ":\n" << client.out << client.err;
+    // Every size up to 1 MiB; datagrams up to the path MTU.
+    const std::string largest = std::string(endpoint) == "dgram" ? "\n4k " : "\n1m ";
+    EXPECT_NE(client.out.find(largest), std::string::npos) << provider << " " << endpoint << ": " << client.out;
+  }
+}
+
+TEST_P(Middleware, OpenMpiOverUcx) {
+  if (std::string(MPI_CHECK_PROGRAM).empty()) GTEST_SKIP() << "no MPI compiler when the tests were built";
+  for (int ranks : {2, 4}) {
+    const ProcessResult run = mpirun(ranks, {"--mca", "pml", "ucx", "--mca", "btl", "^vader,tcp,openib,uct", "-x",
+                                             kUcxOnSoftverbs[0], "-x", kUcxOnSoftverbs[1]});
+    EXPECT_EQ(run.exit_code, 0) << ranks << " ranks:\n" << run.out << run.err;
+    EXPECT_NE(run.out.find("ping-pong 4194304 B: checked"), std::string::npos) << run.out;
+    EXPECT_NE(run.out.find("allreduce over " + std::to_string(ranks) + " ranks: checked"), std::string::npos)
+        << run.out;
+  }
+}
+
+TEST_P(Middleware, OpenMpiOverLibfabric) {
+  if (std::string(MPI_CHECK_PROGRAM).empty()) GTEST_SKIP() << "no MPI compiler when the tests were built";
+  for (int ranks : {2, 4}) {
+    const ProcessResult run = mpirun(ranks, {"--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "btl",
+                                             "^vader,tcp,openib,uct", "-x", "FI_PROVIDER=verbs;ofi_rxm"});
+    EXPECT_EQ(run.exit_code, 0) << ranks << " ranks:\n" << run.out << run.err;
+    EXPECT_NE(run.out.find("ping-pong 4194304 B: checked"), std::string::npos) << run.out;
+    EXPECT_NE(run.out.find("allreduce over " + std::to_string(ranks) + " ranks: checked"), std::string::npos)
+        << run.out;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Middleware, ::testing::Values(Transport{"shm", "auto"}, Transport{"udp", "udp"}),
+                         [](const ::testing::TestParamInfo<Transport>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace softverbs
