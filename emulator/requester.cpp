@@ -90,20 +90,6 @@ RemoteRanges first_bytes(const RemoteRanges& ranges, uint64_t length) {
   return out;
 }
 
-// `ranges` without their first `skip` bytes.
-RemoteRanges skip_bytes(const RemoteRanges& ranges, uint64_t skip) {
-  RemoteRanges out;
-  for (const RemoteRange& r : ranges) {
-    if (skip >= r.length) {
-      skip -= r.length;
-      continue;
-    }
-    out.push_back({r.address + skip, r.length - skip, r.key, r.access});
-    skip = 0;
-  }
-  return out;
-}
-
 // The 40 bytes a UD receive buffer starts with. Between RoCE v2 GIDs of
 // IPv4 addresses a RoCE NIC puts the packet's IPv4 header in the last 20
 // (which is how ibv_init_ah_from_wc tells the kinds apart); otherwise a GRH
@@ -183,15 +169,19 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
   } else {
     int error = 0;
     if (header != 0) {
-      // UD: the first 40 bytes of the receive buffer hold the GRH.
+      // UD: the first 40 bytes of the receive buffer hold the GRH, then the
+      // payload; one copy of both (one system call where the receive buffer
+      // is not mapped here).
       received.flags |= request.has_grh ? wc_flag::kGrh : 0;
       if (request.has_grh) received.sl = roce_packet_type(request.roce_v2, ipv4_packet(request));
       auto grh = build_grh(request, local.length);
-      iovec grh_vector{grh.data(), grh.size()};
-      error = copy_to_process(memory, receive.owner, std::span(&grh_vector, 1), first_bytes(receive.vectors, header));
+      SmallVector<iovec, limits::kMaxSge + 2> with_grh;
+      with_grh.push_back({grh.data(), grh.size()});
+      for (const iovec& vector : local.vectors) with_grh.push_back(vector);
+      error = copy_to_process(memory, receive.owner, with_grh, first_bytes(receive.vectors, header + local.length));
+    } else if (local.length > 0) {
+      error = copy_to_process(memory, receive.owner, local.vectors, receive.vectors);
     }
-    auto payload_vectors = skip_bytes(receive.vectors, header);
-    if (error == 0 && local.length > 0) error = copy_to_process(memory, receive.owner, local.vectors, payload_vectors);
     if (error != 0 && target_gone(memory, *target, error)) {
       // It died while the bytes moved: as a QP that is gone, it answers
       // nothing (and completes nothing).
