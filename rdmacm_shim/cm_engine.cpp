@@ -772,6 +772,20 @@ int connect_to_listener(const sockaddr_storage& destination, uint16_t tcp_port, 
 
 }  // namespace
 
+namespace {
+
+// The id an event counts for, as librdmacm counts it: a connection request
+// for its listener (rdma_destroy_id of the new id does not wait for it; of
+// the listener, it does), every other event for its own id. nullptr once
+// that id is gone.
+CmId* event_owner(Engine& engine, const rdma_cm_event& event) {
+  rdma_cm_id* counted = event.event == RDMA_CM_EVENT_CONNECT_REQUEST && event.listen_id ? event.listen_id : event.id;
+  CmId* id = priv(counted);
+  return engine.ids.count(id) ? id : nullptr;
+}
+
+}  // namespace
+
 // ---- channels and ids ----------------------------------------------------------
 
 rdma_event_channel* create_event_channel() {
@@ -1026,6 +1040,7 @@ int create_qp(rdma_cm_id* public_id, ibv_pd* pd, ibv_qp_init_attr* attr) {
     destroy_owned_cqs(id);
     return fail(error);
   }
+  id->id.pd = qp->pd;  // as librdmacm: rdma_reg_msgs registers in the QP's PD
   attr->cap = local.cap;
   attr->send_cq = local.send_cq;
   attr->recv_cq = local.recv_cq;
@@ -1060,6 +1075,7 @@ int create_qp_ex(rdma_cm_id* public_id, ibv_qp_init_attr_ex* attr) {
     destroy_owned_cqs(id);
     return fail(error);
   }
+  id->id.pd = qp->pd;
   return 0;
 }
 
@@ -1371,12 +1387,19 @@ int disconnect(rdma_cm_id* public_id) {
   if (public_id == nullptr) return fail(EINVAL);
   std::lock_guard guard(Engine::instance().mutex);
   CmId* id = priv(public_id);
-  if (id->state != IdState::Connected && id->state != IdState::ReplySent && id->state != IdState::Disconnected)
-    return fail(EINVAL);
-  // The QP goes to ERR, which flushes what is posted on it; after the peer
-  // disconnected first, the kernel's rdma_cm answers 0 too.
+  // The QP goes to ERR first, which flushes what is posted on it, as
+  // librdmacm does whatever comes next.
   move_qp_to_error(id);
+  // As the kernel's rdma_cm: EINVAL only for an id with no connection
+  // under way; after the peer disconnected first, 0.
+  if (id->state == IdState::Idle || id->state == IdState::Bound || id->state == IdState::AddressResolved ||
+      id->state == IdState::RouteResolved || id->state == IdState::Listening)
+    return fail(EINVAL);
   if (id->state == IdState::Disconnected) return 0;
+  // Not connected yet (a REQ out, a REP in, a request not accepted): the
+  // kernel's DREQ cannot be sent and it says 0; the handshake goes on or
+  // times out as it would.
+  if (id->state != IdState::Connected && id->state != IdState::ReplySent) return 0;
   if (id->connection_fd >= 0) {
     Message dreq;
     dreq.type = MessageType::Dreq;
@@ -1409,20 +1432,19 @@ int get_cm_event(rdma_event_channel* public_channel, rdma_cm_event** out) {
   std::unique_ptr<QueuedEvent> event = std::move(channel->queue.front());
   channel->queue.pop_front();
   take_signal_byte(*channel);
-  CmId* id = priv(event->event.id);
-  if (engine.ids.count(id)) ++id->events_taken;
+  CmId* owner = event_owner(engine, event->event);
+  if (owner != nullptr) ++owner->events_taken;
   *out = &event.release()->event;
   return 0;
 }
 
 int ack_cm_event(rdma_cm_event* event) {
   if (event == nullptr) return fail(EINVAL);
-  std::unique_ptr<QueuedEvent> owner(priv(event));
+  std::unique_ptr<QueuedEvent> held(priv(event));
   Engine& engine = Engine::instance();
   std::lock_guard guard(engine.mutex);
-  CmId* id = priv(event->id);
-  if (engine.ids.count(id)) {
-    ++id->events_acked;
+  if (CmId* owner = event_owner(engine, *event)) {
+    ++owner->events_acked;
     engine.events_acked.notify_all();
   }
   return 0;
@@ -1474,6 +1496,11 @@ int migrate_id(rdma_cm_id* public_id, rdma_event_channel* channel) {
   id->channel = to;
   id->id.channel = &to->channel;
   to->ready.notify_all();
+  // As librdmacm: the events already taken for the id on its old channel
+  // are acked before the call returns, so that none is handled there after.
+  std::unique_lock wait(engine.mutex, std::adopt_lock);
+  engine.events_acked.wait(wait, [&] { return !engine.ids.count(id) || id->events_acked >= id->events_taken; });
+  wait.release();
   return 0;
 }
 

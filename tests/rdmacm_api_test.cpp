@@ -445,6 +445,141 @@ TEST(RdmaCmAlone, MigratingAnIdChangesWhetherItIsSynchronous) {
   rdma_destroy_event_channel(channel);
 }
 
+// An asynchronous id on `channel`, connected through address and route
+// resolution to 127.0.0.1:`port` (its REQ sent), or nullptr.
+rdma_cm_id* connecting_id(rdma_event_channel* channel, uint16_t port) {
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP) != 0) return nullptr;
+  sockaddr_in destination{};
+  destination.sin_family = AF_INET;
+  destination.sin_port = htons(port);
+  destination.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  rdma_cm_event* event = nullptr;
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&destination), 1000) != 0 ||
+      rdma_get_cm_event(channel, &event) != 0)
+    return nullptr;
+  rdma_ack_cm_event(event);
+  if (rdma_resolve_route(id, 1000) != 0 || rdma_get_cm_event(channel, &event) != 0) return nullptr;
+  rdma_ack_cm_event(event);
+  rdma_conn_param param{};
+  if (rdma_connect(id, &param) != 0) return nullptr;
+  return id;
+}
+
+// A listener on its own channel, bound to 127.0.0.1:`port`.
+rdma_cm_id* listening_id(rdma_event_channel* channel, uint16_t port) {
+  rdma_cm_id* listener = nullptr;
+  if (rdma_create_id(channel, &listener, nullptr, RDMA_PS_TCP) != 0) return nullptr;
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  local.sin_port = htons(port);
+  local.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&local)) != 0 || rdma_listen(listener, 4) != 0)
+    return nullptr;
+  return listener;
+}
+
+// As librdmacm counts it, a connection request belongs to its listener: the
+// new id can be rejected and destroyed before the request is acked (only
+// the listener's destruction waits for that ack), and rdma_disconnect of a
+// request not accepted says 0, as the kernel's rdma_cm does.
+TEST(RdmaCmAlone, AConnectionRequestCountsForItsListener) {
+  rdma_event_channel* server = rdma_create_event_channel();
+  rdma_event_channel* client = rdma_create_event_channel();
+  rdma_cm_id* listener = listening_id(server, 7497);
+  ASSERT_NE(listener, nullptr) << std::strerror(errno);
+  rdma_cm_id* active = connecting_id(client, 7497);
+  ASSERT_NE(active, nullptr) << std::strerror(errno);
+  rdma_cm_event* request = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(server, &request), 0);
+  ASSERT_EQ(request->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+  rdma_cm_id* child = request->id;
+  EXPECT_EQ(request->listen_id, listener);
+  EXPECT_EQ(rdma_disconnect(child), 0) << "not connected yet: 0, as the kernel says";
+  ASSERT_EQ(rdma_reject(child, nullptr, 0), 0);
+  std::atomic<bool> destroyed{false};
+  std::thread destroyer([&] {
+    rdma_destroy_id(child);
+    destroyed = true;
+  });
+  for (int i = 0; i < 200 && !destroyed; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(destroyed) << "rdma_destroy_id of the new id waited for the request's ack";
+  rdma_ack_cm_event(request);  // lets the destroyer go in any case
+  destroyer.join();
+  rdma_cm_event* answer = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(client, &answer), 0);
+  EXPECT_EQ(answer->event, RDMA_CM_EVENT_REJECTED);
+  rdma_ack_cm_event(answer);
+  errno = 0;
+  rdma_cm_id* idle = nullptr;
+  ASSERT_EQ(rdma_create_id(client, &idle, nullptr, RDMA_PS_TCP), 0);
+  EXPECT_EQ(rdma_disconnect(idle), -1) << "no connection under way";
+  EXPECT_EQ(errno, EINVAL);
+  rdma_destroy_id(idle);
+  rdma_destroy_id(active);
+  rdma_destroy_id(listener);
+  rdma_destroy_event_channel(client);
+  rdma_destroy_event_channel(server);
+}
+
+// As librdmacm: rdma_migrate_id returns once the events already taken for
+// the id are acked, so that none is handled on the old channel after it.
+TEST(RdmaCmAlone, MigrateWaitsForTheEventsTakenToBeAcked) {
+  rdma_event_channel* old_channel = rdma_create_event_channel();
+  rdma_event_channel* new_channel = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(old_channel, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_port = htons(7498);
+  peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&peer), 1000), 0);
+  rdma_cm_event* event = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(old_channel, &event), 0);  // taken, not acked
+  std::atomic<bool> migrated{false};
+  std::thread migrator([&] {
+    rdma_migrate_id(id, new_channel);
+    migrated = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(migrated) << "returned with an event of the id still being handled";
+  rdma_ack_cm_event(event);
+  migrator.join();
+  EXPECT_TRUE(migrated);
+  EXPECT_EQ(id->channel, new_channel);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(old_channel);
+  rdma_destroy_event_channel(new_channel);
+}
+
+// rdma_create_qp records the QP's PD in id->pd, where rdma_reg_msgs and the
+// other rdma_reg_* inlines register.
+TEST(RdmaCmAlone, CreatingAQpSetsTheIdsPd) {
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_port = htons(7498);
+  peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&peer), 1000), 0);
+  ibv_pd* pd = ibv_alloc_pd(id->verbs);
+  ASSERT_NE(pd, nullptr);
+  ibv_qp_init_attr attr = qp_attributes();
+  attr.qp_type = IBV_QPT_RC;
+  const int created = rdma_create_qp(id, pd, &attr);
+  const int error = errno;
+  ASSERT_EQ(created, 0) << std::strerror(error);
+  EXPECT_EQ(id->pd, pd);
+  char bytes[16];
+  ibv_mr* mr = rdma_reg_msgs(id, bytes, sizeof bytes);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(mr->pd, pd) << "the QP's PD, so that its work requests may use the MR";
+  rdma_dereg_mr(mr);
+  rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+  ibv_dealloc_pd(pd);
+}
+
 TEST(RdmaCmAlone, RejectCarriesPrivateDataAndTheConsumerReason) {
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
