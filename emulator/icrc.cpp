@@ -8,6 +8,9 @@
 #include <array>
 #include <bit>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "crc32_fold.h"
 #include "roce_headers.h"
@@ -206,6 +209,94 @@ void append_icrc(std::vector<uint8_t>& packet) {
 bool verify_icrc(std::span<const uint8_t> packet) {
   if (packet.size() < kIcrcBytes) return false;
   return icrc(packet.first(packet.size() - kIcrcBytes)) == load_icrc(packet.data() + packet.size() - kIcrcBytes);
+}
+
+namespace {
+
+// A 32x32 matrix over GF(2): column i is the image of bit i.
+using Gf2Matrix = std::array<uint32_t, 32>;
+
+uint32_t apply(const Gf2Matrix& matrix, uint32_t vector) {
+  uint32_t out = 0;
+  for (int bit = 0; vector != 0; ++bit, vector >>= 1)
+    if (vector & 1) out ^= matrix[bit];
+  return out;
+}
+
+Gf2Matrix multiply(const Gf2Matrix& a, const Gf2Matrix& b) {
+  Gf2Matrix product;
+  for (int i = 0; i < 32; ++i) product[i] = apply(a, b[i]);
+  return product;
+}
+
+// The register update of `bytes` zero bytes, as a matrix (by squaring).
+Gf2Matrix zero_bytes(size_t bytes) {
+  Gf2Matrix step;  // one zero byte
+  for (int bit = 0; bit < 32; ++bit) step[bit] = crc32(uint32_t{1} << bit, std::array<uint8_t, 1>{0});
+  Gf2Matrix result;
+  for (int bit = 0; bit < 32; ++bit) result[bit] = uint32_t{1} << bit;
+  while (bytes != 0) {
+    if (bytes & 1) result = multiply(step, result);
+    step = multiply(step, step);
+    bytes >>= 1;
+  }
+  return result;
+}
+
+// Forward elimination of the 16 images of the identification's bits: each
+// row a reduced image, the pivot bit it alone of the later rows has not had
+// removed, and which identification bits make it.
+struct IdSolver {
+  struct Row {
+    uint32_t image;
+    uint32_t pivot;
+    uint16_t bits;
+  };
+  std::vector<Row> rows;
+
+  explicit IdSolver(size_t bytes_after) {
+    const Gf2Matrix shift = zero_bytes(bytes_after);
+    for (int bit = 0; bit < 16; ++bit) {
+      // Big-endian on the wire: bit 15 of the ID is the first byte's top bit.
+      const uint16_t id = static_cast<uint16_t>(1u << bit);
+      const std::array<uint8_t, 2> field{static_cast<uint8_t>(id >> 8), static_cast<uint8_t>(id)};
+      Row row{apply(shift, crc32(0, field)), 0, id};
+      for (const Row& earlier : rows)
+        if (row.image & earlier.pivot) {
+          row.image ^= earlier.image;
+          row.bits ^= earlier.bits;
+        }
+      if (row.image == 0) continue;
+      row.pivot = row.image & (~row.image + 1);
+      rows.push_back(row);
+    }
+  }
+
+  std::optional<uint16_t> solve(uint32_t difference) const {
+    uint16_t id = 0;
+    for (const Row& row : rows)
+      if (difference & row.pivot) {
+        difference ^= row.image;
+        id ^= row.bits;
+      }
+    if (difference != 0) return std::nullopt;
+    return id;
+  }
+};
+
+}  // namespace
+
+std::optional<uint16_t> ipv4_id_for_icrc(uint32_t with_zero_id, uint32_t received, size_t bytes_after) {
+  // One solver per length after the field: a flow's packets come in few.
+  static std::mutex mutex;
+  static std::unordered_map<size_t, IdSolver> solvers;
+  std::lock_guard guard(mutex);
+  auto found = solvers.find(bytes_after);
+  if (found == solvers.end()) {
+    if (solvers.size() > 4096) solvers.clear();
+    found = solvers.emplace(bytes_after, IdSolver(bytes_after)).first;
+  }
+  return found->second.solve(with_zero_id ^ received);
 }
 
 }  // namespace softverbs::wire

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -35,6 +36,17 @@ uint32_t icrc_from_headers(uint32_t headers_crc, std::span<const uint8_t> transp
 
 // The same for a whole IP packet without its ICRC.
 uint32_t icrc(std::span<const uint8_t> ip_packet_without_icrc);
+
+// The IPv4 identification field is covered by the ICRC, and Linux sends 0
+// from softverbs' sockets, but rxe and RoCE NICs fill it and a UDP socket
+// does not show it. A CRC is linear, so the identification's part of the
+// ICRC is a linear function of its 16 bits: this finds the identification
+// that turns `with_zero_id` (the ICRC computed with 0 there) into `received`,
+// given the bytes of the ICRC's input after the field (the IPv4 header's
+// last 14, the UDP header, the transport packet); nullopt if none does.
+// Checking this way accepts one packet in 2^16 that a corrupted ICRC would
+// otherwise reject: a 16-bit check left where a 32-bit one was.
+std::optional<uint16_t> ipv4_id_for_icrc(uint32_t with_zero_id, uint32_t received, size_t bytes_after);
 
 // Appends the ICRC to a whole IP packet; verify_icrc checks the last four bytes.
 void append_icrc(std::vector<uint8_t>& ip_packet);

@@ -110,8 +110,14 @@ bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram) {
 bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram, IcrcHeaderCache& cache) {
   if (datagram.size() < kBthBytes + kIcrcBytes) return false;
   std::span<const uint8_t> transport = datagram.first(datagram.size() - kIcrcBytes);
-  return icrc_from_headers(cache.headers_crc(flow, datagram.size()), transport) ==
-         load_icrc(datagram.data() + transport.size());
+  const uint32_t with_zero_id = icrc_from_headers(cache.headers_crc(flow, datagram.size()), transport);
+  const uint32_t received = load_icrc(datagram.data() + transport.size());
+  if (with_zero_id == received) return true;
+  // Sent with an IPv4 identification (rxe, RoCE NICs): the one it used is
+  // not seen here, but whether some identification fits is. (IPv6's flow
+  // label is masked out of the ICRC.)
+  constexpr size_t kAfterId = 20 - 6 + 8;  // the IPv4 header after the field, the UDP header
+  return flow.ipv4() && ipv4_id_for_icrc(with_zero_id, received, kAfterId + transport.size()).has_value();
 }
 
 uint32_t IcrcHeaderCache::headers_crc(const FlowAddress& flow, size_t udp_payload) {

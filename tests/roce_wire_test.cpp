@@ -11,6 +11,7 @@
 #include "crc32_fold.h"
 #include "fault_injection.h"
 #include "icrc.h"
+#include "process_runner.h"
 #include "roce_headers.h"
 #include "roce_packet.h"
 #include "udp_gso.h"
@@ -265,6 +266,70 @@ TEST(Icrc, MaskedIpFieldsDoNotCountAndTheAddressesDo) {
   relabelled.traffic_class = 0xb8;
   relabelled.hop_limit = 1;
   EXPECT_TRUE(check_icrc(relabelled, bytes6));
+}
+
+// rxe and RoCE NICs fill the IPv4 identification, which the ICRC covers and
+// a UDP socket does not show: a packet is accepted when some identification
+// makes its ICRC right, and a damaged one is still refused.
+TEST(Icrc, PacketsSentWithAnyIpv4IdentificationAreAccepted) {
+  const FlowAddress flow = ipv4_flow();
+  uint32_t state = 12345;
+  const auto next = [&] { return state = state * 1103515245u + 12345u; };
+  for (int round = 0; round < 200; ++round) {
+    auto bytes = build(sample_packet(opcode(Service::Rc, op::kSendOnly), sample_payload(round * 7 % 300)));
+    bytes.resize(bytes.size() + kIcrcBytes);
+    // The ICRC as a sender with identification `id` computes it.
+    std::vector<uint8_t> packet = ip_packet(flow, bytes);
+    const uint16_t id = static_cast<uint16_t>(next() >> 8);
+    packet[4] = static_cast<uint8_t>(id >> 8);
+    packet[5] = static_cast<uint8_t>(id);
+    packet.resize(packet.size() - kIcrcBytes);
+    store_icrc(icrc(packet), bytes.data() + bytes.size() - kIcrcBytes);
+    EXPECT_TRUE(check_icrc(flow, bytes)) << "identification " << id;
+    auto damaged = bytes;
+    damaged[kBthBytes + (round % 5)] ^= static_cast<uint8_t>(1u << (round % 8));
+    EXPECT_FALSE(check_icrc(flow, damaged)) << "identification " << id << ", round " << round;
+    FlowAddress elsewhere = flow;
+    elsewhere.source[15] ^= 1;
+    EXPECT_FALSE(check_icrc(elsewhere, bytes)) << "the addresses still count";
+  }
+}
+
+// Packets that scapy's RoCE layer builds (tests/scripts/scapy_roce_packets.py),
+// with nonzero identifications: softverbs takes every one, and refuses each
+// with a changed byte.
+TEST(Icrc, AnIndependentImplementationsPacketsWithIdentificationsAreAccepted) {
+  const auto generated = test::run_process({SCAPY_PACKETS_SCRIPT, "40"});
+  if (generated.exit_code != 0 && generated.err.find("No module named 'scapy'") != std::string::npos)
+    GTEST_SKIP() << "python3-scapy is not installed";
+  ASSERT_EQ(generated.exit_code, 0) << generated.err;
+  std::istringstream lines(generated.out);
+  std::string verdict, hex;
+  size_t good = 0, bad = 0, nonzero_ids = 0;
+  while (lines >> verdict >> hex) {
+    std::vector<uint8_t> packet;
+    for (size_t i = 0; i + 1 < hex.size(); i += 2)
+      packet.push_back(static_cast<uint8_t>(std::stoul(hex.substr(i, 2), nullptr, 16)));
+    ASSERT_GE(packet.size(), 28u + kBthBytes + kIcrcBytes);
+    FlowAddress flow;
+    flow.source = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, packet[12], packet[13], packet[14], packet[15]};
+    flow.destination = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, packet[16], packet[17], packet[18], packet[19]};
+    flow.source_port = static_cast<uint16_t>(packet[20] << 8 | packet[21]);
+    flow.destination_port = static_cast<uint16_t>(packet[22] << 8 | packet[23]);
+    const std::span<const uint8_t> datagram(packet.data() + 28, packet.size() - 28);
+    if (verdict == "good") {
+      ++good;
+      nonzero_ids += (packet[4] | packet[5]) != 0;
+      EXPECT_TRUE(check_icrc(flow, datagram)) << hex;
+      EXPECT_TRUE(parse(datagram.first(datagram.size() - kIcrcBytes))) << hex;
+    } else {
+      ++bad;
+      EXPECT_FALSE(check_icrc(flow, datagram)) << hex;
+    }
+  }
+  EXPECT_EQ(good, 40u);
+  EXPECT_GT(bad, 30u);
+  EXPECT_EQ(nonzero_ids, good);
 }
 
 TEST(Icrc, TheHeaderCacheGivesTheSameVerdictsAcrossFlowsAndLengths) {
