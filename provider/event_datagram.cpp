@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "event_kinds.h"
+
 namespace softverbs {
 
 std::optional<ibv_cq*> decode_channel_datagram(std::span<const unsigned char> bytes, bool sender_trusted,
@@ -29,25 +31,21 @@ std::optional<ibv_async_event> decode_async_datagram(std::span<const unsigned ch
   if (!validator.is_event_element(context, raw.event_type, raw.element)) return std::nullopt;
   ibv_async_event event{};
   event.event_type = static_cast<ibv_event_type>(raw.event_type);
-  switch (event.event_type) {
-    case IBV_EVENT_CQ_ERR:
+  switch (event_element(raw.event_type)) {
+    case EventElement::Cq:
       event.element.cq = reinterpret_cast<ibv_cq*>(raw.element);
       break;
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED:
+    case EventElement::Srq:
       event.element.srq = reinterpret_cast<ibv_srq*>(raw.element);
       break;
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
+    case EventElement::Qp:
       event.element.qp = reinterpret_cast<ibv_qp*>(raw.element);
       break;
-    default:
+    case EventElement::Wq:
+      event.element.wq = reinterpret_cast<ibv_wq*>(raw.element);
+      break;
+    case EventElement::Port:
+    case EventElement::Unknown:
       event.element.port_num = static_cast<int>(raw.element);
       break;
   }

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <unordered_set>
 
+#include "event_kinds.h"
 #include "preload_interface.h"
 
 namespace softverbs::provider {
@@ -59,37 +60,21 @@ bool is_live_handle(HandleKind kind, uint64_t handle) {
 }
 
 bool is_valid_event(const ibv_context* context, uint32_t event_type, uint64_t element) {
-  HandleKind kind;
-  switch (event_type) {
-    case IBV_EVENT_CQ_ERR:
+  HandleKind kind = HandleKind::Qp;
+  switch (event_element(event_type)) {
+    case EventElement::Cq:
       kind = HandleKind::Cq;
       break;
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
+    case EventElement::Qp:
       kind = HandleKind::Qp;
       break;
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED:
+    case EventElement::Srq:
       kind = HandleKind::Srq;
       break;
-    case IBV_EVENT_WQ_FATAL:
-      return false;  // no WQs here
-    case IBV_EVENT_DEVICE_FATAL:
-    case IBV_EVENT_PORT_ACTIVE:
-    case IBV_EVENT_PORT_ERR:
-    case IBV_EVENT_LID_CHANGE:
-    case IBV_EVENT_PKEY_CHANGE:
-    case IBV_EVENT_SM_CHANGE:
-    case IBV_EVENT_CLIENT_REREGISTER:
-    case IBV_EVENT_GID_CHANGE:
+    case EventElement::Port:
       return element <= 1;  // a port number (one port), or none
-    default:
+    case EventElement::Wq:  // no WQs here
+    case EventElement::Unknown:
       return false;
   }
   if (!is_live_handle(kind, element)) return false;

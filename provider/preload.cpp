@@ -45,6 +45,7 @@ extern "C" __attribute__((visibility("default"))) int socket(int domain, int typ
 #include <string>
 
 #include "event_datagram.h"
+#include "event_socket.h"
 #include "preload_interface.h"
 
 namespace {
@@ -85,40 +86,19 @@ ibv_comp_channel* create_softverbs_channel(ibv_context* context) {
   return channel;
 }
 
-// Whether a sender with user id `uid` (as this process's user namespace
-// sees it) may wake this process: its own user, or root.
-bool trusted(uid_t uid) { return uid == 0 || uid == getuid() || uid == geteuid(); }
-
 // Reads datagrams until `decode` takes one (given its bytes and whether its
-// sender is trusted), skipping others; -1 with errno when a read fails
-// (EAGAIN on a non-blocking fd with nothing acceptable left).
+// sender is trusted: see event_socket.h), skipping others; -1 with errno
+// when a read fails (EAGAIN on a non-blocking fd with nothing acceptable
+// left).
 template <typename Decode>
 int read_until_accepted(int fd, Decode decode) {
   for (;;) {
     alignas(8) unsigned char bytes[32];
-    iovec vector{bytes, sizeof bytes};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred))];
-    msghdr message{};
-    message.msg_iov = &vector;
-    message.msg_iovlen = 1;
-    message.msg_control = control;
-    message.msg_controllen = sizeof control;
-    ssize_t length = recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
-    if (length < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    bool from_trusted = false;
-    for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header)) {
-      if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_CREDENTIALS ||
-          header->cmsg_len < CMSG_LEN(sizeof(ucred)))
-        continue;
-      ucred credentials;
-      std::memcpy(&credentials, CMSG_DATA(header), sizeof credentials);
-      from_trusted = trusted(credentials.uid);
-    }
-    if (message.msg_flags & MSG_TRUNC) continue;
-    if (decode(std::span<const unsigned char>(bytes, static_cast<size_t>(length)), from_trusted)) return 0;
+    const ssize_t length = softverbs::receive_from_trusted(fd, bytes, sizeof bytes);
+    if (length == -1) return -1;
+    const bool trusted = length >= 0;
+    const size_t taken = trusted ? static_cast<size_t>(length) : 0;
+    if (decode(std::span<const unsigned char>(bytes, taken), trusted)) return 0;
   }
 }
 

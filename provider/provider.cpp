@@ -16,6 +16,7 @@
 
 #include "device_limits.h"
 #include "device_registry.h"
+#include "event_kinds.h"
 #include "file_util.h"
 #include "handle_registry.h"
 #include "memory_copy.h"
@@ -85,25 +86,21 @@ void free_context(ibv_context* context);
 // one that names none, rather than left for the application to follow.
 void sanitize_async_event(ibv_context* context, ibv_async_event* event) {
   uint64_t element = 0;
-  switch (event->event_type) {
-    case IBV_EVENT_CQ_ERR:
+  switch (event_element(event->event_type)) {
+    case EventElement::Cq:
       element = reinterpret_cast<uint64_t>(event->element.cq);
       break;
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED:
+    case EventElement::Srq:
       element = reinterpret_cast<uint64_t>(event->element.srq);
       break;
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
+    case EventElement::Qp:
       element = reinterpret_cast<uint64_t>(event->element.qp);
       break;
-    default:
+    case EventElement::Wq:
+      element = reinterpret_cast<uint64_t>(event->element.wq);
+      break;
+    case EventElement::Port:
+    case EventElement::Unknown:
       element = static_cast<uint64_t>(event->element.port_num);
       break;
   }

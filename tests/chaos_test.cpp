@@ -30,6 +30,7 @@
 
 #include "device_status.h"
 #include "process_runner.h"
+#include "rc_peer.h"
 
 namespace {
 
@@ -124,20 +125,8 @@ class Worker {
 
  private:
   bool setup() {
-    int count = 0;
-    ibv_device** list = ibv_get_device_list(&count);
-    for (int i = 0; list && i < count; ++i)
-      if (std::strcmp(ibv_get_device_name(list[i]), "softverbs0") == 0) context_ = ibv_open_device(list[i]);
-    if (list) ibv_free_device_list(list);
+    context_ = softverbs::test::open_softverbs0(gid_index_, gid_);
     if (!context_) return false;
-    for (int index = 0; index < 32 && gid_index_ < 0; ++index) {
-      ibv_gid_entry entry{};
-      if (ibv_query_gid_ex(context_, 1, static_cast<uint32_t>(index), &entry, 0) == 0 &&
-          entry.gid_type == IBV_GID_TYPE_ROCE_V2 && entry.gid.raw[10] == 0xff && entry.gid.raw[11] == 0xff) {
-        gid_index_ = index;
-        gid_ = entry.gid;
-      }
-    }
     pd_ = ibv_alloc_pd(context_);
     cq_ = ibv_create_cq(context_, kWorkers * (kSendDepth + kReceiveDepth) * 2, nullptr, nullptr, 0);
     buffer_.assign(kWorkers * kSlot + kWorkers * kReceiveDepth * kSendBytes + kWorkers * kSlot, 0);

@@ -75,14 +75,33 @@ void expect_retry_exceeded_then_flushed(const Outcome& outcome, uint64_t first_w
   EXPECT_LE(outcome.seconds, implied + 1.0) << "gave up late: implied " << implied << " s";
 }
 
-TEST(DeadPeer, WritesToAKilledPeerFailWithRetryExceededAndNoneSucceeds) {
-  int sockets[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
-  const pid_t child = waiting_peer(sockets[1], 0);
-  ASSERT_GT(child, 0);
+// This process's endpoint, connected to a waiting peer process's.
+class ConnectedToAPeer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int sockets[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+    child = waiting_peer(sockets[1], 0);
+    ASSERT_GT(child, 0);
+    ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 256, kTimeout, kRetries, peer));
+  }
+  void TearDown() override {
+    if (child > 0) kill_peer();
+  }
+  Clock::time_point kill_peer() {
+    const Clock::time_point died = kill_and_reap(child);
+    child = -1;
+    return died;
+  }
+  pid_t child = -1;
   Endpoint self;
   ConnectInfo peer;
-  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 256, kTimeout, kRetries, peer));
+};
+
+class DeadPeer : public ConnectedToAPeer {};
+class DeviceRemoval : public ConnectedToAPeer {};
+
+TEST_F(DeadPeer, WritesToAKilledPeerFailWithRetryExceededAndNoneSucceeds) {
   // A stream of WRITEs that succeed while the peer lives.
   uint64_t next_id = 1;
   for (int i = 0; i < 100; ++i) ASSERT_EQ(self.post_write(next_id++, 0, 4096, peer, 0), 0);
@@ -90,7 +109,7 @@ TEST(DeadPeer, WritesToAKilledPeerFailWithRetryExceededAndNoneSucceeds) {
   ASSERT_EQ(before.size(), 100u);
   for (const ibv_wc& wc : before) ASSERT_EQ(wc.status, IBV_WC_SUCCESS);
 
-  const Clock::time_point died = kill_and_reap(child);
+  const Clock::time_point died = kill_peer();
   const uint64_t first_after = next_id;
   for (int i = 0; i < 32; ++i) ASSERT_EQ(self.post_write(next_id++, 0, 4096, peer, 0), 0);
   const Outcome outcome = collect(self, 32, died);
@@ -102,17 +121,10 @@ TEST(DeadPeer, WritesToAKilledPeerFailWithRetryExceededAndNoneSucceeds) {
 
 // rnr_retry 7 retries an RNR NAK for ever, but a dead QP sends no RNR NAK:
 // SENDs waiting for a receive that will never come end as a dead peer's.
-TEST(DeadPeer, SendsWaitingForAReceiveFailOnceThePeerDies) {
-  int sockets[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
-  const pid_t child = waiting_peer(sockets[1], 0);
-  ASSERT_GT(child, 0);
-  Endpoint self;
-  ConnectInfo peer;
-  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 256, kTimeout, kRetries, peer));
+TEST_F(DeadPeer, SendsWaitingForAReceiveFailOnceThePeerDies) {
   for (uint64_t id = 1; id <= 64; ++id) ASSERT_EQ(self.post_send(id, 0, 64), 0);
   ASSERT_TRUE(polls_nothing_for(self, std::chrono::milliseconds(100))) << "RNR: nothing completes while it lives";
-  const Clock::time_point died = kill_and_reap(child);
+  const Clock::time_point died = kill_peer();
   const Outcome outcome = collect(self, 64, died);
   expect_retry_exceeded_then_flushed(outcome, 1, 64);
 }
@@ -120,19 +132,12 @@ TEST(DeadPeer, SendsWaitingForAReceiveFailOnceThePeerDies) {
 // The passive side's next WRITE after the active side died, even once the
 // dead process's records have been reclaimed (another context opened the
 // device), meets no responder: not a key that has gone.
-TEST(DeadPeer, AWriteAfterThePeersRecordsWereReclaimedFailsWithRetryExceeded) {
-  int sockets[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
-  const pid_t child = waiting_peer(sockets[1], 0);
-  ASSERT_GT(child, 0);
-  Endpoint self;
-  ConnectInfo peer;
-  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 256, kTimeout, kRetries, peer));
+TEST_F(DeadPeer, AWriteAfterThePeersRecordsWereReclaimedFailsWithRetryExceeded) {
   ASSERT_EQ(self.post_write(1, 0, 64, peer, 0), 0);
   auto first = poll_for(self, 1, std::chrono::seconds(5));
   ASSERT_EQ(first.size(), 1u);
   ASSERT_EQ(first[0].status, IBV_WC_SUCCESS);
-  const Clock::time_point died = kill_and_reap(child);
+  const Clock::time_point died = kill_peer();
   Endpoint reclaimer;  // opening the device reclaims what dead processes left
   ASSERT_TRUE(reclaimer.open(4096, 4));
   ASSERT_EQ(self.post_write(2, 0, 64, peer, 0), 0);
@@ -143,16 +148,9 @@ TEST(DeadPeer, AWriteAfterThePeersRecordsWereReclaimedFailsWithRetryExceeded) {
 
 // `softverbs down` of a device in use is an HCA's removal: every context
 // gets IBV_EVENT_DEVICE_FATAL, and from then on nothing succeeds.
-TEST(DeviceRemoval, TakingTheDeviceDownRaisesDeviceFatalAndFailsWhatFollows) {
+TEST_F(DeviceRemoval, TakingTheDeviceDownRaisesDeviceFatalAndFailsWhatFollows) {
   const char* cli = std::getenv("SOFTVERBS_CLI");
   ASSERT_NE(cli, nullptr) << "SOFTVERBS_CLI names the softverbs command";
-  int sockets[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
-  const pid_t child = waiting_peer(sockets[1], 0);
-  ASSERT_GT(child, 0);
-  Endpoint self;
-  ConnectInfo peer;
-  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 256, kTimeout, kRetries, peer));
   ASSERT_EQ(self.post_write(1, 0, 4096, peer, 0), 0);
   auto first = poll_for(self, 1, std::chrono::seconds(5));
   ASSERT_EQ(first.size(), 1u);
@@ -174,7 +172,6 @@ TEST(DeviceRemoval, TakingTheDeviceDownRaisesDeviceFatalAndFailsWhatFollows) {
   EXPECT_EQ(self.state(), IBV_QPS_ERR);
   EXPECT_EQ(ibv_alloc_pd(self.context()), nullptr);
   EXPECT_EQ(errno, EIO);
-  kill_and_reap(child);
 }
 
 }  // namespace

@@ -47,6 +47,27 @@ inline bool read_all(int fd, void* data, size_t size) {
   return true;
 }
 
+// softverbs0, opened, and its RoCE v2 GID of an IPv4 address (index -1 if
+// it has none); nullptr if there is no softverbs0.
+inline ibv_context* open_softverbs0(int& gid_index, ibv_gid& gid) {
+  ibv_context* context = nullptr;
+  int count = 0;
+  ibv_device** list = ibv_get_device_list(&count);
+  for (int i = 0; list && i < count; ++i)
+    if (std::strcmp(ibv_get_device_name(list[i]), "softverbs0") == 0) context = ibv_open_device(list[i]);
+  if (list) ibv_free_device_list(list);
+  gid_index = -1;
+  for (int index = 0; context && index < 32 && gid_index < 0; ++index) {
+    ibv_gid_entry entry{};
+    if (ibv_query_gid_ex(context, 1, static_cast<uint32_t>(index), &entry, 0) == 0 &&
+        entry.gid_type == IBV_GID_TYPE_ROCE_V2 && entry.gid.raw[10] == 0xff && entry.gid.raw[11] == 0xff) {
+      gid_index = index;
+      gid = entry.gid;
+    }
+  }
+  return context;
+}
+
 // One side: device, PD, CQ, RC QP and a registered buffer.
 class Endpoint {
  public:
@@ -59,21 +80,8 @@ class Endpoint {
   }
 
   bool open(size_t buffer_bytes, int depth) {
-    int count = 0;
-    ibv_device** list = ibv_get_device_list(&count);
-    for (int i = 0; list && i < count; ++i)
-      if (std::strcmp(ibv_get_device_name(list[i]), "softverbs0") == 0) context_ = ibv_open_device(list[i]);
-    if (list) ibv_free_device_list(list);
+    context_ = open_softverbs0(gid_index_, gid_);
     if (!context_) return false;
-    gid_index_ = -1;
-    for (int index = 0; index < 32 && gid_index_ < 0; ++index) {
-      ibv_gid_entry entry{};
-      if (ibv_query_gid_ex(context_, 1, static_cast<uint32_t>(index), &entry, 0) == 0 &&
-          entry.gid_type == IBV_GID_TYPE_ROCE_V2 && entry.gid.raw[10] == 0xff && entry.gid.raw[11] == 0xff) {
-        gid_index_ = index;
-        gid_ = entry.gid;
-      }
-    }
     buffer_.assign(buffer_bytes, 0);
     pd_ = ibv_alloc_pd(context_);
     cq_ = ibv_create_cq(context_, depth * 2, nullptr, nullptr, 0);

@@ -46,6 +46,48 @@ ibv_qp_init_attr qp_attributes() {
   return attr;
 }
 
+// An asynchronous id on `channel` whose address and route to
+// 127.0.0.1:`port` are resolved (each event checked and acked), or nullptr.
+rdma_cm_id* resolved_id(rdma_event_channel* channel, uint16_t port) {
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP) != 0) return nullptr;
+  sockaddr_in destination{};
+  destination.sin_family = AF_INET;
+  destination.sin_port = htons(port);
+  destination.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  rdma_cm_event* event = nullptr;
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&destination), 1000) != 0 ||
+      rdma_get_cm_event(channel, &event) != 0)
+    return nullptr;
+  const bool address = event->event == RDMA_CM_EVENT_ADDR_RESOLVED;
+  rdma_ack_cm_event(event);
+  if (!address || rdma_resolve_route(id, 1000) != 0 || rdma_get_cm_event(channel, &event) != 0) return nullptr;
+  const bool route = event->event == RDMA_CM_EVENT_ROUTE_RESOLVED;
+  rdma_ack_cm_event(event);
+  return route ? id : nullptr;
+}
+
+// The same, connecting (its REQ sent).
+rdma_cm_id* connecting_id(rdma_event_channel* channel, uint16_t port) {
+  rdma_cm_id* id = resolved_id(channel, port);
+  rdma_conn_param param{};
+  if (id == nullptr || rdma_connect(id, &param) != 0) return nullptr;
+  return id;
+}
+
+// A listener on its own channel, bound to 127.0.0.1:`port`.
+rdma_cm_id* listening_id(rdma_event_channel* channel, uint16_t port) {
+  rdma_cm_id* listener = nullptr;
+  if (rdma_create_id(channel, &listener, nullptr, RDMA_PS_TCP) != 0) return nullptr;
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  local.sin_port = htons(port);
+  local.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&local)) != 0 || rdma_listen(listener, 4) != 0)
+    return nullptr;
+  return listener;
+}
+
 // The passive side, in a child process: accepts one connection, advertises
 // a buffer for RDMA WRITE/READ, receives into two scattered buffers and a
 // too-small one, then echoes what it got and waits for the disconnect.
@@ -330,22 +372,10 @@ TEST(RdmaCmAlone, AChannelDestroyedUnderAnotherThreadKeepsItBlocked) {
 TEST(RdmaCmAlone, NoListenerMeansRejected) {
   rdma_event_channel* channel = rdma_create_event_channel();
   ASSERT_NE(channel, nullptr);
-  rdma_cm_id* id = nullptr;
-  ASSERT_EQ(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP), 0);
-  sockaddr_in destination{};
-  destination.sin_family = AF_INET;
-  destination.sin_port = htons(7499);
-  destination.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&destination), 1000), 0);
-  rdma_cm_event* event = nullptr;
-  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
-  EXPECT_EQ(event->event, RDMA_CM_EVENT_ADDR_RESOLVED);
+  rdma_cm_id* id = resolved_id(channel, 7499);
+  ASSERT_NE(id, nullptr);
   EXPECT_NE(id->verbs, nullptr) << "a local address maps to the softverbs device";
-  rdma_ack_cm_event(event);
-  ASSERT_EQ(rdma_resolve_route(id, 1000), 0);
-  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
-  EXPECT_EQ(event->event, RDMA_CM_EVENT_ROUTE_RESOLVED);
-  rdma_ack_cm_event(event);
+  rdma_cm_event* event = nullptr;
   rdma_conn_param param{};
   char too_long[57] = {};
   param.private_data = too_long;
@@ -443,40 +473,6 @@ TEST(RdmaCmAlone, MigratingAnIdChangesWhetherItIsSynchronous) {
   rdma_destroy_id(other);
   rdma_destroy_id(id);
   rdma_destroy_event_channel(channel);
-}
-
-// An asynchronous id on `channel`, connected through address and route
-// resolution to 127.0.0.1:`port` (its REQ sent), or nullptr.
-rdma_cm_id* connecting_id(rdma_event_channel* channel, uint16_t port) {
-  rdma_cm_id* id = nullptr;
-  if (rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP) != 0) return nullptr;
-  sockaddr_in destination{};
-  destination.sin_family = AF_INET;
-  destination.sin_port = htons(port);
-  destination.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  rdma_cm_event* event = nullptr;
-  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&destination), 1000) != 0 ||
-      rdma_get_cm_event(channel, &event) != 0)
-    return nullptr;
-  rdma_ack_cm_event(event);
-  if (rdma_resolve_route(id, 1000) != 0 || rdma_get_cm_event(channel, &event) != 0) return nullptr;
-  rdma_ack_cm_event(event);
-  rdma_conn_param param{};
-  if (rdma_connect(id, &param) != 0) return nullptr;
-  return id;
-}
-
-// A listener on its own channel, bound to 127.0.0.1:`port`.
-rdma_cm_id* listening_id(rdma_event_channel* channel, uint16_t port) {
-  rdma_cm_id* listener = nullptr;
-  if (rdma_create_id(channel, &listener, nullptr, RDMA_PS_TCP) != 0) return nullptr;
-  sockaddr_in local{};
-  local.sin_family = AF_INET;
-  local.sin_port = htons(port);
-  local.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&local)) != 0 || rdma_listen(listener, 4) != 0)
-    return nullptr;
-  return listener;
 }
 
 // As librdmacm counts it, a connection request belongs to its listener: the

@@ -4,13 +4,12 @@
 // and keep its private data within its area.
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <optional>
 #include <span>
 #include <vector>
 
 #include "cm_protocol.h"
+#include "seed_corpus.h"
 
 namespace {
 
@@ -34,16 +33,7 @@ std::vector<std::vector<uint8_t>> seeds() {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  namespace fs = std::filesystem;
-  for (int i = 1; i < *argc; ++i) {
-    const char* arg = (*argv)[i];
-    if (arg[0] == '-' || !fs::is_directory(arg) || !fs::is_empty(arg)) continue;
-    size_t n = 0;
-    for (const auto& input : seeds()) {
-      std::ofstream out(fs::path(arg) / ("seed-" + std::to_string(n++)), std::ios::binary);
-      out.write(reinterpret_cast<const char*>(input.data()), static_cast<std::streamsize>(input.size()));
-    }
-  }
+  softverbs::fuzz::seed_empty_corpus(*argc, *argv, seeds());
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "event_datagram.h"
+#include "event_kinds.h"
 #include "handle_registry.h"
 
 namespace {
@@ -52,22 +53,6 @@ Objects& objects() {
   return instance;
 }
 
-bool names_qp_event(uint32_t type) {
-  switch (type) {
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
-      return true;
-    default:
-      return false;
-  }
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -93,15 +78,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (auto event = decode_async_datagram(bytes, trusted, &o.context, check)) {
     if (!trusted) std::abort();
-    const uint32_t type = event->event_type;
-    if (type == IBV_EVENT_CQ_ERR && event->element.cq != &o.cq) std::abort();
-    if (names_qp_event(type) && event->element.qp != &o.qp) std::abort();
-    if ((type == IBV_EVENT_SRQ_ERR || type == IBV_EVENT_SRQ_LIMIT_REACHED) && event->element.srq != &o.srq)
-      std::abort();
-    if (type == IBV_EVENT_WQ_FATAL) std::abort();
-    if (type != IBV_EVENT_CQ_ERR && !names_qp_event(type) && type != IBV_EVENT_SRQ_ERR &&
-        type != IBV_EVENT_SRQ_LIMIT_REACHED && (event->element.port_num < 0 || event->element.port_num > 1))
-      std::abort();
+    switch (event_element(event->event_type)) {
+      case EventElement::Cq:
+        if (event->element.cq != &o.cq) std::abort();
+        break;
+      case EventElement::Qp:
+        if (event->element.qp != &o.qp) std::abort();
+        break;
+      case EventElement::Srq:
+        if (event->element.srq != &o.srq) std::abort();
+        break;
+      case EventElement::Port:
+        if (event->element.port_num < 0 || event->element.port_num > 1) std::abort();
+        break;
+      case EventElement::Wq:
+      case EventElement::Unknown:
+        std::abort();  // nothing of these may be taken
+    }
   }
   return 0;
 }

@@ -4,25 +4,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "coalesced_read.h"
 #include "packet_harness.h"
 #include "roce_headers.h"
+#include "seed_corpus.h"
 
 // An empty corpus directory is seeded with a valid packet of every opcode.
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  namespace fs = std::filesystem;
-  for (int i = 1; i < *argc; ++i) {
-    const char* arg = (*argv)[i];
-    if (arg[0] == '-' || !fs::is_directory(arg) || !fs::is_empty(arg)) continue;
-    size_t n = 0;
-    for (const auto& input : softverbs::fuzz::seed_inputs()) {
-      std::ofstream out(fs::path(arg) / ("seed-" + std::to_string(n++)), std::ios::binary);
-      out.write(reinterpret_cast<const char*>(input.data()), static_cast<std::streamsize>(input.size()));
-    }
-  }
+  softverbs::fuzz::seed_empty_corpus(*argc, *argv, softverbs::fuzz::seed_inputs());
   return 0;
 }
 
