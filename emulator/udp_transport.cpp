@@ -2041,6 +2041,9 @@ int UdpTransport::Engine::sync_qp(int qp_index) {
 
 void UdpTransport::Engine::forget_qp(uint32_t qpn) {
   std::lock_guard guard(mutex_);
+  // An HCA acknowledged what the QP received long before it was destroyed:
+  // a held ACK leaves first, or its sender would time out and retry.
+  send_held_ack_locked(qpn);
   flush_sends();
   forget_locked(qpn);
 }

@@ -217,13 +217,19 @@ pid_t spawn_peer(int socket_fd, size_t buffer_bytes, int depth, uint8_t timeout,
   pid_t pid = fork();
   if (pid != 0) return pid;
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test that fails or times out leaves no peer behind
-  Endpoint child;
-  ConnectInfo mine, theirs;
-  if (!child.open(buffer_bytes, depth)) _exit(10);
-  mine = child.info();
-  if (!write_all(socket_fd, &mine, sizeof mine) || !read_all(socket_fd, &theirs, sizeof theirs)) _exit(11);
-  if (!child.connect(theirs, timeout, retry_count)) _exit(12);
-  _exit(body(child, socket_fd));
+  int code;
+  {
+    // Destroyed before the exit, as a program's resources are: its QP's
+    // last ACK leaves then.
+    Endpoint child;
+    ConnectInfo mine, theirs;
+    if (!child.open(buffer_bytes, depth)) _exit(10);
+    mine = child.info();
+    if (!write_all(socket_fd, &mine, sizeof mine) || !read_all(socket_fd, &theirs, sizeof theirs)) _exit(11);
+    if (!child.connect(theirs, timeout, retry_count)) _exit(12);
+    code = body(child, socket_fd);
+  }
+  _exit(code);
 }
 
 // The parent's side of the connection.
