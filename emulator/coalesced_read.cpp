@@ -74,9 +74,22 @@ FirstPacket find_first_packet(const FlowAddress& address, std::span<const uint8_
   if (total < kShortest || total > UINT32_MAX || !opcode_info(read[0]).valid) return whole;
   const Flow flow{receiver.qpn, static_cast<uint8_t>(read[0] & 0xe0), load16(read.data() + 2)};
   const uint32_t path_mtu = receiver.path_mtu != 0 ? receiver.path_mtu : 4096;
+  // Whether the first `bytes` of the read are a packet with a good ICRC.
+  // Only the packet taken in the end teaches the cache about its sender.
+  IcrcFit taken_fit = IcrcFit::kNone;
+  auto icrc_good = [&](size_t bytes) {
+    const IcrcFit fit = icrc_fit(address, read.first(bytes), cache);
+    if (!cache.takes(address, fit)) return false;
+    taken_fit = fit;
+    return true;
+  };
+  auto found = [&](size_t bytes, bool searched) {
+    cache.learn(address, taken_fit);
+    return FirstPacket{bytes, true, searched};
+  };
   // A packet boundary `bytes` into the read, the first packet's ICRC good.
   auto ends_first = [&](size_t bytes) {
-    return bytes >= kShortest && begins_packet(read, bytes, flow) && check_icrc(address, read.first(bytes), cache);
+    return bytes >= kShortest && begins_packet(read, bytes, flow) && icrc_good(bytes);
   };
 
   const size_t longest = header_bytes(opcode_info(read[0])) + path_mtu + kIcrcBytes;
@@ -95,11 +108,11 @@ FirstPacket find_first_packet(const FlowAddress& address, std::span<const uint8_
     if ((info.headers & header::kPayload) || header_bytes(info) + kIcrcBytes != last) continue;
     const uint32_t before = bytes32 - static_cast<uint32_t>(last);
     for (uint32_t count = 1; count < kMostPacketsPerRead && before / count >= kShortest; ++count) {
-      if (before % count == 0 && ends_first(before / count)) return {before / count, true, false};
+      if (before % count == 0 && ends_first(before / count)) return found(before / count, false);
     }
   }
   // One packet that only its end gives the length of.
-  if (total <= longest && check_icrc(address, read, cache)) return {total, true, false};
+  if (total <= longest && icrc_good(total)) return found(total, false);
   // Equal packets (a GSO send, or GRO's coalescing of a stream). The first
   // boundary candidate where the flow's BTH sits may span several packets
   // (half of 64 ...); in a stream of requests, which take consecutive PSNs,
@@ -109,13 +122,13 @@ FirstPacket find_first_packet(const FlowAddress& address, std::span<const uint8_
     if (bytes32 % count != 0 || !begins_packet(read, length, flow)) continue;
     const uint32_t packets = (load24(read.data() + length + 9) - load24(read.data() + 9)) & 0xffffff;
     if (packets > 1 && packets <= kMostPacketsPerRead && length % packets == 0 && ends_first(length / packets))
-      return {length / packets, true, true};
-    if (ends_first(length)) return {length, true, true};
+      return found(length / packets, true);
+    if (ends_first(length)) return found(length, true);
   }
   // Anything else GRO may coalesce: the boundary wherever it is.
   const size_t limit = std::min(total - kShortest, longest);
   for (size_t bytes = kShortest; bytes <= limit; bytes += 4) {
-    if (ends_first(bytes)) return {bytes, true, true};
+    if (ends_first(bytes)) return found(bytes, true);
   }
   return {total, false, true};
 }

@@ -107,17 +107,72 @@ bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram) {
   return check_icrc(flow, datagram, cache);
 }
 
-bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram, IcrcHeaderCache& cache) {
-  if (datagram.size() < kBthBytes + kIcrcBytes) return false;
+IcrcFit icrc_fit(const FlowAddress& flow, std::span<const uint8_t> datagram, IcrcHeaderCache& cache) {
+  if (datagram.size() < kBthBytes + kIcrcBytes) return IcrcFit::kNone;
   std::span<const uint8_t> transport = datagram.first(datagram.size() - kIcrcBytes);
   const uint32_t with_zero_id = icrc_from_headers(cache.headers_crc(flow, datagram.size()), transport);
   const uint32_t received = load_icrc(datagram.data() + transport.size());
-  if (with_zero_id == received) return true;
+  if (with_zero_id == received) return IcrcFit::kAsSent;
   // Sent with an IPv4 identification (rxe, RoCE NICs): the one it used is
   // not seen here, but whether some identification fits is. (IPv6's flow
   // label is masked out of the ICRC.)
   constexpr size_t kAfterId = 20 - 6 + 8;  // the IPv4 header after the field, the UDP header
-  return flow.ipv4() && ipv4_id_for_icrc(with_zero_id, received, kAfterId + transport.size()).has_value();
+  if (flow.ipv4() && ipv4_id_for_icrc(with_zero_id, received, kAfterId + transport.size()).has_value())
+    return IcrcFit::kSomeIdentification;
+  return IcrcFit::kNone;
+}
+
+bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram, IcrcHeaderCache& cache) {
+  const IcrcFit fit = icrc_fit(flow, datagram, cache);
+  cache.learn(flow, fit);
+  return cache.takes(flow, fit);
+}
+
+namespace {
+// Three packets in a row with identification 0 do not come from a sender
+// that picks identifications (1 in 2^48); four in a row that fit only
+// another identification do not come from damage to ours (1 in 2^64).
+constexpr uint8_t kZeroIdentificationAfter = 3;
+constexpr uint8_t kOtherIdentificationAfter = 4;
+}  // namespace
+
+IcrcHeaderCache::Sender& IcrcHeaderCache::sender(const FlowAddress& flow) {
+  uint32_t low;
+  std::memcpy(&low, flow.source.data() + 12, 4);
+  const uint32_t hash = (low ^ uint32_t{flow.source[11]} << 24 ^ uint32_t{flow.source_port}) * 0x9e3779b1u;
+  Sender& sender = senders_[(hash >> 16) % kSenders];
+  if (sender.address != flow.source || sender.port != flow.source_port) {
+    sender = Sender{};  // a sender not seen (or forgotten): what it sends is not known
+    sender.address = flow.source;
+    sender.port = flow.source_port;
+  }
+  return sender;
+}
+
+bool IcrcHeaderCache::takes(const FlowAddress& flow, IcrcFit fit) {
+  switch (fit) {
+    case IcrcFit::kNone:
+      return false;
+    case IcrcFit::kAsSent:
+      return true;
+    case IcrcFit::kSomeIdentification:
+      return !sender(flow).sends_zero_identification;
+  }
+  return false;
+}
+
+void IcrcHeaderCache::learn(const FlowAddress& flow, IcrcFit fit) {
+  if (fit == IcrcFit::kNone || !flow.ipv4()) return;  // damage says nothing about the sender
+  Sender& sender = this->sender(flow);
+  if (fit == IcrcFit::kAsSent) {
+    sender.other_run = 0;
+    if (sender.as_sent_run < kZeroIdentificationAfter && ++sender.as_sent_run == kZeroIdentificationAfter)
+      sender.sends_zero_identification = true;
+  } else {
+    sender.as_sent_run = 0;
+    if (sender.other_run < kOtherIdentificationAfter && ++sender.other_run == kOtherIdentificationAfter)
+      sender.sends_zero_identification = false;
+  }
 }
 
 uint32_t IcrcHeaderCache::headers_crc(const FlowAddress& flow, size_t udp_payload) {

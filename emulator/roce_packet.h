@@ -40,15 +40,31 @@ inline constexpr size_t kMaxIpUdpHeaders = 40 + 8;
 size_t write_ip_udp_headers(const FlowAddress& flow, size_t udp_payload, bool checksums, std::span<uint8_t> out,
                             std::span<const uint8_t> payload_for_checksum = {});
 
+// How a datagram's ICRC fits: not at all; as softverbs sends (IPv4
+// identification 0, or IPv6); or only with some other IPv4 identification,
+// as rxe and RoCE NICs send. The identification is not seen through a UDP
+// socket, and checking for "some" leaves 16 bits of the 32 (icrc.h).
+enum class IcrcFit : uint8_t { kNone, kAsSent, kSomeIdentification };
+
 // The ICRC register after the masked IP and UDP headers of a datagram of
 // `udp_payload` bytes on `flow` (icrc_headers()), kept for the few flows
 // and lengths in use at once (a ping-pong's request and ACK, a stream's
 // MTU-sized packets): a packet then costs the CRC of its own bytes only.
 // The fields the ICRC masks (traffic class, hop limit, flow label) are not
-// part of the key. One owner at a time (not thread-safe).
+// part of the key.
+// It also learns which senders (address and port) send identification 0:
+// from those a packet that fits only another identification is damaged,
+// so they keep the full 32-bit check. A sender counts as one after a few
+// packets in a row fit as sent, and stops counting as one after a few in a
+// row fit only otherwise (another program took its port).
+// One owner at a time (not thread-safe).
 class IcrcHeaderCache {
  public:
   uint32_t headers_crc(const FlowAddress& flow, size_t udp_payload);
+  // Whether a packet from `flow`'s sender that fits so is taken.
+  bool takes(const FlowAddress& flow, IcrcFit fit);
+  // Counts a packet that was taken or refused on `flow`.
+  void learn(const FlowAddress& flow, IcrcFit fit);
 
  private:
   struct Entry {
@@ -59,15 +75,29 @@ class IcrcHeaderCache {
     uint32_t udp_payload = 0;  // 0: empty (a datagram carries at least a BTH)
     uint32_t crc = 0;
   };
+  struct Sender {
+    IpAddress address{};
+    uint16_t port = 0;
+    uint8_t as_sent_run = 0;  // packets in a row that fit with identification 0
+    uint8_t other_run = 0;    // packets in a row that fit only another one
+    bool sends_zero_identification = false;
+  };
+  Sender& sender(const FlowAddress& flow);
   static constexpr size_t kEntries = 16;
+  static constexpr size_t kSenders = 64;
   std::array<Entry, kEntries> entries_{};
+  std::array<Sender, kSenders> senders_{};
 };
 
 // Appends the ICRC to `transport` (BTH .. pad) for a datagram sent on `flow`.
 void seal(const FlowAddress& flow, std::vector<uint8_t>& transport);
-// True if the datagram's last four bytes are the ICRC for `flow`.
+// How the datagram's last four bytes fit as the ICRC for `flow`.
+IcrcFit icrc_fit(const FlowAddress& flow, std::span<const uint8_t> datagram, IcrcHeaderCache& cache);
+// True if the datagram's last four bytes are the ICRC for `flow`, from a
+// sender not known (yet) to send identification 0.
 bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram);
-// The same, the headers' part of the ICRC taken from (or kept in) `cache`.
+// The same, the headers' part of the ICRC taken from (or kept in) `cache`,
+// which also learns from the packet and holds its sender to what it knows.
 bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram, IcrcHeaderCache& cache);
 
 // The whole IP packet (headers with checksums, then the datagram), as a
