@@ -77,11 +77,11 @@ struct Path {
   uint16_t remote_lid = 0xffff;
   Gid local_gid{};
   Gid remote_gid{};
-  uint32_t flow_label = 0;   // 20 bits
-  uint8_t packet_rate = 0;   // 6 bits
+  uint32_t flow_label = 0;  // 20 bits
+  uint8_t packet_rate = 0;  // 6 bits
   uint8_t traffic_class = 0;
   uint8_t hop_limit = 0;
-  uint8_t sl = 0;            // 4 bits
+  uint8_t sl = 0;  // 4 bits
   bool subnet_local = false;
   uint8_t local_ack_timeout = 0;  // 5 bits
 };
@@ -227,9 +227,7 @@ inline constexpr uint16_t kPortSpaceTcp = 0x0106;
 inline constexpr uint16_t kPortSpaceUdp = 0x0111;
 inline constexpr uint16_t kPortSpaceIb = 0x013f;
 inline constexpr uint16_t kPortSpaceIpoib = 0x0002;
-inline constexpr uint64_t service_id(uint16_t port_space, uint16_t port) {
-  return uint64_t{port_space} << 16 | port;
-}
+inline constexpr uint64_t service_id(uint16_t port_space, uint16_t port) { return uint64_t{port_space} << 16 | port; }
 
 // rdma_cm's addressing header at the start of a REQ's or SIDR_REQ's private
 // data: version 0, the IP version in the high nibble of the next byte, the

@@ -21,7 +21,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 14;
+constexpr uint32_t kVersion = 15;
 // Sparse: pages are committed only as rings and queues use them, so the
 // heap can hold rings as large as the device allows (a 4 Mi-entry CQ is
 // 256 MiB of address space).
@@ -41,6 +41,7 @@ void initialize(DeviceShared* shared, uint64_t total_size) {
   shared->objects_lock.initialize();
   shared->memory_lock.initialize();
   shared->atomics_lock.initialize();
+  shared->cm_listeners.lock.initialize();
   for (auto& qp : shared->qps) {
     qp.lock.initialize();
     qp.receive_post_lock.initialize();
@@ -191,6 +192,7 @@ int DeviceMemory::allocate_qp() {
     qp.type = QpType::Rc;
     set_state(qp, QpState::Reset);
     qp.signal_all = 0;
+    qp.gsi_agent = 0;
     qp.owner_pid = current_pid();
     qp.owner_process = process;
     qp.pd_handle = 0;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "cm_routing.h"
 #include "completion_ring.h"
 #include "device_limits.h"
 #include "event_socket.h"
@@ -131,6 +132,7 @@ struct alignas(64) QpRecord {
   QpType type = QpType::Rc;
   QpState state = QpState::Reset;
   uint8_t signal_all = 0;
+  uint8_t gsi_agent = 0;  // a CM agent: a UD QP that sends and receives as QP1 (cm_routing.h)
   int32_t owner_pid = 0;
   int32_t owner_process = -1;  // the owner's ProcessTable record: whether it lives
   uint32_t pd_handle = 0;
@@ -185,7 +187,8 @@ struct DeviceShared {
   SrqRecord srqs[limits::kMaxSrq];
   MemoryRegionTable mrs;
   MulticastTable multicast;  // under memory_lock
-  ProcessTable processes;    // claims under objects_lock
+  CmListenerTable cm_listeners;
+  ProcessTable processes;  // claims under objects_lock
   // The UDP transport's counters, fault settings and capture switch.
   TransportCounters counters;
   SharedFaultSettings faults;

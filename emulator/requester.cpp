@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cm_routing.h"
 #include "data_path.h"
 #include "debug_log.h"
 #include "event_socket.h"
@@ -154,7 +155,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
   received.wr_id = receive.wr_id;
   received.opcode = WcOpcode::Receive;
   received.qp_num = target->qpn;
-  received.src_qp = qp.qpn;
+  received.src_qp = qp.gsi_agent ? kGsiQpn : qp.qpn;
   if (carries_immediate(request.opcode)) {
     received.imm_data = request.imm_data;
     received.flags |= wc_flag::kWithImm;
@@ -204,6 +205,33 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
   return SendOutcome::Completed;
 }
 
+// A UD SEND to QP1 of this device: the CM agent the MAD belongs to, or 0
+// where the device answers it (into the sender, as from the peer's QP1) or
+// drops it.
+uint32_t route_to_cm_agent(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, const LocalBuffers& local) {
+  std::array<uint8_t, wire::cm::kMadBytes> mad;
+  if (local.length != mad.size()) return 0;
+  size_t at = 0;
+  for (const iovec& piece : local.vectors) {
+    std::memcpy(mad.data() + at, piece.iov_base, piece.iov_len);
+    at += piece.iov_len;
+  }
+  CmDelivery delivery = route_cm_mad(memory, mad);
+  if (delivery.answer && qp.gsi_agent) {
+    SendRequest reply = request;
+    std::swap(reply.source_gid, reply.destination_gid);
+    reply.opcode = SendOpcode::Send;
+    reply.flags = 0;
+    LocalBuffers answer;
+    answer.vectors.push_back({delivery.answer->data(), delivery.answer->size()});
+    answer.length = delivery.answer->size();
+    Completion ignored;
+    SharedLock lock(qp.lock);
+    if (qp.live && receive_capable(qp.state)) place_send(memory, qp, qp, reply, answer, ignored);
+  }
+  return delivery.agent_qpn;
+}
+
 }  // namespace
 
 SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, Completion& completion) {
@@ -241,6 +269,10 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
     return SendOutcome::Completed;
   }
   uint32_t target_qpn = qp.type == QpType::Ud ? request.remote_qpn : qp.attributes.dest_qpn;
+  if (qp.type == QpType::Ud && target_qpn == kGsiQpn) {
+    target_qpn = route_to_cm_agent(memory, qp, request, local);
+    if (target_qpn == 0) return SendOutcome::Completed;  // taken by the device, or dropped
+  }
   QpRecord* target = memory.qp_by_number(target_qpn);
 
   // Where nobody answers: RC retries until retry_cnt runs out; UC and UD

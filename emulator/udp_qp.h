@@ -232,6 +232,7 @@ struct UdpQp {
   int index = -1;  // QP record index in device memory
   uint32_t qpn = 0;
   QpType type = QpType::Rc;
+  bool cm_agent = false;  // sends as QP1 (cm_routing.h)
   uint32_t pd_handle = 0;
   int send_cq = -1;
   int recv_cq = -1;

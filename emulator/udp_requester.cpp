@@ -185,7 +185,7 @@ bool send_ud(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
   packet.bth.solicited = wqe.flags & send_flag::kSolicited;
   // A qkey with the high bit set means "the QP's own qkey" (IBA 10.2.5).
   packet.deth.qkey = (wqe.remote_qkey & 0x80000000u) ? qp.attributes.qkey : wqe.remote_qkey;
-  packet.deth.source_qp = qp.qpn;
+  packet.deth.source_qp = qp.cm_agent ? kGsiQpn : qp.qpn;
   packet.immediate = be32toh(wqe.imm_data);
   LocalVectors payload;
   if (!gather_local(port.memory(), qp, wqe, 0, wqe.length, 0, payload)) {

@@ -551,6 +551,10 @@ class UdpTransport::Engine : public udp::TransportPort {
   // `icrc_checked`: the datagram's ICRC was already found good.
   void handle_datagram(const FlowAddress& flow, std::span<const uint8_t> datagram, bool forwarded,
                        bool icrc_checked = false);
+  // A packet for QP1: the QPN of the CM agent it belongs to, or 0 where the
+  // device answered it (from QP1, back to the sender) or dropped it.
+  uint32_t route_to_cm_agent(const FlowAddress& flow, const TransportPacket& packet, bool forwarded);
+  void send_cm_answer(const FlowAddress& arrived, std::span<const uint8_t> mad);
   // A request packet for an RC or UC QP (`bytes`: the packet without its
   // ICRC), which may wait for a receive (see kReceiveGrace).
   void take_request_locked(udp::UdpQp& qp, const TransportPacket& packet, std::span<const uint8_t> bytes);
@@ -1344,7 +1348,11 @@ void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<co
     counters().add(Counter::MalformedPackets);
     return;
   }
-  const uint32_t qpn = packet->bth.dest_qp;
+  uint32_t qpn = packet->bth.dest_qp;
+  if (qpn == kGsiQpn) {
+    qpn = route_to_cm_agent(flow, *packet, forwarded);
+    if (qpn == 0) return;
+  }
   const QpRecord* record = memory_->qp_by_number(qpn);
   if (record == nullptr) {
     counters().add(Counter::UnknownQp);
@@ -1390,6 +1398,19 @@ void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<co
   } else {
     take_request_locked(*qp, *packet, datagram.first(datagram.size() - kIcrcBytes));
   }
+}
+
+uint32_t UdpTransport::Engine::route_to_cm_agent(const FlowAddress& flow, const TransportPacket& packet,
+                                                 bool forwarded) {
+  if (packet.bth.opcode != opcode(Service::Ud, op::kSendOnly) || packet.deth.qkey != wire::cm::kGsiQkey) {
+    counters().add(Counter::UnknownQp);
+    return 0;
+  }
+  const CmDelivery delivery = route_cm_mad(*memory_, packet.payload);
+  // A forwarded packet was answered where it arrived.
+  if (delivery.answer && !forwarded) send_cm_answer(flow, *delivery.answer);
+  if (delivery.agent_qpn == 0 && !delivery.answer) counters().add(Counter::UnknownQp);
+  return delivery.agent_qpn;
 }
 
 void UdpTransport::Engine::take_request_locked(udp::UdpQp& qp, const TransportPacket& packet,
@@ -1814,6 +1835,33 @@ void write_packet(uint8_t* out, std::span<const uint8_t> header, std::span<const
 
 }  // namespace
 
+void UdpTransport::Engine::send_cm_answer(const FlowAddress& arrived, std::span<const uint8_t> mad) {
+  TransportPacket packet;
+  packet.bth.opcode = opcode(Service::Ud, op::kSendOnly);
+  packet.bth.dest_qp = kGsiQpn;
+  packet.deth = {wire::cm::kGsiQkey, kGsiQpn};
+  std::array<uint8_t, kMaxHeaderBytes> header;
+  const size_t header_length = build_headers(packet, mad.size(), header);
+  const size_t total = header_length + mad.size() + pad_bytes(mad.size()) + kIcrcBytes;
+  udp::Path path;
+  path.local = arrived.destination;
+  path.remote = arrived.source;
+  FlowAddress flow;
+  flow.source = path.local;
+  flow.destination = path.remote;
+  flow.source_port = flow_source_port(kGsiQpn, kGsiQpn);
+  flow.destination_port = kRoceV2Port;
+  const uint32_t headers_crc = icrc_headers_.headers_crc(flow, total);
+  const SendTarget& target = send_target(path, flow.source_port);
+  uint8_t* const bytes = batch_room(target.fd, target.to, total);
+  const iovec payload{const_cast<uint8_t*>(mad.data()), mad.size()};
+  write_packet(bytes, std::span(header.data(), header_length), std::span(&payload, 1), mad.size(),
+               pad_bytes(mad.size()), headers_crc);
+  if (memory_->shared().capture.active.load(std::memory_order_relaxed)) {
+    capture(flow, std::span<const uint8_t>(bytes, total));
+  }
+}
+
 void UdpTransport::Engine::transmit(udp::UdpQp& qp, const udp::Path& path, uint32_t destination_qpn,
                                     const TransportPacket& packet, std::span<const iovec> payload) {
   size_t payload_length = 0;
@@ -1963,9 +2011,11 @@ int UdpTransport::Engine::sync_qp(int qp_index) {
   QpAttributes attributes;
   uint32_t qpn, pd_handle;
   int send_cq, recv_cq;
+  bool cm_agent;
   {
     SharedLock lock(record.lock);
     if (!record.live) return EINVAL;
+    cm_agent = record.gsi_agent != 0;
     state = record.state;
     type = record.type;
     attributes = record.attributes;
@@ -1993,6 +2043,7 @@ int UdpTransport::Engine::sync_qp(int qp_index) {
     fresh.index = qp_index;
     fresh.qpn = qpn;
     fresh.type = type;
+    fresh.cm_agent = cm_agent;
     fresh.faults = FaultGenerator(fault_settings().seed, qpn);
     if (type != QpType::Ud) {
       Gid dgid;

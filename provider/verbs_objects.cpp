@@ -1555,9 +1555,18 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
     errno = EINVAL;
     return nullptr;
   }
-  // Creation flags and TSO are not emulated; asking for none of them is fine.
-  if ((attr->comp_mask & ~kKnownMask) ||
-      ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags != 0) ||
+  const uint32_t create_flags = (attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) ? attr->create_flags : 0;
+  // A UD QP with source QPN 1 is a CM agent: it sends and receives as QP1
+  // (cm_routing.h), which is what the rdma_cm shim makes.
+  const bool cm_agent = (create_flags & IBV_QP_CREATE_SOURCE_QPN) != 0;
+  if (cm_agent && attr->qp_type != IBV_QPT_UD) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  // Other creation flags, other source QPNs and TSO are not emulated;
+  // asking for none of them is fine.
+  if ((attr->comp_mask & ~kKnownMask) || (create_flags & ~uint32_t{IBV_QP_CREATE_SOURCE_QPN}) ||
+      (cm_agent && attr->source_qpn != kGsiQpn) ||
       ((attr->comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) && attr->max_tso_header != 0) ||
       ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & ~kSupportedSendOps))) {
     errno = EOPNOTSUPP;
@@ -1574,6 +1583,11 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   ibv_qp* ibv = create_qp(attr->pd, &basic);
   if (ibv == nullptr) return nullptr;
   attr->cap = basic.cap;
+  if (cm_agent) {
+    QpRecord& record = record_of(to_qp(ibv));
+    SharedLock lock(record.lock);
+    record.gsi_agent = 1;
+  }
   if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
     ProviderQp* qp = to_qp(ibv);
     constexpr uint32_t kVerbsQpEx = 1u << 1;  // verbs_qp.comp_mask: ibv_qp_to_qp_ex() may hand out qp_ex

@@ -31,7 +31,6 @@ namespace softverbs::cm {
 
 namespace {
 
-constexpr int kConnectTimeoutMs = 5000;
 // What the kernel's IB CM gives an RC QP at RTR, and so what rdma_cm
 // applications get on hardware: 0, the longest RNR NAK delay (655.36 ms).
 // A receive posted a little late then costs one long wait, not an
@@ -123,25 +122,35 @@ ibv_gid gid_of(const sockaddr_storage& address) {
 
 // ---- devices -----------------------------------------------------------------
 
+bool has_gid(ibv_context* context, const ibv_gid& wanted) {
+  ibv_port_attr port{};
+  if (ibv_query_port(context, 1, &port) != 0) return false;
+  for (int index = 0; index < port.gid_tbl_len; ++index) {
+    ibv_gid gid;
+    if (ibv_query_gid(context, 1, index, &gid) == 0 && std::memcmp(gid.raw, wanted.raw, 16) == 0) return true;
+  }
+  return false;
+}
+
 // One context and one PD per device, shared by all ids, as librdmacm keeps.
 class Devices {
  public:
   // The device whose GID table holds `local` (as RoCE resolves an address
-  // to the netdev that has it), else the first softverbs device.
+  // to the netdev that has it), else a device on the loopback netdev, which
+  // stands for every address of this host (a device on another netdev
+  // carries only that netdev's addresses, as an HCA's port does).
   ibv_context* context_for(const sockaddr_storage& local) {
     open_all();
-    const ibv_gid wanted = gid_of(local);
-    for (ibv_context* context : contexts_) {
-      ibv_port_attr port{};
-      if (ibv_query_port(context, 1, &port) != 0) continue;
-      for (int index = 0; index < port.gid_tbl_len; ++index) {
-        ibv_gid gid;
-        if (ibv_query_gid(context, 1, index, &gid) == 0 && std::memcmp(gid.raw, wanted.raw, 16) == 0) return context;
-      }
-    }
     for (ibv_context* context : contexts_)
-      if (std::strncmp(context->device->name, "softverbs", 9) == 0) return context;
-    return contexts_.empty() ? nullptr : contexts_.front();
+      if (has_gid(context, gid_of(local))) return context;
+    sockaddr_in loopback{};
+    loopback.sin_family = AF_INET;
+    loopback.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sockaddr_storage any_loopback{};
+    std::memcpy(&any_loopback, &loopback, sizeof loopback);
+    for (ibv_context* context : contexts_)
+      if (has_gid(context, gid_of(any_loopback))) return context;
+    return nullptr;
   }
   ibv_pd* pd_for(ibv_context* context) {
     auto it = pds_.find(context);
@@ -229,13 +238,23 @@ class Engine {
   std::set<CmId*> ids;
   std::unique_ptr<ListenerDirectory> directory = std::make_unique<ListenerDirectory>(default_runtime_dir());
 
-  // Passive connections accepted but not yet carrying a REQ.
-  struct Incoming {
-    int fd;
-    CmId* listener;
-    std::vector<uint8_t> inbox;
-  };
-  std::vector<Incoming> incoming;
+  // This process's QP1 agent on each device, made on first use.
+  std::map<ibv_context*, std::unique_ptr<CmAgent>> agents;
+  CmAgent* agent_for(ibv_context* context) {
+    if (context == nullptr) return nullptr;
+    auto& agent = agents[context];
+    if (!agent) {
+      agent = CmAgent::create(context, devices.pd_for(context));
+      if (!agent) {
+        debug_log("rdma_cm: no QP1 agent on %s: %s", ibv_get_device_name(context->device), strerror(errno));
+        agents.erase(context);
+        return nullptr;
+      }
+      start_thread();
+      wake();  // the CM thread polls the new agent's descriptor
+    }
+    return agent.get();
+  }
   // Event channels the application destroyed, kept: see destroy_event_channel.
   std::vector<std::unique_ptr<EventChannel>> retired_channels;
 
@@ -267,6 +286,16 @@ class Engine {
                      close(engine.wake_write_);
                      engine.open_wake_pipe();
                      engine.thread_started_ = false;
+                     // The parent's QP1 agents are the parent's: REQs for
+                     // them go to it. The child makes its own (the verbs
+                     // objects are left alone: they belong to the parent).
+                     for (auto& [context, agent] : engine.agents) (void)agent.release();
+                     engine.agents.clear();
+                     for (CmId* id : engine.ids) {
+                       id->agent = nullptr;
+                       id->awaiting_answer.reset();
+                       id->listening.clear();
+                     }
                      // A recursive mutex knows its owner by thread id, which
                      // the child's only thread does not have: start afresh.
                      new (&engine.mutex) std::recursive_mutex;
@@ -313,23 +342,199 @@ std::unique_ptr<QueuedEvent> event_with_private_data(const uint8_t* data, size_t
   return event;
 }
 
-bool send_message(int fd, const Message& message) {
-  std::vector<uint8_t> bytes = encode(message);
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    sent += static_cast<size_t>(n);
-  }
-  return true;
+using Clock = std::chrono::steady_clock;
+using MadBytes = std::array<uint8_t, wire::cm::kMadBytes>;
+namespace mad = wire::cm;
+
+// IB CM timing, as the MADs announce it: the peer answers within
+// 4.096 us * 2^18 (~1.07 s) or the message is resent, up to kMaxCmRetries
+// times; a REQ nobody answers ends in UNREACHABLE after ~5 s.
+constexpr uint8_t kCmResponseTimeout = 18;
+constexpr uint8_t kMaxCmRetries = 4;
+constexpr auto kResendAfter = std::chrono::nanoseconds(4096ull << kCmResponseTimeout);
+// What an MRA asks for: the listener's application has not accepted yet.
+constexpr uint8_t kMraServiceTimeout = 20;
+constexpr auto kMraWait = std::chrono::nanoseconds(4096ull << kMraServiceTimeout);
+// A REQ that finds no listener within this long after it was first sent
+// is tried again (a server re-listening between two connections, as
+// perftest does, is a moment away on a real fabric too).
+constexpr auto kListenerGrace = std::chrono::milliseconds(50);
+constexpr auto kListenerRetry = std::chrono::milliseconds(5);
+
+std::array<uint8_t, 16> gid_bytes(const sockaddr_storage& address) {
+  std::array<uint8_t, 16> out;
+  const ibv_gid gid = gid_of(address);
+  std::memcpy(out.data(), gid.raw, 16);
+  return out;
 }
 
-void close_connection(CmId* id) {
-  if (id->connection_fd >= 0) close(id->connection_fd);
-  id->connection_fd = -1;
-  id->inbox.clear();
+uint16_t port_space_of(const CmId* id) { return static_cast<uint16_t>(id->id.ps); }
+
+mad::IpHeader ip_header(const sockaddr_storage& source, const sockaddr_storage& destination) {
+  mad::IpHeader header;
+  header.ip_version = source.ss_family == AF_INET6 ? 6 : 4;
+  header.source_port = port_of(source);
+  header.source = gid_bytes(source);
+  header.destination = gid_bytes(destination);
+  return header;
 }
+
+WireAddress wire_address(const std::array<uint8_t, 16>& gid, uint8_t ip_version, uint16_t port) {
+  WireAddress out;
+  out.family = ip_version == 6 ? AF_INET6 : AF_INET;
+  out.port = htons(port);
+  if (ip_version == 6)
+    std::memcpy(out.address, gid.data(), 16);
+  else
+    std::memcpy(out.address, gid.data() + 12, 4);
+  return out;
+}
+
+template <size_t N>
+void put_private(std::array<uint8_t, N>& area, size_t at, const uint8_t* data, size_t length) {
+  std::memcpy(area.data() + at, data, std::min(length, N - at));
+}
+
+// The MAD that carries `message` on `id`'s connection.
+MadBytes mad_for(const CmId* id, const Message& message) {
+  mad::Mad out;
+  out.transaction_id = id->transaction_id;
+  const sockaddr_storage& local = id->id.route.addr.src_storage;
+  const sockaddr_storage& peer = id->id.route.addr.dst_storage;
+  switch (message.type) {
+    case MessageType::Req: {
+      const ConnectRequest& req = message.req;
+      out.attribute = mad::Attribute::Req;
+      mad::Req& m = out.req;
+      m.local_comm_id = id->local_comm_id;
+      m.vendor_id = req.ece_vendor_id & 0xffffff;
+      m.local_eecn = req.ece_options & 0xffffff;
+      m.service_id = mad::service_id(port_space_of(id), port_of(peer));
+      m.local_ca_guid = id->agent ? id->agent->node_guid() : 0;
+      m.local_qpn = req.qp_num;
+      m.responder_resources = req.responder_resources;
+      m.initiator_depth = req.initiator_depth;
+      m.remote_cm_response_timeout = kCmResponseTimeout;
+      m.transport_service_type = req.qp_type == IBV_QPT_UC ? 1 : 0;
+      m.end_to_end_flow_control = req.flow_control != 0;
+      m.starting_psn = req.start_psn;
+      m.local_cm_response_timeout = kCmResponseTimeout;
+      m.retry_count = req.retry_count;
+      m.path_mtu = req.path_mtu;
+      m.rnr_retry_count = req.rnr_retry_count;
+      m.max_cm_retries = kMaxCmRetries;
+      m.srq = req.srq != 0;
+      m.primary.local_gid = id->local_gid;
+      m.primary.remote_gid = id->peer_gid;
+      m.primary.traffic_class = id->tos;
+      m.primary.hop_limit = kHopLimit;
+      m.primary.local_ack_timeout = id->ack_timeout;
+      mad::put_ip_header(ip_header(local, peer), m.private_data);
+      put_private(m.private_data, mad::kIpHeaderBytes, req.private_data, req.private_data_length);
+      break;
+    }
+    case MessageType::Rep: {
+      const ConnectReply& rep = message.rep;
+      out.attribute = mad::Attribute::Rep;
+      mad::Rep& m = out.rep;
+      m.local_comm_id = id->local_comm_id;
+      m.remote_comm_id = id->remote_comm_id;
+      m.local_qpn = rep.qp_num;
+      m.local_eecn = rep.ece_options & 0xffffff;
+      m.starting_psn = rep.start_psn;
+      m.responder_resources = rep.responder_resources;
+      m.initiator_depth = rep.initiator_depth;
+      m.end_to_end_flow_control = rep.flow_control != 0;
+      m.rnr_retry_count = rep.rnr_retry_count;
+      m.srq = rep.srq != 0;
+      m.local_ca_guid = id->agent ? id->agent->node_guid() : 0;
+      put_private(m.private_data, 0, rep.private_data, rep.private_data_length);
+      break;
+    }
+    case MessageType::Rtu:
+      out.attribute = mad::Attribute::Rtu;
+      out.rtu.local_comm_id = id->local_comm_id;
+      out.rtu.remote_comm_id = id->remote_comm_id;
+      break;
+    case MessageType::Rej:
+      out.attribute = mad::Attribute::Rej;
+      out.rej.local_comm_id = id->local_comm_id;
+      out.rej.remote_comm_id = id->remote_comm_id;
+      out.rej.message = id->state == IdState::RequestSent || id->state == IdState::ResponseReceived
+                            ? mad::MessageRejected::Rep
+                            : mad::MessageRejected::Req;
+      out.rej.reason = message.rej.reason;
+      put_private(out.rej.private_data, 0, message.rej.private_data, message.rej.private_data_length);
+      break;
+    case MessageType::Dreq:
+      out.attribute = mad::Attribute::Dreq;
+      out.dreq.local_comm_id = id->local_comm_id;
+      out.dreq.remote_comm_id = id->remote_comm_id;
+      out.dreq.remote_qpn = id->request ? id->request->qp_num : id->reply ? id->reply->qp_num : 0;
+      break;
+    case MessageType::Drep:
+      out.attribute = mad::Attribute::Drep;
+      out.drep.local_comm_id = id->local_comm_id;
+      out.drep.remote_comm_id = id->remote_comm_id;
+      break;
+    case MessageType::SidrReq:
+      out.attribute = mad::Attribute::SidrReq;
+      out.sidr_req.request_id = id->local_comm_id;
+      out.sidr_req.service_id = mad::service_id(port_space_of(id), port_of(peer));
+      mad::put_ip_header(ip_header(local, peer), out.sidr_req.private_data);
+      put_private(out.sidr_req.private_data, mad::kIpHeaderBytes, message.sidr_req.private_data,
+                  message.sidr_req.private_data_length);
+      break;
+    case MessageType::SidrRep:
+      out.attribute = mad::Attribute::SidrRep;
+      out.sidr_rep.request_id = id->remote_comm_id;
+      out.sidr_rep.status = static_cast<uint8_t>(message.sidr_rep.status);
+      out.sidr_rep.qpn = message.sidr_rep.qp_num;
+      out.sidr_rep.service_id = mad::service_id(port_space_of(id), port_of(local));
+      out.sidr_rep.qkey = message.sidr_rep.qkey;
+      put_private(out.sidr_rep.private_data, 0, message.sidr_rep.private_data, message.sidr_rep.private_data_length);
+      break;
+  }
+  return mad::build_cm_mad(out);
+}
+
+// The GID a connection to `destination` leaves from: the bound address's
+// where the device has it, else the address the kernel routes from, else
+// the device's first (an application may bind an address of the host that
+// the device does not carry, such as 127.0.0.1 when the device is on a veth).
+std::array<uint8_t, 16> source_gid(CmAgent* agent, const sockaddr_storage& bound, const sockaddr_storage& destination) {
+  const auto gid = gid_bytes(bound);
+  if (agent->has_gid(gid)) return gid;
+  sockaddr_storage routed{};
+  if (route_source(destination, routed) == 0 && agent->has_gid(gid_bytes(routed))) return gid_bytes(routed);
+  return agent->first_gid().value_or(gid);
+}
+
+// Sends `message` on the id's connection. One the peer must answer (REQ,
+// REP, DREQ, SIDR_REQ) is resent until it does; an answer is kept to be
+// sent again should the peer resend what it answers.
+bool send_to_peer(CmId* id, const Message& message) {
+  if (id->agent == nullptr) return false;
+  const MadBytes bytes = mad_for(id, message);
+  const bool expects_answer = message.type == MessageType::Req || message.type == MessageType::Rep ||
+                              message.type == MessageType::Dreq || message.type == MessageType::SidrReq;
+  if (expects_answer) {
+    id->awaiting_answer = bytes;
+    id->resend_at = Clock::now() + kResendAfter;
+    id->resends_left = kMaxCmRetries;
+  } else {
+    id->last_answer = bytes;
+  }
+  const bool sent = id->agent->send(id->local_gid, id->peer_gid, id->tos, bytes);
+  if (!sent) debug_log("rdma_cm: a CM MAD to QP1 could not be posted");
+  if (expects_answer) Engine::instance().wake();  // the CM thread's timer
+  return sent;
+}
+
+// The peer answered what was being resent.
+void answered(CmId* id) { id->awaiting_answer.reset(); }
+
+void close_connection(CmId* id) { answered(id); }
 
 void move_qp_to_error(CmId* id) {
   if (id->id.qp == nullptr) return;
@@ -344,9 +549,14 @@ ibv_ah_attr path_to_peer(CmId* id) {
   ah.port_num = 1;
   ah.grh.hop_limit = kHopLimit;
   ah.grh.traffic_class = id->tos;
+  // The GIDs the connection's MADs travelled between (as the kernel takes
+  // the path from the REQ), else those of the addresses.
+  constexpr std::array<uint8_t, 16> kNone{};
   ah.grh.dgid = gid_of(id->id.route.addr.dst_storage);
+  if (id->peer_gid != kNone) std::memcpy(ah.grh.dgid.raw, id->peer_gid.data(), 16);
   // The source GID's index: the RoCE v2 entry of our address.
   ibv_gid wanted = gid_of(id->id.route.addr.src_storage);
+  if (id->local_gid != kNone) std::memcpy(wanted.raw, id->local_gid.data(), 16);
   ibv_port_attr port{};
   if (id->id.verbs && ibv_query_port(id->id.verbs, 1, &port) == 0) {
     for (int index = 0; index < port.gid_tbl_len; ++index) {
@@ -473,15 +683,19 @@ CmId* new_id(EventChannel* channel, void* context, rdma_port_space ps, ibv_qp_ty
 
 // ---- the CM thread's handlers ---------------------------------------------
 
-void on_request(Engine& engine, Engine::Incoming& in, const Message& message) {
-  CmId* listener = in.listener;
+void on_request(Engine& engine, CmId* listener, CmAgent* agent, const ReceivedMad& received, uint32_t peer_id,
+                uint64_t transaction_id, const Message& message) {
   bool ud = message.type == MessageType::SidrReq;
   CmId* id = new_id(listener->own_channel ? nullptr : listener->channel, listener->id.context, listener->id.ps,
                     listener->id.qp_type);
   if (id == nullptr) return;
   id->listener = listener;
-  id->connection_fd = in.fd;
-  in.fd = -1;
+  id->agent = agent;
+  id->local_comm_id = agent->next_local_id();
+  id->remote_comm_id = peer_id;
+  id->transaction_id = transaction_id;
+  id->local_gid = received.destination;
+  id->peer_gid = received.source;
   id->state = IdState::RequestReceived;
   id->local_psn = engine.random_psn();
   const WireAddress& source = ud ? message.sidr_req.source : message.req.source;
@@ -490,7 +704,9 @@ void on_request(Engine& engine, Engine::Incoming& in, const Message& message) {
   id->id.route.addr.dst_storage = from_wire(source);
   id->id.route.addr.addr.ibaddr.sgid = gid_of(id->id.route.addr.src_storage);
   id->id.route.addr.addr.ibaddr.dgid = gid_of(id->id.route.addr.dst_storage);
-  attach_device(id, engine.devices, id->id.route.addr.src_storage);
+  id->id.verbs = agent->context();
+  id->id.pd = engine.devices.pd_for(agent->context());
+  id->id.port_num = 1;
   std::unique_ptr<QueuedEvent> event;
   if (ud) {
     event = event_with_private_data(message.sidr_req.private_data, kSidrReqPrivateData, true);
@@ -533,7 +749,8 @@ void on_message(Engine& engine, CmId* id, const Message& message) {
       if (modify(id, IBV_QPS_RTR) != 0 || modify(id, IBV_QPS_RTS) != 0) {
         Message rej;
         rej.type = MessageType::Rej;
-        send_message(id->connection_fd, rej);
+        rej.rej.reason = mad::reject::kNoQp;
+        send_to_peer(id, rej);
         close_connection(id);
         move_qp_to_error(id);
         id->state = IdState::Disconnected;
@@ -542,7 +759,7 @@ void on_message(Engine& engine, CmId* id, const Message& message) {
       }
       Message rtu;
       rtu.type = MessageType::Rtu;
-      send_message(id->connection_fd, rtu);
+      send_to_peer(id, rtu);
       id->state = IdState::Connected;
       deliver(id, RDMA_CM_EVENT_ESTABLISHED, 0, std::move(event));
       return;
@@ -566,8 +783,10 @@ void on_message(Engine& engine, CmId* id, const Message& message) {
       const SidrReply& rep = message.sidr_rep;
       close_connection(id);
       if (rep.status != 0) {
+        // As librdmacm reports a SIDR_REP that refuses: UNREACHABLE with
+        // its status (1: nobody listens, 2: rejected).
         id->state = IdState::Disconnected;
-        deliver(id, RDMA_CM_EVENT_REJECTED, static_cast<int>(rep.status),
+        deliver(id, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(rep.status),
                 event_with_private_data(rep.private_data, kSidrRepPrivateData, true));
         return;
       }
@@ -582,7 +801,7 @@ void on_message(Engine& engine, CmId* id, const Message& message) {
     case MessageType::Dreq: {
       Message drep;
       drep.type = MessageType::Drep;
-      send_message(id->connection_fd, drep);
+      send_to_peer(id, drep);
       close_connection(id);
       // The QP stays as it is, as with librdmacm, whose DISCONNECTED leaves
       // it alone: the application moves it (rdma_disconnect) or destroys it,
@@ -604,56 +823,263 @@ void on_message(Engine& engine, CmId* id, const Message& message) {
   (void)engine;
 }
 
-// The peer's shim went away (closed the connection, or sent garbage).
-void on_connection_lost(CmId* id) {
-  close_connection(id);
-  switch (id->state) {
-    case IdState::Connected:
-    case IdState::ReplySent:
-      // (The QP stays as it is: see MessageType::Dreq.)
-      id->state = IdState::Disconnected;
-      deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+// The Message a CM MAD carries, as the handlers above take it.
+Message message_of(const mad::Mad& in) {
+  Message out;
+  auto take_private = [](uint8_t* to, uint8_t& length, const uint8_t* from, size_t size) {
+    std::memcpy(to, from, size);
+    length = static_cast<uint8_t>(size);
+  };
+  switch (in.attribute) {
+    case mad::Attribute::Req: {
+      out.type = MessageType::Req;
+      const mad::Req& m = in.req;
+      ConnectRequest& req = out.req;
+      req.qp_num = m.local_qpn;
+      req.start_psn = m.starting_psn;
+      req.qp_type = static_cast<uint8_t>(m.transport_service_type == 1 ? IBV_QPT_UC : IBV_QPT_RC);
+      req.responder_resources = m.responder_resources;
+      req.initiator_depth = m.initiator_depth;
+      req.retry_count = m.retry_count;
+      req.rnr_retry_count = m.rnr_retry_count;
+      req.flow_control = m.end_to_end_flow_control;
+      req.srq = m.srq;
+      req.path_mtu = m.path_mtu;
+      req.ece_vendor_id = m.vendor_id;
+      req.ece_options = m.local_eecn;
+      if (const auto ip = mad::get_ip_header(m.private_data)) {
+        req.source = wire_address(ip->source, ip->ip_version, ip->source_port);
+        req.destination = wire_address(ip->destination, ip->ip_version, static_cast<uint16_t>(m.service_id));
+      }
+      take_private(req.private_data, req.private_data_length, m.private_data.data() + mad::kIpHeaderBytes,
+                   kReqPrivateData);
       break;
-    case IdState::RequestSent:
-      id->state = IdState::Disconnected;
-      deliver(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+    }
+    case mad::Attribute::Rep: {
+      out.type = MessageType::Rep;
+      const mad::Rep& m = in.rep;
+      ConnectReply& rep = out.rep;
+      rep.qp_num = m.local_qpn;
+      rep.start_psn = m.starting_psn;
+      rep.responder_resources = m.responder_resources;
+      rep.initiator_depth = m.initiator_depth;
+      rep.rnr_retry_count = m.rnr_retry_count;
+      rep.flow_control = m.end_to_end_flow_control;
+      rep.srq = m.srq;
+      rep.ece_options = m.local_eecn;
+      take_private(rep.private_data, rep.private_data_length, m.private_data.data(), kRepPrivateData);
+      break;
+    }
+    case mad::Attribute::Rtu:
+      out.type = MessageType::Rtu;
+      break;
+    case mad::Attribute::Rej:
+      out.type = MessageType::Rej;
+      out.rej.reason = in.rej.reason;
+      take_private(out.rej.private_data, out.rej.private_data_length, in.rej.private_data.data(), kRejPrivateData);
+      break;
+    case mad::Attribute::Dreq:
+      out.type = MessageType::Dreq;
+      break;
+    case mad::Attribute::Drep:
+      out.type = MessageType::Drep;
+      break;
+    case mad::Attribute::SidrReq:
+      out.type = MessageType::SidrReq;
+      if (const auto ip = mad::get_ip_header(in.sidr_req.private_data)) {
+        out.sidr_req.source = wire_address(ip->source, ip->ip_version, ip->source_port);
+        out.sidr_req.destination =
+            wire_address(ip->destination, ip->ip_version, static_cast<uint16_t>(in.sidr_req.service_id));
+      }
+      take_private(out.sidr_req.private_data, out.sidr_req.private_data_length,
+                   in.sidr_req.private_data.data() + mad::kIpHeaderBytes, kSidrReqPrivateData);
+      break;
+    case mad::Attribute::SidrRep:
+      out.type = MessageType::SidrRep;
+      out.sidr_rep.status = in.sidr_rep.status;
+      out.sidr_rep.qp_num = in.sidr_rep.qpn;
+      out.sidr_rep.qkey = in.sidr_rep.qkey;
+      take_private(out.sidr_rep.private_data, out.sidr_rep.private_data_length, in.sidr_rep.private_data.data(),
+                   kSidrRepPrivateData);
       break;
     default:
       break;
   }
+  return out;
 }
 
-// Reads what is there; returns false when the connection is finished.
-bool pump(int fd, std::vector<uint8_t>& inbox, std::vector<Message>& messages) {
-  uint8_t buffer[1024];
-  ssize_t n = recv(fd, buffer, sizeof buffer, MSG_DONTWAIT);
-  if (n == 0) return false;
-  if (n < 0) return errno == EAGAIN || errno == EINTR;
-  inbox.insert(inbox.end(), buffer, buffer + n);
-  for (;;) {
-    auto needed = framed_length(inbox);
-    if (!needed) return false;  // not ours: drop the connection
-    if (inbox.size() < *needed) return true;
-    auto message = decode(std::span(inbox.data(), *needed));
-    if (!message) return false;
-    messages.push_back(*message);
-    inbox.erase(inbox.begin(), inbox.begin() + static_cast<std::ptrdiff_t>(*needed));
+// Answers a MAD for which no id exists, as the kernel's CM does.
+void answer_without_id(CmAgent* agent, const ReceivedMad& received, const mad::Mad& in) {
+  mad::Mad out;
+  out.transaction_id = in.transaction_id;
+  if (in.attribute == mad::Attribute::Req) {
+    out.attribute = mad::Attribute::Rej;
+    out.rej.remote_comm_id = in.req.local_comm_id;
+    out.rej.reason = mad::reject::kInvalidServiceId;
+  } else if (in.attribute == mad::Attribute::SidrReq) {
+    out.attribute = mad::Attribute::SidrRep;
+    out.sidr_rep.request_id = in.sidr_req.request_id;
+    out.sidr_rep.status = mad::sidr_status::kUnsupported;
+    out.sidr_rep.service_id = in.sidr_req.service_id;
+  } else if (in.attribute == mad::Attribute::Dreq) {
+    out.attribute = mad::Attribute::Drep;
+    out.drep.local_comm_id = in.dreq.remote_comm_id;
+    out.drep.remote_comm_id = in.dreq.local_comm_id;
+  } else {
+    return;
+  }
+  agent->send(received.destination, received.source, 0, mad::build_cm_mad(out));
+}
+
+CmId* id_by_local(Engine& engine, const CmAgent* agent, uint32_t local_comm_id) {
+  for (CmId* id : engine.ids)
+    if (id->agent == agent && id->local_comm_id == local_comm_id && id->state != IdState::Listening) return id;
+  return nullptr;
+}
+
+// A REQ or SIDR_REQ: a new id for the listener it names, or the answer to
+// one resent.
+void on_incoming_request(Engine& engine, CmAgent* agent, const ReceivedMad& received, const mad::Mad& in) {
+  const bool ud = in.attribute == mad::Attribute::SidrReq;
+  const uint32_t peer_id = ud ? in.sidr_req.request_id : in.req.local_comm_id;
+  for (CmId* id : engine.ids) {
+    if (id->agent != agent || id->remote_comm_id != peer_id || id->peer_gid != received.source ||
+        id->listener == nullptr)
+      continue;
+    // Resent: the application has not accepted yet (an MRA says to wait),
+    // or our REP was lost (sent again).
+    if (id->state == IdState::RequestReceived && !ud) {
+      mad::Mad mra;
+      mra.attribute = mad::Attribute::Mra;
+      mra.transaction_id = in.transaction_id;
+      mra.mra.local_comm_id = id->local_comm_id;
+      mra.mra.remote_comm_id = peer_id;
+      mra.mra.message = mad::MessageRejected::Req;
+      mra.mra.service_timeout = kMraServiceTimeout;
+      agent->send(id->local_gid, id->peer_gid, id->tos, mad::build_cm_mad(mra));
+    } else if (id->awaiting_answer) {
+      agent->send(id->local_gid, id->peer_gid, id->tos, *id->awaiting_answer);
+    } else if (id->last_answer) {
+      agent->send(id->local_gid, id->peer_gid, id->tos, *id->last_answer);
+    }
+    return;
+  }
+  const uint64_t service_id = ud ? in.sidr_req.service_id : in.req.service_id;
+  const Message message = message_of(in);
+  const WireAddress& destination = ud ? message.sidr_req.destination : message.req.destination;
+  const sockaddr_storage wanted = from_wire(destination);
+  const auto wanted_gid = gid_bytes(wanted);
+  CmId* listener = nullptr;
+  for (CmId* id : engine.ids) {
+    if (id->state != IdState::Listening || port_space_of(id) != (service_id >> 16 & 0xffff) ||
+        port_of(id->id.route.addr.src_storage) != (service_id & 0xffff))
+      continue;
+    const bool registered = std::any_of(id->listening.begin(), id->listening.end(),
+                                        [&](const auto& entry) { return entry.first == agent; });
+    if (!registered) continue;
+    if (gid_bytes(id->id.route.addr.src_storage) == wanted_gid) {
+      listener = id;
+      break;
+    }
+    if (is_wildcard(id->id.route.addr.src_storage)) listener = id;
+  }
+  if (listener == nullptr) {
+    answer_without_id(agent, received, in);
+    return;
+  }
+  on_request(engine, listener, agent, received, peer_id, in.transaction_id, message);
+}
+
+void on_mad(Engine& engine, CmAgent* agent, const ReceivedMad& received) {
+  const auto parsed = mad::parse_cm_mad(received.bytes);
+  if (!parsed) return;
+  const mad::Mad& in = *parsed;
+  if (in.attribute == mad::Attribute::Req || in.attribute == mad::Attribute::SidrReq) {
+    on_incoming_request(engine, agent, received, in);
+    return;
+  }
+  const auto route = mad::cm_route(received.bytes);
+  CmId* id = route ? id_by_local(engine, agent, route->receiver_id) : nullptr;
+  if (id == nullptr || id->peer_gid != received.source) {
+    if (id == nullptr) answer_without_id(agent, received, in);
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  switch (in.attribute) {
+    case mad::Attribute::Mra:
+      // The peer's application has yet to accept: wait as long as it asks.
+      if (id->awaiting_answer) {
+        id->resend_at = now + kMraWait + kResendAfter;
+        id->resends_left = kMaxCmRetries;
+      }
+      return;
+    case mad::Attribute::Rep:
+      if (id->state != IdState::RequestSent) {
+        // Our RTU was lost and the REP comes again.
+        if (id->last_answer && id->remote_comm_id == in.rep.local_comm_id)
+          agent->send(id->local_gid, id->peer_gid, id->tos, *id->last_answer);
+        return;
+      }
+      id->remote_comm_id = in.rep.local_comm_id;
+      answered(id);
+      break;
+    case mad::Attribute::Rej:
+      if (id->state == IdState::RequestSent && in.rej.reason == mad::reject::kInvalidServiceId &&
+          now - id->request_sent_at < kListenerGrace) {
+        // No listener yet: one may be a moment away (see kListenerGrace).
+        id->resend_at = now + kListenerRetry;
+        ++id->resends_left;
+        return;
+      }
+      answered(id);
+      break;
+    case mad::Attribute::Rtu:
+    case mad::Attribute::Drep:
+    case mad::Attribute::SidrRep:
+      answered(id);
+      break;
+    default:
+      break;
+  }
+  on_message(engine, id, message_of(in));
+}
+
+// What was resent enough times and never answered.
+void on_no_answer(CmId* id) {
+  id->awaiting_answer.reset();
+  switch (id->state) {
+    case IdState::RequestSent:
+    case IdState::ReplySent:
+      // As the kernel's rdma_cm reports a REQ or REP that timed out.
+      id->state = IdState::Disconnected;
+      deliver(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+      break;
+    default:
+      break;  // a DREQ: the disconnect was reported already
   }
 }
 
 void Engine::run() {
   for (;;) {
     std::vector<pollfd> fds;
+    std::vector<CmAgent*> polled;
     fds.push_back({wake_read_, POLLIN, 0});
+    int timeout_ms = -1;
     {
       std::lock_guard guard(mutex);
-      for (CmId* id : ids) {
-        if (id->listen_fd >= 0) fds.push_back({id->listen_fd, POLLIN, 0});
-        if (id->connection_fd >= 0) fds.push_back({id->connection_fd, POLLIN, 0});
+      for (auto& [context, agent] : agents) {
+        fds.push_back({agent->event_fd(), POLLIN, 0});
+        polled.push_back(agent.get());
       }
-      for (const Incoming& in : incoming) fds.push_back({in.fd, POLLIN, 0});
+      const Clock::time_point now = Clock::now();
+      for (CmId* id : ids) {
+        if (!id->awaiting_answer) continue;
+        const auto wait = std::chrono::ceil<std::chrono::milliseconds>(id->resend_at - now).count();
+        const int ms = static_cast<int>(std::clamp<int64_t>(wait, 0, 60000));
+        timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+      }
     }
-    if (poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) continue;
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) continue;
     if (fds[0].revents) {
       char drain[64];
       while (read(wake_read_, drain, sizeof drain) > 0) {
@@ -662,45 +1088,20 @@ void Engine::run() {
     std::lock_guard guard(mutex);
     for (size_t i = 1; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
-      int fd = fds[i].fd;
-      // Listeners: a new connection, to read its REQ from.
-      for (CmId* id : ids) {
-        if (id->listen_fd != fd) continue;
-        int accepted = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
-        if (accepted >= 0) incoming.push_back({accepted, id, {}});
-      }
-      for (auto it = incoming.begin(); it != incoming.end();) {
-        if (it->fd != fd) {
-          ++it;
-          continue;
-        }
-        std::vector<Message> messages;
-        bool open = pump(it->fd, it->inbox, messages);
-        for (const Message& message : messages) {
-          if ((message.type == MessageType::Req || message.type == MessageType::SidrReq) && ids.count(it->listener) &&
-              it->listener->state == IdState::Listening) {
-            on_request(*this, *it, message);
-            break;
-          }
-        }
-        if (it->fd < 0) {
-          it = incoming.erase(it);  // handed to a new id
-        } else if (!open || !messages.empty()) {
-          close(it->fd);  // malformed, or not a request: dropped without harm
-          it = incoming.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      for (CmId* id : std::vector<CmId*>(ids.begin(), ids.end())) {
-        if (!ids.count(id) || id->connection_fd != fd) continue;
-        std::vector<Message> messages;
-        bool open = pump(fd, id->inbox, messages);
-        for (const Message& message : messages) {
-          if (id->connection_fd < 0) break;
-          on_message(*this, id, message);
-        }
-        if (!open && id->connection_fd == fd) on_connection_lost(id);
+      CmAgent* agent = polled[i - 1];
+      const bool still_there =
+          std::any_of(agents.begin(), agents.end(), [agent](const auto& entry) { return entry.second.get() == agent; });
+      if (!still_there) continue;
+      for (const ReceivedMad& received : agent->take()) on_mad(*this, agent, received);
+    }
+    const Clock::time_point now = Clock::now();
+    for (CmId* id : std::vector<CmId*>(ids.begin(), ids.end())) {
+      if (!ids.count(id) || !id->awaiting_answer || id->resend_at > now) continue;
+      if (id->resends_left-- > 0) {
+        id->resend_at = now + kResendAfter;
+        if (id->agent) id->agent->send(id->local_gid, id->peer_gid, id->tos, *id->awaiting_answer);
+      } else {
+        on_no_answer(id);
       }
     }
   }
@@ -733,41 +1134,6 @@ int finish_sync(CmId* id, std::unique_ptr<QueuedEvent> event, rdma_cm_event_type
   if (type == RDMA_CM_EVENT_REJECTED) return fail(ECONNREFUSED);
   if (type == RDMA_CM_EVENT_UNREACHABLE) return fail(ETIMEDOUT);
   return fail(status < 0 ? -status : EIO);
-}
-
-int connect_to_listener(const sockaddr_storage& destination, uint16_t tcp_port, int& fd_out) {
-  sockaddr_storage target = destination;
-  if (target.ss_family == AF_INET)
-    reinterpret_cast<sockaddr_in&>(target).sin_port = htons(tcp_port);
-  else
-    reinterpret_cast<sockaddr_in6&>(target).sin6_port = htons(tcp_port);
-  int fd = socket(target.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return errno;
-  int result =
-      ::connect(fd, reinterpret_cast<sockaddr*>(&target), sockaddr_length(reinterpret_cast<sockaddr*>(&target)));
-  if (result != 0 && errno == EINPROGRESS) {
-    pollfd waiting{fd, POLLOUT, 0};
-    if (poll(&waiting, 1, kConnectTimeoutMs) != 1) {
-      close(fd);
-      return ETIMEDOUT;
-    }
-    int error = 0;
-    socklen_t length = sizeof error;
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
-    if (error != 0) {
-      close(fd);
-      return error;
-    }
-  } else if (result != 0) {
-    int error = errno;
-    close(fd);
-    return error;
-  }
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, 1 /* TCP_NODELAY */, &one, sizeof one);
-  fd_out = fd;
-  return 0;
 }
 
 }  // namespace
@@ -846,24 +1212,28 @@ int destroy_id(rdma_cm_id* public_id) {
     engine.events_acked.wait(guard, [raw] { return raw->events_acked >= raw->events_taken; });
     engine.ids.erase(raw);
     id.reset(raw);
-    if (id->connection_fd >= 0 && (id->state == IdState::Connected || id->state == IdState::ReplySent)) {
+    if (id->agent != nullptr && id->state == IdState::Connected) {
+      // Its DREP would find no id: the DREQ goes once (the peer's
+      // rdma_cm answers it, and the id is gone either way).
       Message dreq;
       dreq.type = MessageType::Dreq;
-      send_message(id->connection_fd, dreq);
+      send_to_peer(id.get(), dreq);
+    } else if (id->agent != nullptr && !is_ud(id.get()) &&
+               (id->state == IdState::RequestReceived || id->state == IdState::ReplySent ||
+                id->state == IdState::ResponseReceived)) {
+      // Mid-handshake, as the kernel's IB CM: a REJ (consumer), so that the
+      // peer does not wait out its retries.
+      Message rej;
+      rej.type = MessageType::Rej;
+      rej.rej.reason = mad::reject::kConsumer;
+      send_to_peer(id.get(), rej);
     }
     close_connection(id.get());
-    if (id->listen_fd >= 0) close(id->listen_fd);
+    const uint64_t service_id = mad::service_id(port_space_of(id.get()), port_of(id->id.route.addr.src_storage));
+    for (const auto& [agent, address] : id->listening) agent->remove_listener(service_id, address);
     if (id->listed) engine.directory->release(id->id.route.addr.src_storage);
     for (CmId* other : engine.ids)
       if (other->listener == id.get()) other->listener = nullptr;
-    for (auto it = engine.incoming.begin(); it != engine.incoming.end();) {
-      if (it->listener == id.get()) {
-        close(it->fd);
-        it = engine.incoming.erase(it);
-      } else {
-        ++it;
-      }
-    }
   }
   engine.wake();
   if (id->own_channel) {
@@ -1120,30 +1490,10 @@ void destroy_srq(rdma_cm_id* public_id) {
 
 // ---- connections -----------------------------------------------------------------
 
-// The TCP port of the listener for `destination`. A listener may be a moment
-// away (a server re-listening between two connections, as perftest does):
-// look for up to 50 ms, about what a REQ would spend on a wire, before the
-// caller rejects. Called without the engine's lock.
-static std::optional<uint16_t> find_listener(Engine& engine, const sockaddr_storage& destination) {
-  std::optional<uint16_t> tcp_port = engine.directory->find(destination);
-  for (int attempt = 0; !tcp_port && attempt < 10; ++attempt) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    tcp_port = engine.directory->find(destination);
-  }
-  return tcp_port;
-}
-
 int connect(rdma_cm_id* public_id, const rdma_conn_param* param) {
   if (public_id == nullptr) return fail(EINVAL);
   Engine& engine = Engine::instance();
   CmId* id = priv(public_id);
-  sockaddr_storage peer;
-  {
-    std::lock_guard guard(engine.mutex);
-    if (id->state != IdState::RouteResolved) return fail(EINVAL);
-    peer = id->id.route.addr.dst_storage;
-  }
-  std::optional<uint16_t> tcp_port = find_listener(engine, peer);
   {
     std::lock_guard guard(engine.mutex);
     if (id->state != IdState::RouteResolved) return fail(EINVAL);
@@ -1160,20 +1510,16 @@ int connect(rdma_cm_id* public_id, const rdma_conn_param* param) {
     }
     clamp_depths(id);
     const sockaddr_storage& destination = id->id.route.addr.dst_storage;
-    int fd = -1;
-    int error = tcp_port ? connect_to_listener(destination, *tcp_port, fd) : ECONNREFUSED;
-    if (error != 0)
-      debug_log("rdma_connect to %s: %s", address_key(destination).c_str(),
-                tcp_port ? strerror(error) : "no listener there");
-    if (error != 0) {
-      // No listener answers: the IB CM rejects with "invalid service ID";
-      // no shim at all behind the address: unreachable.
+    CmAgent* agent = engine.agent_for(id->id.verbs);
+    if (agent == nullptr) {
       id->state = IdState::Disconnected;
-      if (error == ECONNREFUSED)
-        deliver(id, RDMA_CM_EVENT_REJECTED, kRejectInvalidServiceId);
-      else
-        deliver(id, RDMA_CM_EVENT_UNREACHABLE, -error);
+      deliver(id, RDMA_CM_EVENT_UNREACHABLE, -ENODEV);
     } else {
+      id->agent = agent;
+      id->local_comm_id = agent->next_local_id();
+      id->transaction_id = random_u64();
+      id->local_gid = source_gid(agent, id->id.route.addr.src_storage, destination);
+      id->peer_gid = gid_bytes(destination);
       Message message;
       if (ud) {
         message.type = MessageType::SidrReq;
@@ -1199,18 +1545,20 @@ int connect(rdma_cm_id* public_id, const rdma_conn_param* param) {
         req.ece_options = id->local_ece.options;
         req.source = to_wire(id->id.route.addr.src_storage);
         req.destination = to_wire(destination);
+        ibv_port_attr port{};
+        if (ibv_query_port(id->id.verbs, 1, &port) == 0) req.path_mtu = static_cast<uint8_t>(port.active_mtu);
         if (param && param->private_data_len) {
           req.private_data_length = param->private_data_len;
           std::memcpy(req.private_data, param->private_data, param->private_data_len);
         }
       }
-      id->connection_fd = fd;
       id->state = IdState::RequestSent;
+      id->request_sent_at = Clock::now();
       engine.start_thread();
-      if (!send_message(fd, message)) {
+      if (!send_to_peer(id, message)) {
         close_connection(id);
         id->state = IdState::Disconnected;
-        deliver(id, RDMA_CM_EVENT_UNREACHABLE, -ECONNRESET);
+        deliver(id, RDMA_CM_EVENT_UNREACHABLE, -ENETUNREACH);
       }
     }
   }
@@ -1231,7 +1579,7 @@ int establish(rdma_cm_id* public_id) {
   if (id->id.qp != nullptr || id->state != IdState::ResponseReceived) return fail(EINVAL);
   Message rtu;
   rtu.type = MessageType::Rtu;
-  if (!send_message(id->connection_fd, rtu)) return fail(ECONNRESET);
+  if (!send_to_peer(id, rtu)) return fail(ECONNRESET);
   id->state = IdState::Connected;
   return 0;
 }
@@ -1249,25 +1597,32 @@ int listen(rdma_cm_id* public_id, int) {
     }
     if (id->state != IdState::Bound) return fail(EINVAL);
     sockaddr_storage local = id->id.route.addr.src_storage;
-    sockaddr_storage tcp = local;
-    if (tcp.ss_family == AF_INET)
-      reinterpret_cast<sockaddr_in&>(tcp).sin_port = 0;
+    if (int error = engine.directory->claim(local)) return fail(error);
+    // The devices that route REQs for the port here: the address's, or for
+    // a wildcard every one.
+    std::vector<ibv_context*> contexts;
+    if (is_wildcard(local))
+      contexts = engine.devices.all();
     else
-      reinterpret_cast<sockaddr_in6&>(tcp).sin6_port = 0;
-    int fd = socket(tcp.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    socklen_t length = sizeof tcp;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&tcp), sockaddr_length(reinterpret_cast<sockaddr*>(&tcp))) != 0 ||
-        ::listen(fd, 128) != 0 || getsockname(fd, reinterpret_cast<sockaddr*>(&tcp), &length) != 0) {
-      int error = errno;
-      close(fd);
+      contexts.push_back(id->id.verbs);
+    const uint64_t service_id = mad::service_id(port_space_of(id), port_of(local));
+    const std::array<uint8_t, 16> address = is_wildcard(local) ? std::array<uint8_t, 16>{} : gid_bytes(local);
+    int error = 0;
+    for (ibv_context* context : contexts) {
+      CmAgent* agent = engine.agent_for(context);
+      if (agent == nullptr) continue;  // not a softverbs device
+      error = agent->add_listener(service_id, address);
+      if (error != 0) break;
+      id->listening.emplace_back(agent, address);
+    }
+    if (error == 0 && id->listening.empty()) error = ENODEV;
+    if (error != 0) {
+      debug_log("rdma_listen on %s: %s", address_key(local).c_str(), strerror(error));
+      for (const auto& [agent, where] : id->listening) agent->remove_listener(service_id, where);
+      id->listening.clear();
+      engine.directory->release(local);
       return fail(error);
     }
-    if (int error = engine.directory->claim(local, port_of(tcp))) {
-      close(fd);
-      return fail(error);
-    }
-    id->listen_fd = fd;
     id->listed = true;
     id->state = IdState::Listening;
     engine.start_thread();
@@ -1306,7 +1661,7 @@ int accept(rdma_cm_id* public_id, const rdma_conn_param* param) {
   bool wait = false;
   {
     std::lock_guard guard(engine.mutex);
-    if (id->state != IdState::RequestReceived || id->connection_fd < 0) return fail(EINVAL);
+    if (id->state != IdState::RequestReceived || id->agent == nullptr) return fail(EINVAL);
     size_t limit = is_ud(id) ? kSidrRepPrivateData : kRepPrivateData;
     if (param && param->private_data_len > limit) return fail(EINVAL);
     if (param && param->private_data_len && param->private_data == nullptr) return fail(EINVAL);
@@ -1319,7 +1674,7 @@ int accept(rdma_cm_id* public_id, const rdma_conn_param* param) {
         message.sidr_rep.private_data_length = param->private_data_len;
         std::memcpy(message.sidr_rep.private_data, param->private_data, param->private_data_len);
       }
-      bool sent = send_message(id->connection_fd, message);
+      bool sent = send_to_peer(id, message);
       close_connection(id);
       id->state = IdState::Connected;
       return sent ? 0 : fail(ECONNRESET);
@@ -1349,8 +1704,11 @@ int accept(rdma_cm_id* public_id, const rdma_conn_param* param) {
       rep.private_data_length = param->private_data_len;
       std::memcpy(rep.private_data, param->private_data, param->private_data_len);
     }
-    if (!send_message(id->connection_fd, message)) return fail(ECONNRESET);
     id->state = IdState::ReplySent;
+    if (!send_to_peer(id, message)) {
+      id->state = IdState::RequestReceived;
+      return fail(ECONNRESET);
+    }
     wait = id->own_channel != nullptr;
   }
   if (!wait) return 0;
@@ -1362,13 +1720,14 @@ int reject(rdma_cm_id* public_id, const void* private_data, uint8_t length, uint
   if (public_id == nullptr) return fail(EINVAL);
   std::lock_guard guard(Engine::instance().mutex);
   CmId* id = priv(public_id);
-  if (id->state != IdState::RequestReceived || id->connection_fd < 0) return fail(EINVAL);
+  if (id->state != IdState::RequestReceived || id->agent == nullptr) return fail(EINVAL);
   size_t limit = is_ud(id) ? kSidrRepPrivateData : kRejPrivateData;
   if (length > limit || (length && private_data == nullptr)) return fail(EINVAL);
   Message message;
   if (is_ud(id)) {
     message.type = MessageType::SidrRep;
-    message.sidr_rep.status = reason;
+    message.sidr_rep.status = mad::sidr_status::kRejected;  // the kernel's, whatever the reason
+    (void)reason;
     message.sidr_rep.private_data_length = length;
     if (length) std::memcpy(message.sidr_rep.private_data, private_data, length);
   } else {
@@ -1377,7 +1736,7 @@ int reject(rdma_cm_id* public_id, const void* private_data, uint8_t length, uint
     message.rej.private_data_length = length;
     if (length) std::memcpy(message.rej.private_data, private_data, length);
   }
-  send_message(id->connection_fd, message);
+  send_to_peer(id, message);
   close_connection(id);
   id->state = IdState::Disconnected;
   return 0;
@@ -1400,10 +1759,10 @@ int disconnect(rdma_cm_id* public_id) {
   // kernel's DREQ cannot be sent and it says 0; the handshake goes on or
   // times out as it would.
   if (id->state != IdState::Connected && id->state != IdState::ReplySent) return 0;
-  if (id->connection_fd >= 0) {
+  if (id->agent != nullptr) {
     Message dreq;
     dreq.type = MessageType::Dreq;
-    send_message(id->connection_fd, dreq);
+    send_to_peer(id, dreq);
   }
   id->state = IdState::Disconnected;
   // Both ends see DISCONNECTED, as with the kernel's rdma_cm.

@@ -6,6 +6,8 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <array>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -14,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "cm_agent.h"
 #include "cm_protocol.h"
 
 namespace softverbs::cm {
@@ -54,9 +57,23 @@ struct CmId {
   EventChannel* channel = nullptr;
   std::unique_ptr<EventChannel> own_channel;  // synchronous ids
   IdState state = IdState::Idle;
-  int connection_fd = -1;
-  std::vector<uint8_t> inbox;
-  int listen_fd = -1;
+  // The connection on the wire (IB CM MADs through QP1): this process's
+  // agent on the id's device, both communication IDs, both GIDs, the MAD
+  // that is resent until the peer answers it, and the last answer sent
+  // (sent again when the peer resends what it answered).
+  CmAgent* agent = nullptr;
+  uint32_t local_comm_id = 0;
+  uint32_t remote_comm_id = 0;
+  uint64_t transaction_id = 0;
+  std::array<uint8_t, 16> local_gid{};
+  std::array<uint8_t, 16> peer_gid{};
+  std::optional<std::array<uint8_t, wire::cm::kMadBytes>> awaiting_answer;
+  std::chrono::steady_clock::time_point resend_at{};
+  std::chrono::steady_clock::time_point request_sent_at{};
+  int resends_left = 0;
+  std::optional<std::array<uint8_t, wire::cm::kMadBytes>> last_answer;
+  // A listener's registrations: the agents whose devices route its REQs here.
+  std::vector<std::pair<CmAgent*, std::array<uint8_t, 16>>> listening;
   bool listed = false;  // in the listener directory
   CmId* listener = nullptr;
   // What the peer sent, for rdma_init_qp_attr and the QP transitions.

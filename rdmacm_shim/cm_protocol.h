@@ -1,15 +1,11 @@
-// The connection-management messages that shim instances exchange over TCP,
-// with IB CM's semantics (REQ/REP/RTU/REJ/DREQ/DREP, SIDR for UD) and its
-// private-data sizes as rdma_cm presents them on RoCE. Fixed-size bodies in
-// little-endian host layout (both ends run this code); anything that does not
-// parse exactly is rejected.
+// The connection-management messages as the engine handles them (IB CM's
+// REQ/REP/RTU/REJ/DREQ/DREP, SIDR for UD), with the private-data sizes that
+// rdma_cm presents on RoCE. On the wire they travel as CM MADs (cm_mad.h);
+// cm_engine.cpp converts.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <span>
-#include <vector>
 
 namespace softverbs::cm {
 
@@ -95,18 +91,5 @@ struct Message {
   SidrRequest sidr_req;
   SidrReply sidr_rep;
 };
-
-// Header + body, ready to write.
-std::vector<uint8_t> encode(const Message& message);
-
-// How many bytes the next message needs in total, once at least the header
-// is there; nullopt for a header that is not ours (the connection is dropped).
-std::optional<size_t> framed_length(std::span<const uint8_t> received);
-
-// Parses one whole framed message; nullopt for anything malformed (wrong
-// size for its type, private data longer than its area, unknown type).
-std::optional<Message> decode(std::span<const uint8_t> frame);
-
-inline constexpr size_t kHeaderBytes = 8;
 
 }  // namespace softverbs::cm

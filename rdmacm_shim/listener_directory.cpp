@@ -24,24 +24,22 @@ namespace {
 bool alive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
 struct Entry {
-  uint16_t tcp_port = 0;
   pid_t pid = 0;
 };
 
 std::optional<Entry> read_entry(const fs::path& path) {
   auto text = read_first_line(path);
   if (!text) return std::nullopt;
-  unsigned port = 0;
   int pid = 0;
-  if (std::sscanf(text->c_str(), "%u %d", &port, &pid) != 2 || port == 0 || port > 65535) return std::nullopt;
-  return Entry{static_cast<uint16_t>(port), pid};
+  if (std::sscanf(text->c_str(), "%d", &pid) != 1 || pid <= 0) return std::nullopt;
+  return Entry{pid};
 }
 
-// A live entry at `path`; stale ones are removed.
+// A live entry at `path`; stale (and unreadable) ones are removed.
 std::optional<Entry> live_entry(const fs::path& path) {
   auto entry = read_entry(path);
   if (entry && alive(entry->pid)) return entry;
-  if (entry) unlink(path.c_str());
+  unlink(path.c_str());
   return std::nullopt;
 }
 
@@ -94,7 +92,7 @@ ListenerDirectory::ListenerDirectory(fs::path runtime_dir) : dir_(std::move(runt
 
 fs::path ListenerDirectory::entry_path(const sockaddr_storage& address) const { return dir_ / address_key(address); }
 
-int ListenerDirectory::claim(const sockaddr_storage& address, uint16_t tcp_port) {
+int ListenerDirectory::claim(const sockaddr_storage& address) {
   // A wildcard listener conflicts with every listener on its port, and the
   // other way round.
   std::string suffix = "-" + std::to_string(port_of(address));
@@ -113,7 +111,7 @@ int ListenerDirectory::claim(const sockaddr_storage& address, uint16_t tcp_port)
   fs::path path = entry_path(address);
   fs::path temporary = path;
   temporary += ".tmp-" + std::to_string(getpid());
-  if (!write_text_file(temporary, std::to_string(tcp_port) + " " + std::to_string(getpid()) + "\n")) return errno;
+  if (!write_text_file(temporary, std::to_string(getpid()) + "\n")) return errno;
   // link() fails if a listener got there first: the claim is atomic.
   int result = link(temporary.c_str(), path.c_str()) == 0 ? 0 : EADDRINUSE;
   unlink(temporary.c_str());
@@ -123,12 +121,6 @@ int ListenerDirectory::claim(const sockaddr_storage& address, uint16_t tcp_port)
 void ListenerDirectory::release(const sockaddr_storage& address) {
   fs::path path = entry_path(address);
   if (auto entry = read_entry(path); entry && entry->pid == getpid()) unlink(path.c_str());
-}
-
-std::optional<uint16_t> ListenerDirectory::find(const sockaddr_storage& destination) {
-  if (auto entry = live_entry(entry_path(destination))) return entry->tcp_port;
-  if (auto entry = live_entry(entry_path(wildcard_like(destination)))) return entry->tcp_port;
-  return std::nullopt;
 }
 
 uint16_t ListenerDirectory::free_port() {

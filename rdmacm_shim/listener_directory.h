@@ -1,8 +1,8 @@
-// Where rdma_cm listeners can be found: a directory per host (in the
-// softverbs runtime directory) mapping an RDMA address and port to the TCP
-// port on which the listening process's shim takes connection requests. The
-// applications' own TCP ports are never touched: CM traffic uses ephemeral
-// ports that only this directory names.
+// The rdma_cm ports in use on this host: a directory (in the softverbs
+// runtime directory) with an entry per listening address and port, naming
+// the listening process, so that a second listener gets EADDRINUSE and a
+// bind to port 0 gets a port nobody listens on. (Connection requests find
+// their listener through the device: cm_routing.h.)
 #pragma once
 
 #include <sys/socket.h>
@@ -19,16 +19,12 @@ class ListenerDirectory {
  public:
   explicit ListenerDirectory(std::filesystem::path runtime_dir);
 
-  // Registers a listener on `address` (port in network order inside it)
-  // reachable at `tcp_port`. 0 or EADDRINUSE (a live listener holds the port
-  // on the same address, or one of them is the wildcard).
-  int claim(const sockaddr_storage& address, uint16_t tcp_port);
-  void release(const sockaddr_storage& address);
-
-  // The TCP port of the listener for `destination`: an exact match first,
-  // then a wildcard listener on that port. Entries of exited processes are
+  // Registers a listener on `address` (port in network order inside it).
+  // 0 or EADDRINUSE (a live listener holds the port on the same address,
+  // or one of them is the wildcard). Entries of exited processes are
   // removed on the way.
-  std::optional<uint16_t> find(const sockaddr_storage& destination);
+  int claim(const sockaddr_storage& address);
+  void release(const sockaddr_storage& address);
 
   // A port no live listener uses, for binds to port 0 (host order).
   uint16_t free_port();

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <string>
 
+#include "cm_routing.h"
+#include "device_memory.h"
 #include "pcap_file.h"
 #include "process_runner.h"
 #include "roce_headers.h"
@@ -104,7 +106,12 @@ Mad sample(Attribute attribute) {
       mad.mra = {0x01020304, 0x05060708, MessageRejected::Rep, 17, pattern<kMraPrivate>(3)};
       break;
     case Attribute::Rej:
-      mad.rej = {0x0a0b0c0d, 0x01010101, MessageRejected::Other, 72, reject::kConsumer, pattern<kRejAriBytes>(1),
+      mad.rej = {0x0a0b0c0d,
+                 0x01010101,
+                 MessageRejected::Other,
+                 72,
+                 reject::kConsumer,
+                 pattern<kRejAriBytes>(1),
                  pattern<kRejPrivate>(5)};
       break;
     case Attribute::Rep: {
@@ -139,8 +146,9 @@ Mad sample(Attribute attribute) {
       mad.sidr_req = {0xdeadbeef, 0x7fff, service_id(kPortSpaceUdp, 7174), pattern<kSidrReqPrivate>(17)};
       break;
     case Attribute::SidrRep:
-      mad.sidr_rep = {0xdeadbeef, sidr_status::kValid, 0, 0x000123, service_id(kPortSpaceUdp, 7174), 0x01234567,
-                      pattern<72>(19), pattern<kSidrRepPrivate>(23)};
+      mad.sidr_rep = {
+          0xdeadbeef,      sidr_status::kValid,         0, 0x000123, service_id(kPortSpaceUdp, 7174), 0x01234567,
+          pattern<72>(19), pattern<kSidrRepPrivate>(23)};
       break;
     case Attribute::Lap:
     case Attribute::Apr:
@@ -301,20 +309,56 @@ class CmMadTshark : public ::testing::Test {
 TEST_F(CmMadTshark, ReqAsTheDissectorReadsIt) {
   const Mad mad = sample_req();
   const Req& m = mad.req;
-  const auto v = decode(
-      write(mad), {"mad.mgmtclass", "mad.classversion", "mad.method", "mad.attributeid", "mad.transactionid", "cm.req",
-                   "cm.req.serviceid.dport", "cm.req.localcaguid", "cm.req.localqkey", "cm.req.localqpn",
-                   "cm.req.responderres", "cm.req.localeecn", "cm.req.initdepth", "cm.req.remoteeecn",
-                   "cm.req.remoteresptout", "cm.req.transpsvctype", "cm.req.e2eflowctrl", "cm.req.startpsn",
-                   "cm.req.localresptout", "cm.req.retrcount", "cm.req.pkey", "cm.req.pppmtu", "cm.req.rdcexist",
-                   "cm.req.rnrretrcount", "cm.req.maxcmretr", "cm.req.srq", "cm.req.ext_transport",
-                   "cm.req.prim_locallid", "cm.req.prim_remotelid", "cm.req.prim_localgid_ipv4",
-                   "cm.req.prim_remotegid_ipv4", "cm.req.alt_localgid", "cm.req.alt_remotegid",
-                   "cm.req.prim_tfcclass", "cm.req.prim_hoplim", "cm.req.prim_sl", "cm.req.prim_subnetlocal",
-                   "cm.req.prim_localacktout", "cm.req.alt_locallid", "cm.req.alt_remotelid", "cm.req.alt_tfcclass",
-                   "cm.req.alt_hoplim", "cm.req.alt_sl", "cm.req.alt_subnetlocal", "cm.req.alt_localacktout",
-                   "cm.req.ip_cm.majv", "cm.req.ip_cm.ipv", "cm.req.ip_cm.sport", "cm.req.ip_cm.sip4",
-                   "cm.req.ip_cm.dip4"});
+  const auto v = decode(write(mad), {"mad.mgmtclass",
+                                     "mad.classversion",
+                                     "mad.method",
+                                     "mad.attributeid",
+                                     "mad.transactionid",
+                                     "cm.req",
+                                     "cm.req.serviceid.dport",
+                                     "cm.req.localcaguid",
+                                     "cm.req.localqkey",
+                                     "cm.req.localqpn",
+                                     "cm.req.responderres",
+                                     "cm.req.localeecn",
+                                     "cm.req.initdepth",
+                                     "cm.req.remoteeecn",
+                                     "cm.req.remoteresptout",
+                                     "cm.req.transpsvctype",
+                                     "cm.req.e2eflowctrl",
+                                     "cm.req.startpsn",
+                                     "cm.req.localresptout",
+                                     "cm.req.retrcount",
+                                     "cm.req.pkey",
+                                     "cm.req.pppmtu",
+                                     "cm.req.rdcexist",
+                                     "cm.req.rnrretrcount",
+                                     "cm.req.maxcmretr",
+                                     "cm.req.srq",
+                                     "cm.req.ext_transport",
+                                     "cm.req.prim_locallid",
+                                     "cm.req.prim_remotelid",
+                                     "cm.req.prim_localgid_ipv4",
+                                     "cm.req.prim_remotegid_ipv4",
+                                     "cm.req.alt_localgid",
+                                     "cm.req.alt_remotegid",
+                                     "cm.req.prim_tfcclass",
+                                     "cm.req.prim_hoplim",
+                                     "cm.req.prim_sl",
+                                     "cm.req.prim_subnetlocal",
+                                     "cm.req.prim_localacktout",
+                                     "cm.req.alt_locallid",
+                                     "cm.req.alt_remotelid",
+                                     "cm.req.alt_tfcclass",
+                                     "cm.req.alt_hoplim",
+                                     "cm.req.alt_sl",
+                                     "cm.req.alt_subnetlocal",
+                                     "cm.req.alt_localacktout",
+                                     "cm.req.ip_cm.majv",
+                                     "cm.req.ip_cm.ipv",
+                                     "cm.req.ip_cm.sport",
+                                     "cm.req.ip_cm.sip4",
+                                     "cm.req.ip_cm.dip4"});
   EXPECT_EQ(v.number("mad.mgmtclass"), kCmClass);
   EXPECT_EQ(v.number("mad.classversion"), kCmClassVersion);
   EXPECT_EQ(v.number("mad.method"), kMethodSend);
@@ -418,6 +462,104 @@ TEST_F(CmMadTshark, RtuRejDreqDrepAsTheDissectorReadsThem) {
   EXPECT_EQ(v.number("mad.attributeid"), 0x16u);
   EXPECT_EQ(v.number("cm.drsp.localcommid"), 0x33334444u);
   EXPECT_EQ(v.number("cm.drsp.remotecommid"), 0x11112222u);
+}
+
+// QP1's routing in device memory: a REQ to the agent listening on its
+// service ID (an exact address before a wildcard), other messages to the
+// agent their communication ID names, and the kernel CM's answers where no
+// live agent takes them.
+class CmRouting : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string error;
+    memory_ = DeviceMemory::open(dir_.path() + "/device.mem", &error);
+    ASSERT_TRUE(memory_) << error;
+    exact_ = make_agent();
+    wildcard_ = make_agent();
+  }
+  uint32_t make_agent() {
+    const int index = memory_->allocate_qp();
+    EXPECT_GE(index, 0);
+    QpRecord& qp = memory_->shared().qps[index];
+    qp.type = QpType::Ud;
+    qp.gsi_agent = 1;
+    return qp.qpn;
+  }
+  std::array<uint8_t, kMadBytes> req_to(uint16_t port, const Gid& destination, uint32_t comm_id = 0x0abc0001) {
+    Mad mad = sample_req();
+    mad.req.local_comm_id = comm_id;
+    mad.req.service_id = service_id(kPortSpaceTcp, port);
+    IpHeader ip;
+    ip.source_port = 40000;
+    ip.source = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2};
+    ip.destination = destination;
+    put_ip_header(ip, mad.req.private_data);
+    return build_cm_mad(mad);
+  }
+  static constexpr Gid kAddress = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1};
+  test::TemporaryDirectory dir_;
+  std::shared_ptr<DeviceMemory> memory_;
+  uint32_t exact_ = 0, wildcard_ = 0;
+};
+
+TEST_F(CmRouting, RequestsGoToTheirListenerOthersAreRejectedAsByTheKernel) {
+  const uint64_t port_7471 = service_id(kPortSpaceTcp, 7471);
+  ASSERT_EQ(add_cm_listener(*memory_, port_7471, {}, wildcard_), 0);
+  ASSERT_EQ(add_cm_listener(*memory_, port_7471, kAddress, exact_), 0);
+  EXPECT_EQ(add_cm_listener(*memory_, port_7471, kAddress, wildcard_), EADDRINUSE);
+
+  EXPECT_EQ(route_cm_mad(*memory_, req_to(7471, kAddress)).agent_qpn, exact_) << "the exact address first";
+  Gid elsewhere = kAddress;
+  elsewhere[15] = 9;
+  EXPECT_EQ(route_cm_mad(*memory_, req_to(7471, elsewhere)).agent_qpn, wildcard_) << "then the wildcard";
+
+  const CmDelivery nobody = route_cm_mad(*memory_, req_to(7472, kAddress, 0x0abc0042));
+  EXPECT_EQ(nobody.agent_qpn, 0u);
+  ASSERT_TRUE(nobody.answer);
+  const auto rej = parse_cm_mad(*nobody.answer);
+  ASSERT_TRUE(rej);
+  EXPECT_EQ(rej->attribute, Attribute::Rej);
+  EXPECT_EQ(rej->rej.reason, reject::kInvalidServiceId);
+  EXPECT_EQ(rej->rej.remote_comm_id, 0x0abc0042u) << "addressed to the REQ's sender";
+  EXPECT_EQ(rej->transaction_id, sample_req().transaction_id);
+
+  remove_cm_listener(*memory_, port_7471, kAddress, exact_);
+  EXPECT_EQ(route_cm_mad(*memory_, req_to(7471, kAddress)).agent_qpn, wildcard_) << "removed";
+}
+
+TEST_F(CmRouting, CommunicationIdsNameTheirAgentAndDeadOnesAreAnswered) {
+  const uint32_t ours = cm_local_id(exact_, 77);
+  Mad rep = sample(Attribute::Rep);
+  rep.rep.remote_comm_id = ours;
+  EXPECT_EQ(route_cm_mad(*memory_, build_cm_mad(rep)).agent_qpn, exact_);
+
+  // The agent's QP is gone (its process ended and its records were freed).
+  memory_->shared().qps[exact_ & ((1u << kQpnIndexBits) - 1)].live = 0;
+  const CmDelivery to_rep = route_cm_mad(*memory_, build_cm_mad(rep));
+  EXPECT_EQ(to_rep.agent_qpn, 0u);
+  ASSERT_TRUE(to_rep.answer);
+  const auto rej = parse_cm_mad(*to_rep.answer);
+  ASSERT_TRUE(rej);
+  EXPECT_EQ(rej->attribute, Attribute::Rej);
+  EXPECT_EQ(rej->rej.reason, reject::kInvalidCommId);
+  EXPECT_EQ(rej->rej.message, MessageRejected::Rep);
+  EXPECT_EQ(rej->rej.remote_comm_id, rep.rep.local_comm_id);
+
+  Mad dreq = sample(Attribute::Dreq);
+  dreq.dreq.remote_comm_id = ours;
+  const CmDelivery to_dreq = route_cm_mad(*memory_, build_cm_mad(dreq));
+  ASSERT_TRUE(to_dreq.answer);
+  const auto drep = parse_cm_mad(*to_dreq.answer);
+  ASSERT_TRUE(drep);
+  EXPECT_EQ(drep->attribute, Attribute::Drep);
+  EXPECT_EQ(drep->drep.remote_comm_id, dreq.dreq.local_comm_id);
+
+  Mad rtu = sample(Attribute::Rtu);
+  rtu.rtu.remote_comm_id = ours;
+  const CmDelivery to_rtu = route_cm_mad(*memory_, build_cm_mad(rtu));
+  EXPECT_EQ(to_rtu.agent_qpn, 0u);
+  EXPECT_FALSE(to_rtu.answer) << "an RTU needs no answer";
+  EXPECT_FALSE(route_cm_mad(*memory_, std::array<uint8_t, kMadBytes>{}).answer) << "not a CM MAD";
 }
 
 }  // namespace

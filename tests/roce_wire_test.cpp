@@ -345,7 +345,8 @@ TEST(Icrc, ASenderOfIdentificationZeroKeepsTheWholeCheck) {
       << "each sender is learned by itself";
   ASSERT_TRUE(check_icrc(flow, packet_sent_with_identification(flow, 9, 0), cache));
   for (int round = 0; round < 3; ++round) {
-    EXPECT_FALSE(check_icrc(flow, packet_sent_with_identification(flow, round, static_cast<uint16_t>(7 + round)), cache))
+    EXPECT_FALSE(
+        check_icrc(flow, packet_sent_with_identification(flow, round, static_cast<uint16_t>(7 + round)), cache))
         << round;
   }
   EXPECT_TRUE(check_icrc(flow, packet_sent_with_identification(flow, 3, 0x4321), cache)) << "a new sender on the port";

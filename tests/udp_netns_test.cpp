@@ -1,8 +1,9 @@
 // Two hosts as two network namespaces joined by a veth pair, each with its
 // own softverbs device on its end of the pair (transport auto: the peer's
-// GID is not local, so the UDP transport carries the traffic). Unmodified
-// rdma-core tools run in each namespace and talk RoCEv2 over the veth.
-// Needs root (ip netns); skipped otherwise.
+// GID is not local, so the UDP transport carries the traffic) and its own
+// runtime directory: they share nothing but the wire. Unmodified rdma-core
+// tools run in each namespace and talk RoCEv2 over the veth, rdma_cm ones
+// through IB CM MADs to QP1. Needs root (ip netns); skipped otherwise.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -38,7 +39,8 @@ class TwoNamespaces : public ::testing::Test {
     const std::string subnet = "10.231." + std::to_string(getpid() % 250) + ".";
     address_a_ = subnet + "1";
     address_b_ = subnet + "2";
-    env_ = {"SOFTVERBS_RUNTIME_DIR=" + dir_.path() + "/rt"};
+    env_a_ = {"SOFTVERBS_RUNTIME_DIR=" + dir_.path() + "/rt-a"};
+    env_b_ = {"SOFTVERBS_RUNTIME_DIR=" + dir_.path() + "/rt-b"};
     for (const auto& command : std::vector<std::vector<std::string>>{
              {"ip", "netns", "add", ns_a_},
              {"ip", "netns", "add", ns_b_},
@@ -74,14 +76,16 @@ class TwoNamespaces : public ::testing::Test {
 
   ProcessResult in_namespace(const std::string& ns, std::vector<std::string> command, int timeout = 120) {
     command.insert(command.begin(), {"ip", "netns", "exec", ns});
-    return run_process(command, env_, timeout);
+    return run_process(command, ns == ns_a_ ? env_a_ : env_b_, timeout);
   }
   ProcessResult in_a(std::vector<std::string> command) { return in_namespace(ns_a_, std::move(command)); }
   ProcessResult in_b(std::vector<std::string> command) { return in_namespace(ns_b_, std::move(command)); }
+  const std::vector<std::string>& env_of(const std::string& device) { return device == "sva" ? env_a_ : env_b_; }
 
   // The RoCE v2 GID index of `address` (a.b.c.d) on `device`.
   std::string ipv4_gid_index(const std::string& device, const std::string& address) {
-    return roce_v2_gid_index(run_process({SOFTVERBS_CLI, "status", device}, env_).out, ipv4_mapped_gid(address));
+    return roce_v2_gid_index(run_process({SOFTVERBS_CLI, "status", device}, env_of(device)).out,
+                             ipv4_mapped_gid(address));
   }
 
   // A server in namespace A, its client in B connecting to A's address.
@@ -111,7 +115,7 @@ class TwoNamespaces : public ::testing::Test {
   }
 
   uint64_t counter(const std::string& device, const std::string& name) {
-    auto r = run_process({SOFTVERBS_CLI, "stat", device}, env_);
+    auto r = run_process({SOFTVERBS_CLI, "stat", device}, env_of(device));
     std::smatch match;
     if (!std::regex_search(r.out, match, std::regex(name + "\\s+(\\d+)"))) return 0;
     return std::stoull(match[1].str());
@@ -136,7 +140,7 @@ class TwoNamespaces : public ::testing::Test {
   }
 
   TemporaryDirectory dir_;
-  std::vector<std::string> env_;
+  std::vector<std::string> env_a_, env_b_;
   std::string ns_a_, ns_b_, address_a_, address_b_, gid_a_, gid_b_;
   bool created_ = false;
 };
@@ -160,22 +164,101 @@ TEST_F(TwoNamespaces, UdPingpongValidated) {
   expect_pingpong("ibv_ud_pingpong", {"-s", "1000", "-c", "-n", "200"});
 }
 
+// Namespace A's shim has an rdma_cm listener (its entry in A's runtime
+// directory): the client may start.
+bool listening_in(const std::string& runtime) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(runtime + "/cm", ec))
+    if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
+  return false;
+}
+
 TEST_F(TwoNamespaces, RpingThroughTheRdmacmShim) {
-  auto runtime = dir_.path() + "/rt";
-  std::vector<std::string> server = {"rping", "-s", "-v", "-C", "100", "-a", address_a_, "-p", "7199"};
-  std::vector<std::string> client = {"rping", "-c", "-v", "-C", "100", "-a", address_a_, "-p", "7199"};
-  // The client starts once the server's listener is in the CM directory.
-  auto listening = [&] {
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(runtime + "/cm", ec))
-      if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
-    return false;
-  };
-  Pair r = run_pair(server, client, listening);
+  const std::string runtime = dir_.path() + "/rt-a";
+  std::vector<std::string> server = {"rping", "-s", "-v", "-V", "-C", "100", "-a", address_a_, "-p", "7199"};
+  std::vector<std::string> client = {"rping", "-c", "-v", "-V", "-C", "100", "-a", address_a_, "-p", "7199"};
+  Pair r = run_pair(server, client, [&] { return listening_in(runtime); });
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
   EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
   EXPECT_NE(r.client.out.find("ping data: rdma-ping-99"), std::string::npos);
   EXPECT_GT(counter("svb", "rx_packets"), 0u);
+}
+
+// The connection management on the wire, as tshark reads a capture of A's
+// device: REQ, REP, RTU, DREQ, DREP, each a UD SEND from QP1 to QP1.
+TEST_F(TwoNamespaces, CmExchangeIsIbCmOnQp1AsTsharkDecodesIt) {
+  const std::string capture = dir_.path() + "/cm.pcap";
+  auto capturing = std::async(std::launch::async, [&] {
+    return in_a({SOFTVERBS_CLI, "capture", "sva", "-w", capture, "--duration", "4"});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const std::string runtime = dir_.path() + "/rt-a";
+  Pair r = run_pair({"rping", "-s", "-C", "3", "-a", address_a_, "-p", "7198"},
+                    {"rping", "-c", "-C", "3", "-a", address_a_, "-p", "7198"}, [&] { return listening_in(runtime); });
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
+  ASSERT_EQ(capturing.get().exit_code, 0);
+  auto decoded = run_process({"tshark", "-r", capture, "-Y", "infiniband.mad", "-T", "fields", "-E", "separator=,",
+                              "-e", "ip.src", "-e", "infiniband.mad.attributeid", "-e", "infiniband.bth.destqp", "-e",
+                              "infiniband.deth.srcqp", "-e", "infiniband.deth.q_key"});
+  ASSERT_EQ(decoded.exit_code, 0) << decoded.err;
+  const std::string a = address_a_, b = address_b_;
+  const std::string qp1 = ",0x000001,0x00000001,0x0000000080010000\n";  // to QP1, from QP1, Q_Key of QP1
+  const std::string expected = b + ",0x0010" + qp1 +                    // REQ
+                               a + ",0x0013" + qp1 +                    // REP
+                               b + ",0x0014" + qp1 +                    // RTU
+                               b + ",0x0015" + qp1 +                    // DREQ
+                               a + ",0x0016" + qp1;                     // DREP
+  EXPECT_EQ(decoded.out, expected);
+  auto rep = run_process({"tshark", "-r", capture, "-Y", "infiniband.cm.req", "-T", "fields", "-e",
+                          "infiniband.cm.req.serviceid.dport", "-e", "infiniband.cm.req.ip_cm.sip4", "-e",
+                          "infiniband.cm.req.ip_cm.dip4", "-e", "infiniband.cm.req.prim_localgid_ipv4"});
+  EXPECT_EQ(rep.out, "0x1c1e\t" + b + "\t" + a + "\t" + b + "\n") << "port 7198 and rdma_cm's IP header";
+}
+
+// perftest's rdma_cm mode (-R), a bandwidth and a latency test.
+TEST_F(TwoNamespaces, PerftestOverRdmaCm) {
+  const std::string runtime = dir_.path() + "/rt-a";
+  for (const std::string tool : {"ib_send_bw", "ib_write_lat"}) {
+    Pair r = run_pair({tool, "-R", "-n", "200", "-p", "18600"}, {tool, "-R", "-n", "200", "-p", "18600", address_a_},
+                      [&] { return listening_in(runtime); });
+    EXPECT_EQ(r.client.exit_code, 0) << tool << ":\n"
+                                     << r.client.out << r.client.err << "\nserver:\n"
+                                     << r.server.out << r.server.err;
+    EXPECT_EQ(r.server.exit_code, 0) << tool << ":\n" << r.server.out << r.server.err;
+    EXPECT_NE(r.client.out.find(" 200 "), std::string::npos) << tool << ": " << r.client.out;
+  }
+}
+
+// udaddy: UD over rdma_cm (SIDR_REQ/SIDR_REP, then datagrams).
+TEST_F(TwoNamespaces, UdaddyOverSidr) {
+  const std::string runtime = dir_.path() + "/rt-a";
+  Pair r = run_pair({"udaddy"}, {"udaddy", "-s", address_a_}, [&] { return listening_in(runtime); });
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_NE(r.client.out.find("test complete"), std::string::npos) << r.client.out;
+}
+
+// A REQ for a port nobody listens on is rejected with the kernel's reason
+// (8, invalid service ID); one to a host where nothing answers ends in
+// UNREACHABLE (-ETIMEDOUT) once the MAD retries run out.
+TEST_F(TwoNamespaces, NoListenerIsRejectedAndSilenceIsUnreachable) {
+  const std::vector<std::string> to_7301 = {"rping", "-c", "-C", "1", "-a", address_a_, "-p", "7301"};
+  std::vector<std::string> alone = {SOFTVERBS_CLI, "run", "--"};
+  alone.insert(alone.end(), to_7301.begin(), to_7301.end());
+  const auto start = std::chrono::steady_clock::now();
+  auto silent = in_b(alone);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(silent.exit_code, 0);
+  EXPECT_NE((silent.out + silent.err).find("RDMA_CM_EVENT_UNREACHABLE, error -110"), std::string::npos)
+      << silent.out << silent.err;
+  EXPECT_LT(seconds, 15.0) << "the MAD retry bound (5 tries of ~1.07 s)";
+
+  // A listens on another port (and is stopped after a while).
+  const std::string runtime = dir_.path() + "/rt-a";
+  Pair r = run_pair({"timeout", "3", "rping", "-s", "-C", "1", "-a", address_a_, "-p", "7302"}, to_7301,
+                    [&] { return listening_in(runtime); });
+  EXPECT_NE((r.client.out + r.client.err).find("RDMA_CM_EVENT_REJECTED, error 8"), std::string::npos)
+      << r.client.out << r.client.err;
 }
 
 }  // namespace

@@ -1,31 +1,34 @@
-// libFuzzer entry point (scripts/fuzz): the rdmacm shim's connection-manager
-// message decoder, which reads what any local process may send to a
-// listener's port. Whatever it accepts must encode back to the same bytes
-// and keep its private data within its area.
+// libFuzzer entry point (scripts/fuzz): the CM MAD parser, which reads what
+// any host may send to a device's QP1, and the routing that reads the same
+// bytes first. Whatever parses must build back to bytes that parse to the
+// same message, and routing must agree with the parse.
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <span>
 #include <vector>
 
-#include "cm_protocol.h"
+#include "cm_mad.h"
 #include "seed_corpus.h"
 
 namespace {
 
-using namespace softverbs::cm;
+using namespace softverbs::wire::cm;
 
 std::vector<std::vector<uint8_t>> seeds() {
   std::vector<std::vector<uint8_t>> out;
-  for (uint8_t type = 1; type <= 8; ++type) {
-    Message m;
-    m.type = static_cast<MessageType>(type);
-    m.req.private_data_length = 3;
-    m.rep.private_data_length = 5;
-    m.rej.reason = 28;
-    m.sidr_req.private_data_length = 1;
-    m.sidr_rep.qkey = 0x11111111;
-    out.push_back(encode(m));
+  for (Attribute attribute : {Attribute::Req, Attribute::Mra, Attribute::Rej, Attribute::Rep, Attribute::Rtu,
+                              Attribute::Dreq, Attribute::Drep, Attribute::SidrReq, Attribute::SidrRep}) {
+    Mad mad;
+    mad.attribute = attribute;
+    mad.transaction_id = 0x0102030405060708;
+    mad.req.service_id = service_id(kPortSpaceTcp, 7471);
+    mad.req.local_comm_id = 0x11223344;
+    put_ip_header(IpHeader{4, 40000, {}, {}}, mad.req.private_data);
+    mad.rep.remote_comm_id = 0x11223344;
+    mad.rej.reason = reject::kConsumer;
+    const auto bytes = build_cm_mad(mad);
+    out.emplace_back(bytes.begin(), bytes.end());
   }
   return out;
 }
@@ -39,18 +42,20 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::span<const uint8_t> input(data, size);
-  const std::optional<size_t> framed = size >= kHeaderBytes ? framed_length(input) : std::nullopt;
-  if (framed && *framed < kHeaderBytes) std::abort();  // a frame is at least its header
-  if (const std::optional<Message> message = decode(input)) {
-    if (message->req.private_data_length > kReqPrivateData || message->rep.private_data_length > kRepPrivateData ||
-        message->rej.private_data_length > kRejPrivateData ||
-        message->sidr_req.private_data_length > kSidrReqPrivateData ||
-        message->sidr_rep.private_data_length > kSidrRepPrivateData)
-      std::abort();
-    const std::vector<uint8_t> again = encode(*message);
-    const std::optional<Message> reread = decode(again);
-    if (!reread || encode(*reread) != again) std::abort();
-    if (!framed || *framed != size) std::abort();  // decode took exactly one frame
+  const std::optional<CmRoute> route = cm_route(input);
+  const std::optional<Mad> mad = parse_cm_mad(input);
+  if (mad && !route) std::abort();  // whatever parses can be routed
+  if (mad) {
+    const auto again = build_cm_mad(*mad);
+    const std::optional<Mad> reread = parse_cm_mad(again);
+    if (!reread || build_cm_mad(*reread) != again) std::abort();
+    if (route->attribute != mad->attribute) std::abort();
+    if (mad->attribute == Attribute::Req && route->service_id != mad->req.service_id) std::abort();
+    if (mad->attribute == Attribute::Rep && route->receiver_id != mad->rep.remote_comm_id) std::abort();
+    if (mad->rej.reject_info_length > kRejAriBytes) std::abort();
+  }
+  if (size >= kIpHeaderBytes) {
+    if (const auto ip = get_ip_header(input); ip && ip->ip_version != 4 && ip->ip_version != 6) std::abort();
   }
   return 0;
 }
