@@ -38,6 +38,27 @@ namespace {
 constexpr uint8_t kMinRnrTimer = 0;
 constexpr uint8_t kHopLimit = 64;
 
+// IB CM timing, as the MADs announce it: the peer answers within
+// 4.096 us * 2^18 (~1.07 s) or the message is resent, up to kMaxCmRetries
+// times; a REQ nobody answers ends in UNREACHABLE after ~5 s.
+constexpr uint8_t kCmResponseTimeout = 18;
+constexpr uint8_t kMaxCmRetries = 4;
+constexpr auto kResendAfter = std::chrono::nanoseconds(4096ull << kCmResponseTimeout);
+// What an MRA asks for: the listener's application has not accepted yet.
+constexpr uint8_t kMraServiceTimeout = 20;
+constexpr auto kMraWait = std::chrono::nanoseconds(4096ull << kMraServiceTimeout);
+// A REQ that finds no listener within this long after it was first sent
+// is tried again (a server re-listening between two connections, as
+// perftest does, is a moment away on a real fabric too).
+constexpr auto kListenerGrace = std::chrono::milliseconds(50);
+constexpr auto kListenerRetry = std::chrono::milliseconds(5);
+
+// Whether a CM MAD is a DREQ.
+bool carries_dreq(const std::array<uint8_t, wire::cm::kMadBytes>& bytes) {
+  const auto route = wire::cm::cm_route(bytes);
+  return route && route->attribute == wire::cm::Attribute::Dreq;
+}
+
 int fail(int error) {
   errno = error;
   return -1;
@@ -233,7 +254,8 @@ class Engine {
   }
 
   std::recursive_mutex mutex;
-  std::condition_variable_any events_acked;  // with `mutex`
+  std::condition_variable_any events_acked;       // with `mutex`
+  std::condition_variable_any lingering_drained;  // with `mutex`
   Devices devices;
   std::set<CmId*> ids;
   std::unique_ptr<ListenerDirectory> directory = std::make_unique<ListenerDirectory>(default_runtime_dir());
@@ -257,6 +279,19 @@ class Engine {
   }
   // Event channels the application destroyed, kept: see destroy_event_channel.
   std::vector<std::unique_ptr<EventChannel>> retired_channels;
+  // DREQs of ids already destroyed, resent until the peer's DREP comes or
+  // the retries run out, as the kernel's CM goes on after rdma_destroy_id
+  // (and after the process ends: see wait_for_lingering_at_exit).
+  struct Lingering {
+    CmAgent* agent;
+    uint32_t local_comm_id;
+    std::array<uint8_t, 16> local_gid, peer_gid;
+    uint8_t tos;
+    std::array<uint8_t, wire::cm::kMadBytes> mad;
+    std::chrono::steady_clock::time_point resend_at;
+    int resends_left;
+  };
+  std::vector<Lingering> lingering;
 
   void wake() {
     char byte = 1;
@@ -276,6 +311,7 @@ class Engine {
  private:
   Engine() {
     open_wake_pipe();
+    std::atexit(wait_for_lingering_at_exit);
     // A forked child has no CM thread and shares the wake pipe: it starts
     // its own of each when it needs them. The lock is held across fork()
     // so that the child never inherits it mid-update.
@@ -310,6 +346,23 @@ class Engine {
     }
   }
   void run();
+  // A program that ends right after its disconnect (rping's client does)
+  // would take its DREQ's retries along; the kernel's CM keeps them. So
+  // exit waits, up to two retries (~2.2 s, and only while a DREQ is
+  // unanswered: a peer's device answers for a peer process that died).
+  static void wait_for_lingering_at_exit() {
+    Engine& engine = instance();
+    std::unique_lock guard(engine.mutex);
+    auto unanswered = [&engine] {
+      if (!engine.lingering.empty()) return true;
+      for (CmId* id : engine.ids)
+        if (id->awaiting_answer && carries_dreq(*id->awaiting_answer)) return true;
+      return false;
+    };
+    const auto deadline = std::chrono::steady_clock::now() + 2 * kResendAfter + std::chrono::milliseconds(100);
+    while (unanswered() && engine.thread_started_ && std::chrono::steady_clock::now() < deadline)
+      engine.lingering_drained.wait_for(guard, std::chrono::milliseconds(20));
+  }
 
   int wake_read_ = -1, wake_write_ = -1;
   bool thread_started_ = false;
@@ -345,21 +398,6 @@ std::unique_ptr<QueuedEvent> event_with_private_data(const uint8_t* data, size_t
 using Clock = std::chrono::steady_clock;
 using MadBytes = std::array<uint8_t, wire::cm::kMadBytes>;
 namespace mad = wire::cm;
-
-// IB CM timing, as the MADs announce it: the peer answers within
-// 4.096 us * 2^18 (~1.07 s) or the message is resent, up to kMaxCmRetries
-// times; a REQ nobody answers ends in UNREACHABLE after ~5 s.
-constexpr uint8_t kCmResponseTimeout = 18;
-constexpr uint8_t kMaxCmRetries = 4;
-constexpr auto kResendAfter = std::chrono::nanoseconds(4096ull << kCmResponseTimeout);
-// What an MRA asks for: the listener's application has not accepted yet.
-constexpr uint8_t kMraServiceTimeout = 20;
-constexpr auto kMraWait = std::chrono::nanoseconds(4096ull << kMraServiceTimeout);
-// A REQ that finds no listener within this long after it was first sent
-// is tried again (a server re-listening between two connections, as
-// perftest does, is a moment away on a real fabric too).
-constexpr auto kListenerGrace = std::chrono::milliseconds(50);
-constexpr auto kListenerRetry = std::chrono::milliseconds(5);
 
 std::array<uint8_t, 16> gid_bytes(const sockaddr_storage& address) {
   std::array<uint8_t, 16> out;
@@ -999,6 +1037,11 @@ void on_mad(Engine& engine, CmAgent* agent, const ReceivedMad& received) {
     return;
   }
   const auto route = mad::cm_route(received.bytes);
+  if (in.attribute == mad::Attribute::Drep && route) {
+    std::erase_if(engine.lingering, [&](const Engine::Lingering& entry) {
+      return entry.agent == agent && entry.local_comm_id == route->receiver_id;
+    });
+  }
   CmId* id = route ? id_by_local(engine, agent, route->receiver_id) : nullptr;
   if (id == nullptr || id->peer_gid != received.source) {
     if (id == nullptr) answer_without_id(agent, received, in);
@@ -1072,12 +1115,14 @@ void Engine::run() {
         polled.push_back(agent.get());
       }
       const Clock::time_point now = Clock::now();
-      for (CmId* id : ids) {
-        if (!id->awaiting_answer) continue;
-        const auto wait = std::chrono::ceil<std::chrono::milliseconds>(id->resend_at - now).count();
+      auto until = [&](Clock::time_point when) {
+        const auto wait = std::chrono::ceil<std::chrono::milliseconds>(when - now).count();
         const int ms = static_cast<int>(std::clamp<int64_t>(wait, 0, 60000));
         timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
-      }
+      };
+      for (CmId* id : ids)
+        if (id->awaiting_answer) until(id->resend_at);
+      for (const Lingering& entry : lingering) until(entry.resend_at);
     }
     if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) continue;
     if (fds[0].revents) {
@@ -1104,6 +1149,14 @@ void Engine::run() {
         on_no_answer(id);
       }
     }
+    std::erase_if(lingering, [&](Lingering& entry) {
+      if (entry.resend_at > now) return false;
+      if (entry.resends_left-- <= 0) return true;
+      entry.resend_at = now + kResendAfter;
+      entry.agent->send(entry.local_gid, entry.peer_gid, entry.tos, entry.mad);
+      return false;
+    });
+    if (lingering.empty()) lingering_drained.notify_all();
   }
 }
 
@@ -1213,8 +1266,7 @@ int destroy_id(rdma_cm_id* public_id) {
     engine.ids.erase(raw);
     id.reset(raw);
     if (id->agent != nullptr && id->state == IdState::Connected) {
-      // Its DREP would find no id: the DREQ goes once (the peer's
-      // rdma_cm answers it, and the id is gone either way).
+      // The DREQ lingers after the id (see Engine::lingering).
       Message dreq;
       dreq.type = MessageType::Dreq;
       send_to_peer(id.get(), dreq);
@@ -1227,6 +1279,10 @@ int destroy_id(rdma_cm_id* public_id) {
       rej.type = MessageType::Rej;
       rej.rej.reason = mad::reject::kConsumer;
       send_to_peer(id.get(), rej);
+    }
+    if (id->awaiting_answer && id->agent != nullptr && carries_dreq(*id->awaiting_answer)) {
+      engine.lingering.push_back({id->agent, id->local_comm_id, id->local_gid, id->peer_gid, id->tos,
+                                  *id->awaiting_answer, id->resend_at, id->resends_left});
     }
     close_connection(id.get());
     const uint64_t service_id = mad::service_id(port_space_of(id.get()), port_of(id->id.route.addr.src_storage));

@@ -215,6 +215,22 @@ TEST_F(TwoNamespaces, CmExchangeIsIbCmOnQp1AsTsharkDecodesIt) {
   EXPECT_EQ(rep.out, "0x1c1e\t" + b + "\t" + a + "\t" + b + "\n") << "port 7198 and rdma_cm's IP header";
 }
 
+// CM MADs are UD datagrams: lost ones are sent again (a REQ, REP or DREQ
+// after ~1.07 s, a DREQ also after its process has ended; an RTU when its
+// REP comes again). With a tenth of every packet lost each way, rping
+// still connects, moves its data and disconnects on both sides.
+TEST_F(TwoNamespaces, CmSurvivesLoss) {
+  ASSERT_EQ(in_a({SOFTVERBS_CLI, "faults", "sva", "loss=0.1,seed=7"}).exit_code, 0);
+  ASSERT_EQ(in_b({SOFTVERBS_CLI, "faults", "svb", "loss=0.1,seed=11"}).exit_code, 0);
+  const std::string runtime = dir_.path() + "/rt-a";
+  Pair r = run_pair({"rping", "-s", "-V", "-C", "20", "-a", address_a_, "-p", "7197"},
+                    {"rping", "-c", "-V", "-C", "20", "-a", address_a_, "-p", "7197"},
+                    [&] { return listening_in(runtime); });
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_GT(counter("sva", "faults_dropped") + counter("svb", "faults_dropped"), 0u);
+}
+
 // perftest's rdma_cm mode (-R), a bandwidth and a latency test.
 TEST_F(TwoNamespaces, PerftestOverRdmaCm) {
   const std::string runtime = dir_.path() + "/rt-a";
