@@ -1103,13 +1103,19 @@ void on_no_answer(CmId* id) {
 }
 
 void Engine::run() {
+  // Allocated and freed only under the engine's lock, which fork() holds
+  // (see the constructor): a child forked while this thread sat in the
+  // allocator could find the allocator's lock taken for ever (a suspect
+  // for one hang of a forked rdmacm_api_test child in the sanitizer build).
+  std::vector<pollfd> fds;
+  std::vector<CmAgent*> polled;
   for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<CmAgent*> polled;
-    fds.push_back({wake_read_, POLLIN, 0});
     int timeout_ms = -1;
     {
       std::lock_guard guard(mutex);
+      fds.clear();
+      polled.clear();
+      fds.push_back({wake_read_, POLLIN, 0});
       for (auto& [context, agent] : agents) {
         fds.push_back({agent->event_fd(), POLLIN, 0});
         polled.push_back(agent.get());
