@@ -35,8 +35,6 @@ uint32_t listener_for(DeviceMemory& memory, uint64_t service_id, const std::arra
   return any;
 }
 
-std::array<uint8_t, wire::cm::kMadBytes> answer(const wire::cm::Mad& mad) { return wire::cm::build_cm_mad(mad); }
-
 }  // namespace
 
 int add_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address,
@@ -70,6 +68,42 @@ uint32_t cm_local_id(uint32_t agent_qpn, uint32_t sequence) {
   return index << kSequenceBits | (low == 0 ? 1 : low);  // 0 means "none" in a REJ
 }
 
+std::optional<std::array<uint8_t, wire::cm::kMadBytes>> unclaimed_answer(const wire::cm::Mad& in) {
+  wire::cm::Mad reply;
+  reply.transaction_id = in.transaction_id;
+  switch (in.attribute) {
+    case Attribute::Req:
+      reply.attribute = Attribute::Rej;
+      reply.rej.remote_comm_id = in.req.local_comm_id;
+      reply.rej.message = wire::cm::MessageRejected::Req;
+      reply.rej.reason = wire::cm::reject::kInvalidServiceId;
+      break;
+    case Attribute::SidrReq:
+      reply.attribute = Attribute::SidrRep;
+      reply.sidr_rep.request_id = in.sidr_req.request_id;
+      reply.sidr_rep.status = wire::cm::sidr_status::kUnsupported;
+      reply.sidr_rep.service_id = in.sidr_req.service_id;
+      break;
+    case Attribute::Dreq:
+      // So that the peer's disconnect completes.
+      reply.attribute = Attribute::Drep;
+      reply.drep.local_comm_id = in.dreq.remote_comm_id;
+      reply.drep.remote_comm_id = in.dreq.local_comm_id;
+      break;
+    case Attribute::Rep:
+      // So that the peer does not wait for an RTU.
+      reply.attribute = Attribute::Rej;
+      reply.rej.local_comm_id = in.rep.remote_comm_id;
+      reply.rej.remote_comm_id = in.rep.local_comm_id;
+      reply.rej.message = wire::cm::MessageRejected::Rep;
+      reply.rej.reason = wire::cm::reject::kInvalidCommId;
+      break;
+    default:
+      return std::nullopt;  // needs no answer
+  }
+  return wire::cm::build_cm_mad(reply);
+}
+
 CmDelivery route_cm_mad(DeviceMemory& memory, std::span<const uint8_t> bytes) {
   CmDelivery delivery;
   const auto route = wire::cm::cm_route(bytes);
@@ -85,21 +119,7 @@ CmDelivery route_cm_mad(DeviceMemory& memory, std::span<const uint8_t> bytes) {
       std::array<uint8_t, 16> destination{};
       if (const auto ip = wire::cm::get_ip_header(private_data)) destination = ip->destination;
       delivery.agent_qpn = listener_for(memory, route->service_id, destination);
-      if (delivery.agent_qpn != 0) return delivery;
-      wire::cm::Mad reply;
-      reply.transaction_id = mad->transaction_id;
-      if (route->attribute == Attribute::Req) {
-        reply.attribute = Attribute::Rej;
-        reply.rej.remote_comm_id = mad->req.local_comm_id;
-        reply.rej.message = wire::cm::MessageRejected::Req;
-        reply.rej.reason = wire::cm::reject::kInvalidServiceId;
-      } else {
-        reply.attribute = Attribute::SidrRep;
-        reply.sidr_rep.request_id = mad->sidr_req.request_id;
-        reply.sidr_rep.status = wire::cm::sidr_status::kUnsupported;
-        reply.sidr_rep.service_id = mad->sidr_req.service_id;
-      }
-      delivery.answer = answer(reply);
+      if (delivery.agent_qpn == 0) delivery.answer = unclaimed_answer(*mad);
       return delivery;
     }
     case Attribute::Lap:
@@ -110,26 +130,8 @@ CmDelivery route_cm_mad(DeviceMemory& memory, std::span<const uint8_t> bytes) {
   }
   delivery.agent_qpn = agent_of_id(memory, route->receiver_id);
   if (delivery.agent_qpn != 0) return delivery;
-  // Nobody holds the communication ID (its process ended): a DREQ is
-  // answered, so that the peer's disconnect completes, and a REP is
-  // rejected, so that the peer does not wait for an RTU.
-  const auto mad = wire::cm::parse_cm_mad(bytes);
-  if (!mad) return delivery;
-  wire::cm::Mad reply;
-  reply.transaction_id = mad->transaction_id;
-  if (mad->attribute == Attribute::Dreq) {
-    reply.attribute = Attribute::Drep;
-    reply.drep.local_comm_id = mad->dreq.remote_comm_id;
-    reply.drep.remote_comm_id = mad->dreq.local_comm_id;
-    delivery.answer = answer(reply);
-  } else if (mad->attribute == Attribute::Rep) {
-    reply.attribute = Attribute::Rej;
-    reply.rej.local_comm_id = mad->rep.remote_comm_id;
-    reply.rej.remote_comm_id = mad->rep.local_comm_id;
-    reply.rej.message = wire::cm::MessageRejected::Rep;
-    reply.rej.reason = wire::cm::reject::kInvalidCommId;
-    delivery.answer = answer(reply);
-  }
+  // Nobody holds the communication ID: its process ended.
+  if (const auto mad = wire::cm::parse_cm_mad(bytes)) delivery.answer = unclaimed_answer(*mad);
   return delivery;
 }
 

@@ -44,6 +44,11 @@ void remove_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::ar
 // The communication ID (or SIDR request ID) number `sequence` of an agent.
 uint32_t cm_local_id(uint32_t agent_qpn, uint32_t sequence);
 
+// The kernel CM's answer to a MAD that no agent or id takes: REJ "invalid
+// service ID" for a REQ, SIDR_REP "unsupported" for a SIDR_REQ, DREP for a
+// DREQ, REJ "invalid communication ID" for a REP; nullopt for the rest.
+std::optional<std::array<uint8_t, wire::cm::kMadBytes>> unclaimed_answer(const wire::cm::Mad& in);
+
 // Where a CM MAD for QP1 goes: the agent's QPN, or the answer the device
 // gives for the sender (as from QP1, the MAD's transaction ID kept), or
 // neither (dropped: not a CM MAD, or one that needs no answer).

@@ -105,32 +105,29 @@ bool CmAgent::post_receive(size_t slot) {
   return ibv_post_recv(qp_, &wr, &bad) == 0;
 }
 
-std::optional<uint8_t> CmAgent::gid_index(const Gid16& gid) {
-  if (auto known = gid_indexes_.find(gid); known != gid_indexes_.end()) return known->second;
+std::optional<GidEntry> find_roce_v2_gid(ibv_context* context, const std::optional<Gid16>& wanted) {
   ibv_port_attr port{};
-  if (ibv_query_port(context_, 1, &port) != 0) return std::nullopt;
+  if (context == nullptr || ibv_query_port(context, 1, &port) != 0) return std::nullopt;
   for (int index = 0; index < port.gid_tbl_len; ++index) {
     ibv_gid_entry entry;
-    if (ibv_query_gid_ex(context_, 1, index, &entry, 0) == 0 && entry.gid_type == IBV_GID_TYPE_ROCE_V2 &&
-        std::memcmp(entry.gid.raw, gid.data(), 16) == 0) {
-      gid_indexes_[gid] = static_cast<uint8_t>(index);
-      return static_cast<uint8_t>(index);
-    }
+    if (ibv_query_gid_ex(context, 1, index, &entry, 0) != 0 || entry.gid_type != IBV_GID_TYPE_ROCE_V2) continue;
+    GidEntry found{static_cast<uint8_t>(index), {}};
+    std::memcpy(found.gid.data(), entry.gid.raw, 16);
+    if (!wanted || found.gid == *wanted) return found;
   }
   return std::nullopt;
 }
 
+std::optional<uint8_t> CmAgent::gid_index(const Gid16& gid) {
+  if (auto known = gid_indexes_.find(gid); known != gid_indexes_.end()) return known->second;
+  const auto found = find_roce_v2_gid(context_, gid);
+  if (!found) return std::nullopt;
+  gid_indexes_[gid] = found->index;
+  return found->index;
+}
+
 std::optional<Gid16> CmAgent::first_gid() {
-  ibv_port_attr port{};
-  if (ibv_query_port(context_, 1, &port) != 0) return std::nullopt;
-  for (int index = 0; index < port.gid_tbl_len; ++index) {
-    ibv_gid_entry entry;
-    if (ibv_query_gid_ex(context_, 1, index, &entry, 0) == 0 && entry.gid_type == IBV_GID_TYPE_ROCE_V2) {
-      Gid16 gid;
-      std::memcpy(gid.data(), entry.gid.raw, 16);
-      return gid;
-    }
-  }
+  if (const auto found = find_roce_v2_gid(context_, std::nullopt)) return found->gid;
   return std::nullopt;
 }
 

@@ -30,6 +30,14 @@ struct ReceivedMad {
   std::array<uint8_t, wire::cm::kMadBytes> bytes{};
 };
 
+// A RoCE v2 entry of port 1's GID table: the first that is `wanted`, or
+// the first of all when nothing is wanted.
+struct GidEntry {
+  uint8_t index = 0;
+  Gid16 gid{};
+};
+std::optional<GidEntry> find_roce_v2_gid(ibv_context* context, const std::optional<Gid16>& wanted);
+
 class CmAgent {
  public:
   // nullptr (and errno) where the device cannot make one.

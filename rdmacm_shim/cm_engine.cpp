@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 
+#include "cm_routing.h"
 #include "debug_log.h"
 #include "device_registry.h"
 #include "listener_directory.h"
@@ -144,13 +145,9 @@ ibv_gid gid_of(const sockaddr_storage& address) {
 // ---- devices -----------------------------------------------------------------
 
 bool has_gid(ibv_context* context, const ibv_gid& wanted) {
-  ibv_port_attr port{};
-  if (ibv_query_port(context, 1, &port) != 0) return false;
-  for (int index = 0; index < port.gid_tbl_len; ++index) {
-    ibv_gid gid;
-    if (ibv_query_gid(context, 1, index, &gid) == 0 && std::memcmp(gid.raw, wanted.raw, 16) == 0) return true;
-  }
-  return false;
+  Gid16 gid;
+  std::memcpy(gid.data(), wanted.raw, 16);
+  return find_roce_v2_gid(context, gid).has_value();
 }
 
 // One context and one PD per device, shared by all ids, as librdmacm keeps.
@@ -569,10 +566,8 @@ bool send_to_peer(CmId* id, const Message& message) {
   return sent;
 }
 
-// The peer answered what was being resent.
-void answered(CmId* id) { id->awaiting_answer.reset(); }
-
-void close_connection(CmId* id) { answered(id); }
+// Nothing more is resent on the id: the peer answered, or the connection ends.
+void stop_resending(CmId* id) { id->awaiting_answer.reset(); }
 
 void move_qp_to_error(CmId* id) {
   if (id->id.qp == nullptr) return;
@@ -595,17 +590,9 @@ ibv_ah_attr path_to_peer(CmId* id) {
   // The source GID's index: the RoCE v2 entry of our address.
   ibv_gid wanted = gid_of(id->id.route.addr.src_storage);
   if (id->local_gid != kNone) std::memcpy(wanted.raw, id->local_gid.data(), 16);
-  ibv_port_attr port{};
-  if (id->id.verbs && ibv_query_port(id->id.verbs, 1, &port) == 0) {
-    for (int index = 0; index < port.gid_tbl_len; ++index) {
-      ibv_gid_entry entry;
-      if (ibv_query_gid_ex(id->id.verbs, 1, index, &entry, 0) == 0 && entry.gid_type == IBV_GID_TYPE_ROCE_V2 &&
-          std::memcmp(entry.gid.raw, wanted.raw, 16) == 0) {
-        ah.grh.sgid_index = static_cast<uint8_t>(index);
-        break;
-      }
-    }
-  }
+  Gid16 source;
+  std::memcpy(source.data(), wanted.raw, 16);
+  if (const auto found = find_roce_v2_gid(id->id.verbs, source)) ah.grh.sgid_index = found->index;
   return ah;
 }
 
@@ -789,7 +776,7 @@ void on_message(Engine& engine, CmId* id, const Message& message) {
         rej.type = MessageType::Rej;
         rej.rej.reason = mad::reject::kNoQp;
         send_to_peer(id, rej);
-        close_connection(id);
+        stop_resending(id);
         move_qp_to_error(id);
         id->state = IdState::Disconnected;
         deliver(id, RDMA_CM_EVENT_CONNECT_ERROR, -EINVAL);
@@ -810,7 +797,7 @@ void on_message(Engine& engine, CmId* id, const Message& message) {
     case MessageType::Rej: {
       if (id->state != IdState::RequestSent && id->state != IdState::ReplySent) return;
       auto event = event_with_private_data(message.rej.private_data, kRejPrivateData, false);
-      close_connection(id);
+      stop_resending(id);
       move_qp_to_error(id);
       id->state = IdState::Disconnected;
       deliver(id, RDMA_CM_EVENT_REJECTED, message.rej.reason, std::move(event));
@@ -819,7 +806,7 @@ void on_message(Engine& engine, CmId* id, const Message& message) {
     case MessageType::SidrRep: {
       if (id->state != IdState::RequestSent) return;
       const SidrReply& rep = message.sidr_rep;
-      close_connection(id);
+      stop_resending(id);
       if (rep.status != 0) {
         // As librdmacm reports a SIDR_REP that refuses: UNREACHABLE with
         // its status (1: nobody listens, 2: rejected).
@@ -840,7 +827,7 @@ void on_message(Engine& engine, CmId* id, const Message& message) {
       Message drep;
       drep.type = MessageType::Drep;
       send_to_peer(id, drep);
-      close_connection(id);
+      stop_resending(id);
       // The QP stays as it is, as with librdmacm, whose DISCONNECTED leaves
       // it alone: the application moves it (rdma_disconnect) or destroys it,
       // maybe with ibv_destroy_qp behind the shim's back, so this thread
@@ -852,7 +839,7 @@ void on_message(Engine& engine, CmId* id, const Message& message) {
       return;
     }
     case MessageType::Drep:
-      close_connection(id);
+      stop_resending(id);
       return;
     case MessageType::Req:
     case MessageType::SidrReq:
@@ -946,27 +933,12 @@ Message message_of(const mad::Mad& in) {
   return out;
 }
 
-// Answers a MAD for which no id exists, as the kernel's CM does.
+// Answers a MAD for which no id exists, as the kernel's CM does, but a
+// REP: one for an id destroyed after its REQ went out is left to time out
+// (docs/rdmacm.md).
 void answer_without_id(CmAgent* agent, const ReceivedMad& received, const mad::Mad& in) {
-  mad::Mad out;
-  out.transaction_id = in.transaction_id;
-  if (in.attribute == mad::Attribute::Req) {
-    out.attribute = mad::Attribute::Rej;
-    out.rej.remote_comm_id = in.req.local_comm_id;
-    out.rej.reason = mad::reject::kInvalidServiceId;
-  } else if (in.attribute == mad::Attribute::SidrReq) {
-    out.attribute = mad::Attribute::SidrRep;
-    out.sidr_rep.request_id = in.sidr_req.request_id;
-    out.sidr_rep.status = mad::sidr_status::kUnsupported;
-    out.sidr_rep.service_id = in.sidr_req.service_id;
-  } else if (in.attribute == mad::Attribute::Dreq) {
-    out.attribute = mad::Attribute::Drep;
-    out.drep.local_comm_id = in.dreq.remote_comm_id;
-    out.drep.remote_comm_id = in.dreq.local_comm_id;
-  } else {
-    return;
-  }
-  agent->send(received.destination, received.source, 0, mad::build_cm_mad(out));
+  if (in.attribute == mad::Attribute::Rep) return;
+  if (const auto answer = unclaimed_answer(in)) agent->send(received.destination, received.source, 0, *answer);
 }
 
 CmId* id_by_local(Engine& engine, const CmAgent* agent, uint32_t local_comm_id) {
@@ -1064,7 +1036,7 @@ void on_mad(Engine& engine, CmAgent* agent, const ReceivedMad& received) {
         return;
       }
       id->remote_comm_id = in.rep.local_comm_id;
-      answered(id);
+      stop_resending(id);
       break;
     case mad::Attribute::Rej:
       if (id->state == IdState::RequestSent && in.rej.reason == mad::reject::kInvalidServiceId &&
@@ -1074,12 +1046,12 @@ void on_mad(Engine& engine, CmAgent* agent, const ReceivedMad& received) {
         ++id->resends_left;
         return;
       }
-      answered(id);
+      stop_resending(id);
       break;
     case mad::Attribute::Rtu:
     case mad::Attribute::Drep:
     case mad::Attribute::SidrRep:
-      answered(id);
+      stop_resending(id);
       break;
     default:
       break;
@@ -1290,7 +1262,7 @@ int destroy_id(rdma_cm_id* public_id) {
       engine.lingering.push_back({id->agent, id->local_comm_id, id->local_gid, id->peer_gid, id->tos,
                                   *id->awaiting_answer, id->resend_at, id->resends_left});
     }
-    close_connection(id.get());
+    stop_resending(id.get());
     const uint64_t service_id = mad::service_id(port_space_of(id.get()), port_of(id->id.route.addr.src_storage));
     for (const auto& [agent, address] : id->listening) agent->remove_listener(service_id, address);
     if (id->listed) engine.directory->release(id->id.route.addr.src_storage);
@@ -1618,7 +1590,7 @@ int connect(rdma_cm_id* public_id, const rdma_conn_param* param) {
       id->request_sent_at = Clock::now();
       engine.start_thread();
       if (!send_to_peer(id, message)) {
-        close_connection(id);
+        stop_resending(id);
         id->state = IdState::Disconnected;
         deliver(id, RDMA_CM_EVENT_UNREACHABLE, -ENETUNREACH);
       }
@@ -1737,7 +1709,7 @@ int accept(rdma_cm_id* public_id, const rdma_conn_param* param) {
         std::memcpy(message.sidr_rep.private_data, param->private_data, param->private_data_len);
       }
       bool sent = send_to_peer(id, message);
-      close_connection(id);
+      stop_resending(id);
       id->state = IdState::Connected;
       return sent ? 0 : fail(ECONNRESET);
     }
@@ -1799,7 +1771,7 @@ int reject(rdma_cm_id* public_id, const void* private_data, uint8_t length, uint
     if (length) std::memcpy(message.rej.private_data, private_data, length);
   }
   send_to_peer(id, message);
-  close_connection(id);
+  stop_resending(id);
   id->state = IdState::Disconnected;
   return 0;
 }
