@@ -9,6 +9,13 @@ bool Gid::is_zero() const {
   return std::all_of(raw.begin(), raw.end(), [](uint8_t b) { return b == 0; });
 }
 
+bool Gid::is_multicast() const {
+  if (raw[0] == 0xff) return true;
+  const bool ipv4_mapped = std::all_of(raw.begin(), raw.begin() + 10, [](uint8_t b) { return b == 0; }) &&
+                           raw[10] == 0xff && raw[11] == 0xff;
+  return ipv4_mapped && (raw[12] & 0xf0) == 0xe0;
+}
+
 Gid Gid::from_ipv4(std::span<const uint8_t, 4> address) {
   Gid gid;
   gid.raw[10] = 0xff;

@@ -16,6 +16,9 @@ struct Gid {
   std::array<uint8_t, 16> raw{};
 
   bool is_zero() const;
+  // A multicast group: ff00::/8, or an IPv4-mapped 224.0.0.0/4 address, the
+  // form RoCE v2 gives an IPv4 group (the kernel's rdma_cm joins ::ffff:G).
+  bool is_multicast() const;
   bool operator==(const Gid&) const = default;
 
   // IPv4-mapped IPv6 address ::ffff:a.b.c.d, as RoCE uses for IPv4 GIDs.

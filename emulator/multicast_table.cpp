@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "gid.h"
+
 namespace softverbs {
 
 MulticastTable::Group* MulticastTable::find(const Gid& gid) {
@@ -18,7 +20,7 @@ const MulticastTable::Group* MulticastTable::find(const Gid& gid) const {
 }
 
 int MulticastTable::attach(const Gid& gid, uint32_t qpn) {
-  if (gid[0] != 0xff) return EINVAL;
+  if (!softverbs::Gid{gid}.is_multicast()) return EINVAL;
   Group* group = find(gid);
   if (group == nullptr) {
     auto empty = std::find_if(std::begin(groups_), std::end(groups_), [](const Group& g) { return g.count == 0; });

@@ -18,7 +18,7 @@ class MulticastTable {
  public:
   using Gid = std::array<uint8_t, 16>;
 
-  // 0; EINVAL for a GID that is not multicast (first byte 0xff); ENOMEM when
+  // 0; EINVAL for a GID that is not multicast (Gid::is_multicast); ENOMEM when
   // the group or the table is full. Attaching twice is not an error.
   int attach(const Gid& gid, uint32_t qpn);
   // 0, or EINVAL if `qpn` is not attached to `gid`.

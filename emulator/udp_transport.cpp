@@ -31,6 +31,7 @@
 #include "coalesced_read.h"
 #include "debug_log.h"
 #include "icrc.h"
+#include "multicast_table.h"
 #include "netdev.h"
 #include "pcap_file.h"
 #include "process_id.h"
@@ -285,6 +286,14 @@ int bind_udp(const IpAddress& address, uint16_t port, uint32_t scope_id) {
     int pmtu = IPV6_PMTUDISC_DO;
     setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
   }
+  // Multicast leaves with the hop limit unicast has (64, the kernel's
+  // default and what rdma_cm puts in a RoCE v2 group's address handle),
+  // not the socket default of 1.
+  int hops = 64;
+  if (v4)
+    setsockopt(fd, IPPROTO_IP, IP_MULTICAST_TTL, &hops, sizeof hops);
+  else
+    setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_HOPS, &hops, sizeof hops);
   set_buffer(fd, SO_RCVBUF, SO_RCVBUFFORCE, kSocketBuffer);
   set_buffer(fd, SO_SNDBUF, SO_SNDBUFFORCE, kSocketBuffer);
   // Datagrams of one flow may arrive together (see drain()).
@@ -402,6 +411,9 @@ class UdpTransport::Engine : public udp::TransportPort {
                                         uint32_t flow_label, std::string* error) const;
   int sync_qp(int qp_index);
   void forget_qp(uint32_t qpn);
+  int join_group(const Gid& group, uint32_t qpn);
+  void leave_group(const Gid& group, uint32_t qpn);
+  void leave_groups(uint32_t qpn);
   bool carries(uint32_t qpn) {
     std::lock_guard guard(mutex_);
     return qps_.count(qpn) != 0;
@@ -694,6 +706,19 @@ class UdpTransport::Engine : public udp::TransportPort {
   PlainSend send_plain(int fd, SendPeer& peer, const iovec& piece, size_t total, size_t segment);
   std::map<IpAddress, int> receive_fd_by_address_;
   int forward_fd_ = -1;
+  // Multicast groups this process's UD QPs are attached to: one socket per
+  // group, bound to the group's address and port 4791 and a member of the
+  // group on the netdev. Every such socket on the host gets its own copy
+  // (the kernel does not spread multicast over a SO_REUSEPORT group), so
+  // each process delivers to its own QPs, and the sender's host, its own
+  // processes included, gets its copy through the kernel's multicast loopback.
+  struct GroupMembers {
+    uint64_t watcher = 0;
+    std::vector<uint32_t> qpns;
+  };
+  std::map<IpAddress, GroupMembers> groups_;
+  void leave_group_locked(std::map<IpAddress, GroupMembers>::iterator group, uint32_t qpn);
+  void deliver_to_group_locked(const FlowAddress& flow, const TransportPacket& packet);
   struct SendBatch {
     int fd = -1;
     SocketAddressStorage to;
@@ -1349,6 +1374,10 @@ void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<co
     return;
   }
   uint32_t qpn = packet->bth.dest_qp;
+  if (qpn == kMulticastQpn) {
+    deliver_to_group_locked(flow, *packet);
+    return;
+  }
   if (qpn == kGsiQpn) {
     qpn = route_to_cm_agent(flow, *packet, forwarded);
     if (qpn == 0) return;
@@ -2099,6 +2128,70 @@ void UdpTransport::Engine::forget_qp(uint32_t qpn) {
   forget_locked(qpn);
 }
 
+int UdpTransport::Engine::join_group(const Gid& group, uint32_t qpn) {
+  if (!group.is_multicast()) return EINVAL;
+  std::lock_guard guard(mutex_);
+  auto it = groups_.find(group.raw);
+  if (it == groups_.end()) {
+    const bool v4 = is_ipv4_mapped(group.raw);
+    Fd fd(bind_udp(group.raw, kRoceV2Port, ifindex_));
+    if (fd.get() < 0) return errno;
+    int joined;
+    if (v4) {
+      ip_mreqn request{};
+      std::memcpy(&request.imr_multiaddr, group.raw.data() + 12, 4);
+      request.imr_ifindex = static_cast<int>(ifindex_);
+      joined = setsockopt(fd.get(), IPPROTO_IP, IP_ADD_MEMBERSHIP, &request, sizeof request);
+    } else {
+      ipv6_mreq request{};
+      std::memcpy(&request.ipv6mr_multiaddr, group.raw.data(), 16);
+      request.ipv6mr_interface = ifindex_;
+      joined = setsockopt(fd.get(), IPPROTO_IPV6, IPV6_ADD_MEMBERSHIP, &request, sizeof request);
+    }
+    if (joined != 0) {
+      const int saved = errno;
+      std::fprintf(stderr, "softverbs: cannot join multicast group %s on %s: %s\n", format_address(group.raw).c_str(),
+                   config_.netdev.c_str(), std::strerror(saved));
+      return saved;
+    }
+    it = groups_.emplace(group.raw, GroupMembers{add_watcher_locked(std::move(fd), group.raw, false), {}}).first;
+  }
+  if (std::find(it->second.qpns.begin(), it->second.qpns.end(), qpn) == it->second.qpns.end())
+    it->second.qpns.push_back(qpn);
+  return 0;
+}
+
+void UdpTransport::Engine::leave_group(const Gid& group, uint32_t qpn) {
+  std::lock_guard guard(mutex_);
+  if (auto it = groups_.find(group.raw); it != groups_.end()) leave_group_locked(it, qpn);
+}
+
+void UdpTransport::Engine::leave_groups(uint32_t qpn) {
+  std::lock_guard guard(mutex_);
+  for (auto it = groups_.begin(); it != groups_.end();) leave_group_locked(it++, qpn);
+}
+
+void UdpTransport::Engine::leave_group_locked(std::map<IpAddress, GroupMembers>::iterator group, uint32_t qpn) {
+  std::erase(group->second.qpns, qpn);
+  if (!group->second.qpns.empty()) return;
+  retire_watcher_locked(group->second.watcher);  // closing the socket leaves the group
+  groups_.erase(group);
+}
+
+// A packet to QPN 0xffffff: a copy for each of this process's QPs attached
+// to the group it was sent to, as an HCA replicates it to every QP attached.
+void UdpTransport::Engine::deliver_to_group_locked(const FlowAddress& flow, const TransportPacket& packet) {
+  auto group = groups_.find(flow.destination);
+  const uint8_t code = packet.bth.opcode;
+  if (group == groups_.end() ||
+      (code != opcode(Service::Ud, op::kSendOnly) && code != opcode(Service::Ud, op::kSendOnlyImm))) {
+    counters().add(Counter::UnknownQp);
+    return;
+  }
+  for (uint32_t qpn : group->second.qpns)
+    if (udp::UdpQp* qp = find(qpn); qp != nullptr && qp->type == QpType::Ud) udp::ud_receive(*this, *qp, packet, flow);
+}
+
 int UdpTransport::Engine::post_send(uint32_t qpn, const udp::SendWqe& wqe) {
   DeferredChannelWakeups wakeups;  // sent once the lock is free
   std::lock_guard guard(mutex_);
@@ -2204,6 +2297,9 @@ std::optional<udp::Path> UdpTransport::resolve_path(int sgid_index, const Gid& d
 int UdpTransport::sync_qp(int qp_index) { return engine_->sync_qp(qp_index); }
 void UdpTransport::forget_qp(uint32_t qpn) { engine_->forget_qp(qpn); }
 bool UdpTransport::carries(uint32_t qpn) const { return engine_->carries(qpn); }
+int UdpTransport::join_group(const Gid& group, uint32_t qpn) { return engine_->join_group(group, qpn); }
+void UdpTransport::leave_group(const Gid& group, uint32_t qpn) { engine_->leave_group(group, qpn); }
+void UdpTransport::leave_groups(uint32_t qpn) { engine_->leave_groups(qpn); }
 int UdpTransport::post_send(uint32_t qpn, const udp::SendWqe& wqe) { return engine_->post_send(qpn, wqe); }
 void UdpTransport::drive() { engine_->drive(); }
 void UdpTransport::receive_posted() { engine_->receive_posted(); }

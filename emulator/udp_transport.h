@@ -64,6 +64,14 @@ class UdpTransport {
   void forget_qp(uint32_t qpn);
   bool carries(uint32_t qpn) const;
 
+  // UD multicast over IP multicast: QP `qpn` of this process receives what
+  // is sent to `group` (Gid::is_multicast) on the device's netdev, from this
+  // host or any other. 0, or an errno from joining the group.
+  int join_group(const Gid& group, uint32_t qpn);
+  void leave_group(const Gid& group, uint32_t qpn);
+  // Every group the QP is in (destroy).
+  void leave_groups(uint32_t qpn);
+
   // Queues a send work request on an attached QP: 0, or EINVAL if the QP
   // is not attached or not in RTS/SQD.
   int post_send(uint32_t qpn, const udp::SendWqe& wqe);

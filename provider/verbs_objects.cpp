@@ -890,6 +890,8 @@ int destroy_qp(ibv_qp* ibv) {
     ExclusiveLock lock(state.memory->shared().memory_lock);
     state.memory->shared().multicast.detach_everywhere(ibv->qp_num);
   }
+  if (UdpTransport* udp = state.udp_running.load(std::memory_order_acquire); udp && ibv->qp_type == IBV_QPT_UD)
+    udp->leave_groups(ibv->qp_num);
   purge_completions(*state.memory, qp->send_cq->index, ibv->qp_num);
   purge_completions(*state.memory, qp->recv_cq->index, ibv->qp_num);
   {
@@ -1327,10 +1329,19 @@ namespace {
 bool goes_over_udp(ContextState& state, const QpRecord& record, const ibv_send_wr* wr) {
   if (record.type != QpType::Ud) return true;
   const auto* ah = reinterpret_cast<const ProviderAh*>(wr->wr.ud.ah);
-  if (!ah->attr.is_global || ah->attr.grh.dgid.raw[0] == 0xff) return false;  // no GRH; multicast
-  if (state.config.transport == TransportChoice::Udp) return true;
+  if (!ah->attr.is_global) return false;
   Gid dgid;
   std::memcpy(dgid.raw.data(), ah->attr.grh.dgid.raw, 16);
+  // A group address goes out as IP multicast, and every member on this host
+  // as elsewhere gets its copy from the kernel; a group GID of another
+  // family than the source (ff0e::ffff:a.b.c.d, RoCE v1's form of an IPv4
+  // group, from an IPv4 GID) has no IP form here and reaches local members.
+  if (dgid.is_multicast()) {
+    Gid source;
+    std::memcpy(source.raw.data(), ah->source_gid.raw, 16);
+    return wire::is_ipv4_mapped(dgid.raw) == wire::is_ipv4_mapped(source.raw);
+  }
+  if (state.config.transport == TransportChoice::Udp) return true;
   for (const GidEntry& entry : state.gids)
     if (entry.gid == dgid) return false;
   return true;
@@ -1620,18 +1631,36 @@ MulticastTable::Gid to_gid(const ibv_gid* gid) {
   return out;
 }
 
+// The UDP transport that carries a UD QP's multicast to other hosts, or
+// nullptr where UD stays in shared memory.
+UdpTransport* multicast_transport(ContextState& state) { return ud_over_udp(state) ? udp_transport(state) : nullptr; }
+
 int attach_mcast(ibv_qp* ibv, const ibv_gid* gid, uint16_t) {
   if (gid == nullptr || ibv->qp_type != IBV_QPT_UD) return EINVAL;
   DeviceMemory& memory = memory_of(ibv->context);
-  ExclusiveLock lock(memory.shared().memory_lock);
-  return memory.shared().multicast.attach(to_gid(gid), ibv->qp_num);
+  {
+    ExclusiveLock lock(memory.shared().memory_lock);
+    if (int error = memory.shared().multicast.attach(to_gid(gid), ibv->qp_num)) return error;
+  }
+  if (UdpTransport* udp = multicast_transport(state_of(ibv->context))) {
+    if (int error = udp->join_group(Gid{to_gid(gid)}, ibv->qp_num)) {
+      ExclusiveLock lock(memory.shared().memory_lock);
+      memory.shared().multicast.detach(to_gid(gid), ibv->qp_num);
+      return error;
+    }
+  }
+  return 0;
 }
 
 int detach_mcast(ibv_qp* ibv, const ibv_gid* gid, uint16_t) {
   if (gid == nullptr) return EINVAL;
   DeviceMemory& memory = memory_of(ibv->context);
-  ExclusiveLock lock(memory.shared().memory_lock);
-  return memory.shared().multicast.detach(to_gid(gid), ibv->qp_num);
+  {
+    ExclusiveLock lock(memory.shared().memory_lock);
+    if (int error = memory.shared().multicast.detach(to_gid(gid), ibv->qp_num)) return error;
+  }
+  if (UdpTransport* udp = multicast_transport(state_of(ibv->context))) udp->leave_group(Gid{to_gid(gid)}, ibv->qp_num);
+  return 0;
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "cm_routing.h"
 #include "debug_log.h"
 #include "device_registry.h"
+#include "gid.h"
 #include "listener_directory.h"
 #include "multicast_table.h"
 #include "random_bits.h"
@@ -1941,17 +1942,12 @@ int join_multicast(rdma_cm_id* public_id, const sockaddr* address, void* context
   if (id->id.verbs == nullptr || !is_ud(id)) return fail(EINVAL);
   CmId::Membership membership{};
   copy_address(membership.address, address);
-  // RoCE's group GID: the IPv4-mapped address, or the IPv6 address itself.
+  // RoCE v2's group GID, as the kernel's rdma_cm builds it: the IPv4-mapped
+  // address (::ffff:a.b.c.d), or the IPv6 address itself.
   membership.mgid = gid_of(membership.address);
-  if (membership.mgid.raw[0] != 0xff &&
-      !(address->sa_family == AF_INET && membership.mgid.raw[12] >= 224 && membership.mgid.raw[12] <= 239))
-    return fail(EINVAL);  // not a multicast address
-  if (address->sa_family == AF_INET) {
-    // IPv4 multicast becomes an IB multicast GID as the kernel's RoCE code
-    // builds it: ff0e::ffff:a.b.c.d.
-    membership.mgid.raw[0] = 0xff;
-    membership.mgid.raw[1] = 0x0e;
-  }
+  softverbs::Gid group;
+  std::memcpy(group.raw.data(), membership.mgid.raw, 16);
+  if (!group.is_multicast()) return fail(EINVAL);
   for (const auto& joined : id->multicast)
     if (std::memcmp(&joined.address, &membership.address, sizeof membership.address) == 0) return fail(EADDRINUSE);
   if (!send_only && id->id.qp != nullptr) {

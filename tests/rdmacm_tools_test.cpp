@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "mckey_group.h"
 #include "process_runner.h"
 
 namespace softverbs {
@@ -80,6 +81,21 @@ const ToolPair kPairs[] = {
 
 INSTANTIATE_TEST_SUITE_P(Tools, RdmacmTools, ::testing::ValuesIn(kPairs),
                          [](const ::testing::TestParamInfo<ToolPair>& info) { return info.param.name; });
+
+// mckey on one host over shared memory (the default device on lo): two
+// receivers, one with two QPs, get every datagram of a sender in the group.
+// (udp_tools_test runs it as IP multicast.)
+TEST(Mckey, EveryReceiverGetsEveryDatagram) {
+  TemporaryDirectory dir;
+  std::vector<std::string> env = {"SOFTVERBS_RUNTIME_DIR=" + dir.path() + "/rt"};
+  ASSERT_EQ(run_process({SOFTVERBS_CLI, "up"}, env).exit_code, 0);
+  test::McKeyGroup r = test::run_mckey_group(SOFTVERBS_CLI, env, dir.path(), "239.7.7.7", "127.0.0.1", {1, 2}, 100);
+  EXPECT_EQ(r.sender.exit_code, 0) << r.sender.out << r.sender.err;
+  for (size_t i = 0; i < r.receivers.size(); ++i) {
+    EXPECT_EQ(r.receivers[i].exit_code, 0) << r.receivers[i].err;
+    EXPECT_NE(r.receiver_outputs[i].find("data transfers complete"), std::string::npos) << r.receiver_outputs[i];
+  }
+}
 
 TEST(RdmacmShim, ExportsEverySymbolOfTheRealLibraryInItsVersionNode) {
   auto symbols = [](const std::string& library) {

@@ -58,6 +58,8 @@ class TwoNamespaces : public ::testing::Test {
       ASSERT_EQ(r.exit_code, 0) << command[0] << ' ' << command[1] << ' ' << command[2] << ": " << r.err;
     }
     created_ = true;
+    netdev_a_ = "sva" + id;
+    netdev_b_ = "svb" + id;
     auto up_a = in_a({SOFTVERBS_CLI, "up", "--name", "sva", "--netdev", "sva" + id});
     ASSERT_EQ(up_a.exit_code, 0) << up_a.err;
     auto up_b = in_b({SOFTVERBS_CLI, "up", "--name", "svb", "--netdev", "svb" + id});
@@ -141,7 +143,7 @@ class TwoNamespaces : public ::testing::Test {
 
   TemporaryDirectory dir_;
   std::vector<std::string> env_a_, env_b_;
-  std::string ns_a_, ns_b_, address_a_, address_b_, gid_a_, gid_b_;
+  std::string ns_a_, ns_b_, netdev_a_, netdev_b_, address_a_, address_b_, gid_a_, gid_b_;
   bool created_ = false;
 };
 
@@ -252,6 +254,48 @@ TEST_F(TwoNamespaces, UdaddyOverSidr) {
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
   EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
   EXPECT_NE(r.client.out.find("test complete"), std::string::npos) << r.client.out;
+}
+
+// mckey: rdma_cm multicast, one sender in B and receivers in both
+// namespaces (two QPs in A's). The group travels as IP multicast: every
+// receiver's host joined it on the netdev (IGMP, as the kernel's rdma_cm
+// does for RoCE v2), and each datagram is a RoCE v2 UD SEND to the group's
+// address and QPN 0xffffff, which every receiving QP takes.
+TEST_F(TwoNamespaces, MckeyOverIpMulticast) {
+  const std::string group = "239.77.1.2", count = "100";
+  const std::string capture = dir_.path() + "/mc.pcap";
+  auto capturing = std::async(std::launch::async, [&] {
+    return in_a({SOFTVERBS_CLI, "capture", "sva", "-w", capture, "--duration", "6"});
+  });
+  std::vector<std::string> receiver_a = {SOFTVERBS_CLI, "run", "--", "mckey", "-m",  group, "-b",
+                                         address_a_,    "-c",  "2",  "-C",    count, "-S",  "1000"};
+  std::vector<std::string> receiver_b = {SOFTVERBS_CLI, "run",      "--", "mckey", "-m", group,
+                                         "-b",          address_b_, "-C", count,   "-S", "1000"};
+  auto in_a_receiving = std::async(std::launch::async, [&] { return in_a(receiver_a); });
+  auto in_b_receiving = std::async(std::launch::async, [&] { return in_b(receiver_b); });
+  auto joined = [&](const std::string& ns, const std::string& netdev) {
+    return run_process({"ip", "-n", ns, "maddr", "show", "dev", netdev}).out.find(group) != std::string::npos;
+  };
+  for (int i = 0; i < 200 && !(joined(ns_a_, netdev_a_) && joined(ns_b_, netdev_b_)); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(joined(ns_a_, netdev_a_)) << "A's host is a member of the group";
+  auto sender =
+      in_b({SOFTVERBS_CLI, "run", "--", "mckey", "-m", group, "-s", "-b", address_b_, "-C", count, "-S", "1000"});
+  EXPECT_EQ(sender.exit_code, 0) << sender.out << sender.err;
+  for (auto* receiving : {&in_a_receiving, &in_b_receiving}) {
+    ProcessResult r = receiving->get();
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("joined dgid: ::ffff:" + group), std::string::npos) << "RoCE v2's group GID: " << r.out;
+    EXPECT_NE(r.out.find("data transfers complete"), std::string::npos) << r.out;
+  }
+  ASSERT_EQ(capturing.get().exit_code, 0);
+  auto decoded = run_process({"tshark", "-r", capture, "-Y", "infiniband.bth.destqp == 0xffffff", "-T", "fields", "-e",
+                              "ip.dst", "-e", "infiniband.deth.q_key"});
+  ASSERT_EQ(decoded.exit_code, 0) << decoded.err;
+  std::string one = group + "\t0x0000000001234567\n";  // RDMA_UDP_QKEY
+  std::string all;
+  for (int i = 0; i < std::stoi(count); ++i) all += one;
+  EXPECT_EQ(decoded.out, all) << "A received each datagram once, sent to the group";
 }
 
 // A REQ for a port nobody listens on is rejected with the kernel's reason

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "device_status.h"
+#include "mckey_group.h"
 #include "process_runner.h"
 
 namespace softverbs {
@@ -262,6 +263,22 @@ TEST_F(UdpOnLoopback, RpingThroughTheRdmacmShim) {
   EXPECT_EQ(server.exit_code, 0) << server.out << server.err;
   EXPECT_NE(client.out.find("ping data: rdma-ping-199"), std::string::npos);
   EXPECT_GT(counters()["rx_packets"], 800u) << "rping's SENDs, READs and WRITEs as packets";
+}
+
+// mckey's group as IP multicast on lo: each receiving process joins the
+// group and takes its datagrams from its own socket, so the device counts
+// at least one packet per datagram and receiving process.
+TEST_F(UdpOnLoopback, MckeyGroupIsIpMulticast) {
+  test::McKeyGroup r = test::run_mckey_group(SOFTVERBS_CLI, env_, dir_.path(), "239.7.7.7", "127.0.0.1", {1, 2}, 100);
+  EXPECT_EQ(r.sender.exit_code, 0) << r.sender.out << r.sender.err;
+  for (size_t i = 0; i < r.receivers.size(); ++i) {
+    EXPECT_EQ(r.receivers[i].exit_code, 0) << r.receivers[i].err;
+    EXPECT_NE(r.receiver_outputs[i].find("joined dgid: ::ffff:239.7.7.7"), std::string::npos)
+        << "RoCE v2's group GID: " << r.receiver_outputs[i];
+    EXPECT_NE(r.receiver_outputs[i].find("data transfers complete"), std::string::npos) << r.receiver_outputs[i];
+  }
+  EXPECT_GE(counters()["rx_packets"], 200u);
+  EXPECT_EQ(counters()["icrc_errors"], 0u);
 }
 
 // perftest's bandwidth tools keep both ends up until both are done (they

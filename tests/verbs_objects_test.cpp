@@ -2,6 +2,7 @@
 // rules, the MR key table's checks and the completion ring.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "completion_ring.h"
+#include "gid.h"
 #include "memory_region_table.h"
 #include "multicast_table.h"
 #include "qp_state_machine.h"
@@ -404,6 +406,13 @@ TEST(MulticastTable, AttachDetachAndLimits) {
   MulticastTable::Gid unicast{};
   unicast[0] = 0xfe;
   EXPECT_EQ(table->attach(unicast, 0x11), EINVAL) << "only multicast GIDs";
+  // RoCE v2's IPv4 groups: ::ffff:224.0.0.0/4 is a group, ::ffff:10.0.0.1 is not.
+  MulticastTable::Gid ipv4_group = Gid::from_ipv4(std::array<uint8_t, 4>{239, 1, 2, 3}).raw;
+  MulticastTable::Gid ipv4_host = Gid::from_ipv4(std::array<uint8_t, 4>{10, 0, 0, 1}).raw;
+  EXPECT_EQ(table->attach(ipv4_host, 0x11), EINVAL);
+  EXPECT_EQ(table->attach(ipv4_group, 0x11), 0);
+  EXPECT_EQ(table->members(ipv4_group), std::vector<uint32_t>{0x11});
+  table->detach_everywhere(0x11);
   EXPECT_EQ(table->attach(group, 0x11), 0);
   EXPECT_EQ(table->attach(group, 0x11), 0) << "attaching twice is harmless";
   EXPECT_EQ(table->attach(group, 0x12), 0);
