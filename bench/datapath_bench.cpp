@@ -11,12 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "completion_ring.h"
-#include "data_path.h"
-#include "device_memory.h"
-#include "memory_region_table.h"
+#include "device/completion_ring.h"
+#include "device/device_memory.h"
+#include "device/memory_region_table.h"
+#include "device/queues.h"
+#include "device/receive_queue.h"
 #include "page_aligned.h"
-#include "receive_queue.h"
+#include "shm/requester.h"
 
 namespace softverbs {
 namespace {

@@ -37,8 +37,8 @@
 #include <thread>
 #include <vector>
 
-#include "icrc.h"
-#include "udp_gso.h"
+#include "udp/gso.h"
+#include "wire/icrc.h"
 
 namespace {
 

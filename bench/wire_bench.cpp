@@ -6,12 +6,12 @@
 #include <cstring>
 #include <vector>
 
-#include "coalesced_read.h"
-#include "icrc.h"
 #include "page_aligned.h"
-#include "payload_copy.h"
-#include "roce_headers.h"
-#include "roce_packet.h"
+#include "support/payload_copy.h"
+#include "udp/coalesced_read.h"
+#include "wire/icrc.h"
+#include "wire/roce_headers.h"
+#include "wire/roce_packet.h"
 
 namespace {
 

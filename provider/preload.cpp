@@ -44,8 +44,8 @@ extern "C" __attribute__((visibility("default"))) int socket(int domain, int typ
 #include <span>
 #include <string>
 
+#include "device/event_socket.h"
 #include "event_datagram.h"
-#include "event_socket.h"
 #include "preload_interface.h"
 
 namespace {

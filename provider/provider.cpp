@@ -14,16 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "device_limits.h"
-#include "device_registry.h"
+#include "device/device_limits.h"
 #include "event_kinds.h"
-#include "file_util.h"
 #include "handle_registry.h"
-#include "memory_copy.h"
-#include "netdev.h"
+#include "host/device_registry.h"
+#include "host/netdev.h"
+#include "host/sysfs_tree.h"
 #include "progress_thread.h"
 #include "provider_context.h"
-#include "sysfs_tree.h"
+#include "shm/memory_copy.h"
+#include "support/file_util.h"
 
 namespace softverbs::provider {
 namespace {

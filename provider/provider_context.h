@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "abi/verbs_private34.h"
-#include "device_attributes.h"
-#include "device_config.h"
-#include "device_memory.h"
-#include "event_socket.h"
-#include "udp_transport.h"
+#include "device/device_attributes.h"
+#include "device/device_memory.h"
+#include "device/event_socket.h"
+#include "host/device_config.h"
+#include "udp/transport.h"
 
 namespace softverbs::provider {
 

@@ -15,19 +15,20 @@
 #include <mutex>
 #include <vector>
 
-#include "data_path.h"
-#include "debug_log.h"
-#include "device_attributes.h"
-#include "device_limits.h"
-#include "event_socket.h"
+#include "device/device_attributes.h"
+#include "device/device_limits.h"
+#include "device/event_socket.h"
+#include "device/qp_state_machine.h"
+#include "device/queues.h"
+#include "device/receive_queue.h"
 #include "handle_registry.h"
 #include "progress_thread.h"
 #include "provider_context.h"
-#include "qp_state_machine.h"
-#include "receive_queue.h"
-#include "shared_regions.h"
-#include "small_vector.h"
-#include "udp_transport.h"
+#include "shm/requester.h"
+#include "shm/shared_regions.h"
+#include "support/debug_log.h"
+#include "support/small_vector.h"
+#include "udp/transport.h"
 
 namespace softverbs::provider {
 

@@ -5,12 +5,12 @@
 #include <cerrno>
 #include <cstring>
 
-#include "cm_routing.h"
-#include "debug_log.h"
-#include "device_memory.h"
-#include "device_registry.h"
-#include "random_bits.h"
-#include "roce_packet.h"
+#include "device/cm_routing.h"
+#include "device/device_memory.h"
+#include "host/device_registry.h"
+#include "support/debug_log.h"
+#include "support/random_bits.h"
+#include "wire/roce_packet.h"
 
 namespace softverbs::cm {
 

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "cm_mad.h"
+#include "wire/cm_mad.h"
 
 namespace softverbs {
 class DeviceMemory;

@@ -21,13 +21,13 @@
 #include <string>
 #include <thread>
 
-#include "cm_routing.h"
-#include "debug_log.h"
-#include "device_registry.h"
-#include "gid.h"
+#include "device/cm_routing.h"
+#include "device/multicast_table.h"
+#include "host/device_registry.h"
+#include "host/gid.h"
 #include "listener_directory.h"
-#include "multicast_table.h"
-#include "random_bits.h"
+#include "support/debug_log.h"
+#include "support/random_bits.h"
 
 namespace softverbs::cm {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <system_error>
 
-#include "file_util.h"
+#include "support/file_util.h"
 
 namespace softverbs::cm {
 

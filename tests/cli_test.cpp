@@ -7,9 +7,9 @@
 #include <future>
 #include <vector>
 
-#include "device_config.h"
-#include "file_util.h"
+#include "host/device_config.h"
 #include "process_runner.h"
+#include "support/file_util.h"
 
 namespace softverbs {
 namespace {

@@ -1,7 +1,7 @@
 // Communication Management MADs: every field survives building and parsing,
 // malformed MADs are refused, and tshark's InfiniBand dissector reads the
 // packets softverbs builds field for field as the IB CM.
-#include "cm_mad.h"
+#include "wire/cm_mad.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -12,12 +12,12 @@
 #include <sstream>
 #include <string>
 
-#include "cm_routing.h"
-#include "device_memory.h"
-#include "pcap_file.h"
+#include "device/cm_routing.h"
+#include "device/device_memory.h"
 #include "process_runner.h"
-#include "roce_headers.h"
-#include "roce_packet.h"
+#include "wire/pcap_file.h"
+#include "wire/roce_headers.h"
+#include "wire/roce_packet.h"
 
 namespace softverbs {
 namespace {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "cross_user_helpers.h"
-#include "device_memory.h"
-#include "memory_copy.h"
+#include "device/device_memory.h"
 #include "process_runner.h"
+#include "shm/memory_copy.h"
 
 namespace softverbs {
 namespace {

@@ -6,14 +6,14 @@
 
 #include <filesystem>
 
-#include "device_attributes.h"
-#include "device_config.h"
-#include "device_limits.h"
-#include "device_registry.h"
-#include "file_util.h"
+#include "device/device_attributes.h"
+#include "device/device_limits.h"
+#include "device/transport_counters.h"
+#include "host/device_config.h"
+#include "host/device_registry.h"
+#include "host/sysfs_tree.h"
 #include "process_runner.h"
-#include "sysfs_tree.h"
-#include "transport_counters.h"
+#include "support/file_util.h"
 
 namespace softverbs {
 namespace {

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "fuzz/packet_harness.h"
-#include "roce_headers.h"
+#include "wire/roce_headers.h"
 
 namespace softverbs {
 namespace {

@@ -2,7 +2,7 @@
 // around the string copy's 4 KiB aliasing slow path (payload_copy.h). Each
 // must copy exactly the bytes asked for, at every distance between source
 // and destination and every length, and touch nothing beside them.
-#include "payload_copy.h"
+#include "support/payload_copy.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // The thread facts the UDP engine asks the kernel for: whose thread posted,
 // and whether that thread only waits for a CPU. Real threads, pinned to real
 // CPUs, read back through /proc.
-#include "process_id.h"
+#include "support/process_id.h"
 
 #include <gtest/gtest.h>
 #include <sched.h>

@@ -10,7 +10,7 @@
 #include <set>
 #include <string>
 
-#include "device_memory.h"
+#include "device/device_memory.h"
 #include "process_runner.h"
 
 namespace softverbs {

@@ -9,9 +9,9 @@
 #include <regex>
 #include <thread>
 
-#include "device_config.h"
-#include "file_util.h"
+#include "host/device_config.h"
 #include "process_runner.h"
+#include "support/file_util.h"
 
 namespace softverbs {
 namespace {

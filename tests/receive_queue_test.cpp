@@ -3,7 +3,7 @@
 // so that the narrow window between a post's look at the state and its
 // append is hit (a post that appended after the queue was emptied would
 // leave its WQE queued: never completed, or alive in the next connection).
-#include "receive_queue.h"
+#include "device/receive_queue.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "completion_ring.h"
-#include "data_path.h"
-#include "device_memory.h"
+#include "device/completion_ring.h"
+#include "device/device_memory.h"
+#include "device/queues.h"
 #include "process_runner.h"
 
 namespace softverbs {

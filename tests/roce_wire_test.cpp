@@ -7,15 +7,15 @@
 #include <random>
 #include <set>
 
-#include "coalesced_read.h"
-#include "crc32_fold.h"
-#include "fault_injection.h"
-#include "icrc.h"
 #include "process_runner.h"
-#include "roce_headers.h"
-#include "roce_packet.h"
-#include "udp_gso.h"
-#include "udp_qp.h"
+#include "udp/coalesced_read.h"
+#include "udp/fault_injection.h"
+#include "udp/gso.h"
+#include "udp/qp.h"
+#include "wire/crc32_fold.h"
+#include "wire/icrc.h"
+#include "wire/roce_headers.h"
+#include "wire/roce_packet.h"
 
 namespace softverbs {
 namespace {

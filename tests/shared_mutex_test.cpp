@@ -2,7 +2,7 @@
 // processes: exclusion, sleeping waiters, and owners that die holding them;
 // and the read-mostly lock of the MR table, whose readers in different
 // processes do not exclude each other.
-#include "shared_mutex.h"
+#include "device/shared_mutex.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

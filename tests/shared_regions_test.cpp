@@ -2,7 +2,7 @@
 // memory qualifies, that the application's bytes and pointers survive the
 // move into the memfd, and that another process maps exactly the owner's
 // pages (and only through a descriptor the MR table names).
-#include "shared_regions.h"
+#include "shm/shared_regions.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -21,9 +21,9 @@
 
 #include "cross_user_helpers.h"
 #include "rc_peer.h"
-#include "roce_headers.h"
-#include "roce_packet.h"
-#include "udp_internal.h"
+#include "udp/internal.h"
+#include "wire/roce_headers.h"
+#include "wire/roce_packet.h"
 
 namespace {
 

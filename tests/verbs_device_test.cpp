@@ -11,10 +11,10 @@
 #include <filesystem>
 #include <string>
 
-#include "device_config.h"
-#include "device_limits.h"
-#include "device_registry.h"
-#include "file_util.h"
+#include "device/device_limits.h"
+#include "host/device_config.h"
+#include "host/device_registry.h"
+#include "support/file_util.h"
 
 namespace softverbs {
 namespace {

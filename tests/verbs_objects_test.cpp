@@ -11,11 +11,11 @@
 #include <thread>
 #include <vector>
 
-#include "completion_ring.h"
-#include "gid.h"
-#include "memory_region_table.h"
-#include "multicast_table.h"
-#include "qp_state_machine.h"
+#include "device/completion_ring.h"
+#include "device/memory_region_table.h"
+#include "device/multicast_table.h"
+#include "device/qp_state_machine.h"
+#include "host/gid.h"
 
 namespace softverbs {
 namespace {

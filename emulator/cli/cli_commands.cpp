@@ -8,15 +8,15 @@
 #include <iostream>
 #include <system_error>
 
-#include "data_path.h"
-#include "device_attributes.h"
-#include "device_memory.h"
-#include "event_socket.h"
-#include "file_util.h"
+#include "device/device_attributes.h"
+#include "device/device_memory.h"
+#include "device/event_socket.h"
+#include "device/queues.h"
+#include "host/netdev.h"
+#include "host/sysfs_tree.h"
 #include "library_paths.h"
-#include "netdev.h"
 #include "sandbox.h"
-#include "sysfs_tree.h"
+#include "support/file_util.h"
 
 namespace softverbs::cli {
 

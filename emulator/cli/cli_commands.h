@@ -6,9 +6,9 @@
 #include <span>
 #include <string>
 
-#include "device_config.h"
-#include "device_registry.h"
-#include "fault_injection.h"
+#include "host/device_config.h"
+#include "host/device_registry.h"
+#include "udp/fault_injection.h"
 
 namespace softverbs::cli {
 

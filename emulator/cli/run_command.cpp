@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "cli_commands.h"
+#include "host/sysfs_tree.h"
 #include "library_paths.h"
 #include "sandbox.h"
-#include "sysfs_tree.h"
 
 namespace softverbs::cli {
 

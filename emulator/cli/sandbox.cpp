@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "file_util.h"
+#include "support/file_util.h"
 
 namespace softverbs::cli {
 

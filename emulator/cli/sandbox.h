@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "device_config.h"
-#include "device_registry.h"
+#include "host/device_config.h"
+#include "host/device_registry.h"
 #include "library_paths.h"
 
 namespace softverbs::cli {

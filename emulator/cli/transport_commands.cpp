@@ -11,9 +11,9 @@
 #include <thread>
 
 #include "cli_commands.h"
-#include "device_memory.h"
-#include "pcap_file.h"
-#include "transport_counters.h"
+#include "device/device_memory.h"
+#include "device/transport_counters.h"
+#include "wire/pcap_file.h"
 
 namespace softverbs::cli {
 

@@ -13,8 +13,8 @@
 #include <filesystem>
 #include <vector>
 
-#include "device_memory.h"
-#include "memory_copy.h"
+#include "device/device_memory.h"
+#include "shm/memory_copy.h"
 
 namespace {
 

@@ -8,8 +8,8 @@
 #include <span>
 #include <vector>
 
-#include "cm_mad.h"
 #include "seed_corpus.h"
+#include "wire/cm_mad.h"
 
 namespace {
 

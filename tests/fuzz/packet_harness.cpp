@@ -5,9 +5,9 @@
 #include <cstring>
 #include <random>
 
-#include "data_path.h"
-#include "receive_queue.h"
-#include "roce_headers.h"
+#include "device/queues.h"
+#include "device/receive_queue.h"
+#include "wire/roce_headers.h"
 
 namespace softverbs::fuzz {
 

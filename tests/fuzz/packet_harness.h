@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "device_memory.h"
-#include "udp_qp.h"
+#include "device/device_memory.h"
+#include "udp/qp.h"
 
 namespace softverbs::fuzz {
 

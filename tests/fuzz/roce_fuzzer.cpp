@@ -5,10 +5,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "coalesced_read.h"
 #include "packet_harness.h"
-#include "roce_headers.h"
 #include "seed_corpus.h"
+#include "udp/coalesced_read.h"
+#include "wire/roce_headers.h"
 
 // An empty corpus directory is seeded with a valid packet of every opcode.
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {

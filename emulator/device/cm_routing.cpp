@@ -1,0 +1,138 @@
+#include "device/cm_routing.h"
+
+#include <cerrno>
+
+#include "device/device_memory.h"
+
+namespace softverbs {
+
+namespace {
+
+using wire::cm::Attribute;
+
+constexpr unsigned kSequenceBits = 32 - kQpnIndexBits;
+
+// The agent `qpn` names, if it is one and its process lives.
+bool agent_alive(DeviceMemory& memory, uint32_t qpn) {
+  const QpRecord* qp = memory.qp_by_number(qpn);
+  return qp != nullptr && qp->gsi_agent && qp->type == QpType::Ud && memory.owner_alive(qp->owner_process);
+}
+
+uint32_t agent_of_id(DeviceMemory& memory, uint32_t id) {
+  const QpRecord& qp = memory.shared().qps[id >> kSequenceBits];
+  const uint32_t qpn = qp.qpn;  // unlocked: the checks below see a QP that went
+  return qp.live && agent_alive(memory, qpn) ? qpn : 0;
+}
+
+uint32_t listener_for(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address) {
+  SharedLock lock(memory.shared().cm_listeners.lock);
+  uint32_t any = 0;
+  for (const auto& entry : memory.shared().cm_listeners.entries) {
+    if (entry.agent_qpn == 0 || entry.service_id != service_id || !agent_alive(memory, entry.agent_qpn)) continue;
+    if (entry.address == address) return entry.agent_qpn;
+    if (entry.address == std::array<uint8_t, 16>{}) any = entry.agent_qpn;
+  }
+  return any;
+}
+
+}  // namespace
+
+int add_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address,
+                    uint32_t agent_qpn) {
+  SharedLock lock(memory.shared().cm_listeners.lock);
+  CmListenerTable::Entry* free_entry = nullptr;
+  for (auto& entry : memory.shared().cm_listeners.entries) {
+    const bool live = entry.agent_qpn != 0 && agent_alive(memory, entry.agent_qpn);
+    if (!live) {
+      if (free_entry == nullptr) free_entry = &entry;
+      continue;
+    }
+    if (entry.service_id == service_id && entry.address == address) return EADDRINUSE;
+  }
+  if (free_entry == nullptr) return ENOMEM;
+  *free_entry = {service_id, address, agent_qpn};
+  return 0;
+}
+
+void remove_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address,
+                        uint32_t agent_qpn) {
+  SharedLock lock(memory.shared().cm_listeners.lock);
+  for (auto& entry : memory.shared().cm_listeners.entries) {
+    if (entry.agent_qpn == agent_qpn && entry.service_id == service_id && entry.address == address) entry = {};
+  }
+}
+
+uint32_t cm_local_id(uint32_t agent_qpn, uint32_t sequence) {
+  const uint32_t index = agent_qpn & ((1u << kQpnIndexBits) - 1);
+  const uint32_t low = sequence & ((1u << kSequenceBits) - 1);
+  return index << kSequenceBits | (low == 0 ? 1 : low);  // 0 means "none" in a REJ
+}
+
+std::optional<std::array<uint8_t, wire::cm::kMadBytes>> unclaimed_answer(const wire::cm::Mad& in) {
+  wire::cm::Mad reply;
+  reply.transaction_id = in.transaction_id;
+  switch (in.attribute) {
+    case Attribute::Req:
+      reply.attribute = Attribute::Rej;
+      reply.rej.remote_comm_id = in.req.local_comm_id;
+      reply.rej.message = wire::cm::MessageRejected::Req;
+      reply.rej.reason = wire::cm::reject::kInvalidServiceId;
+      break;
+    case Attribute::SidrReq:
+      reply.attribute = Attribute::SidrRep;
+      reply.sidr_rep.request_id = in.sidr_req.request_id;
+      reply.sidr_rep.status = wire::cm::sidr_status::kUnsupported;
+      reply.sidr_rep.service_id = in.sidr_req.service_id;
+      break;
+    case Attribute::Dreq:
+      // So that the peer's disconnect completes.
+      reply.attribute = Attribute::Drep;
+      reply.drep.local_comm_id = in.dreq.remote_comm_id;
+      reply.drep.remote_comm_id = in.dreq.local_comm_id;
+      break;
+    case Attribute::Rep:
+      // So that the peer does not wait for an RTU.
+      reply.attribute = Attribute::Rej;
+      reply.rej.local_comm_id = in.rep.remote_comm_id;
+      reply.rej.remote_comm_id = in.rep.local_comm_id;
+      reply.rej.message = wire::cm::MessageRejected::Rep;
+      reply.rej.reason = wire::cm::reject::kInvalidCommId;
+      break;
+    default:
+      return std::nullopt;  // needs no answer
+  }
+  return wire::cm::build_cm_mad(reply);
+}
+
+CmDelivery route_cm_mad(DeviceMemory& memory, std::span<const uint8_t> bytes) {
+  CmDelivery delivery;
+  const auto route = wire::cm::cm_route(bytes);
+  if (!route) return delivery;
+  switch (route->attribute) {
+    case Attribute::Req:
+    case Attribute::SidrReq: {
+      const auto mad = wire::cm::parse_cm_mad(bytes);
+      if (!mad) return delivery;
+      const auto& private_data = route->attribute == Attribute::Req
+                                     ? std::span<const uint8_t>(mad->req.private_data)
+                                     : std::span<const uint8_t>(mad->sidr_req.private_data);
+      std::array<uint8_t, 16> destination{};
+      if (const auto ip = wire::cm::get_ip_header(private_data)) destination = ip->destination;
+      delivery.agent_qpn = listener_for(memory, route->service_id, destination);
+      if (delivery.agent_qpn == 0) delivery.answer = unclaimed_answer(*mad);
+      return delivery;
+    }
+    case Attribute::Lap:
+    case Attribute::Apr:
+      return delivery;  // path migration is not offered
+    default:
+      break;
+  }
+  delivery.agent_qpn = agent_of_id(memory, route->receiver_id);
+  if (delivery.agent_qpn != 0) return delivery;
+  // Nobody holds the communication ID: its process ended.
+  if (const auto mad = wire::cm::parse_cm_mad(bytes)) delivery.answer = unclaimed_answer(*mad);
+  return delivery;
+}
+
+}  // namespace softverbs

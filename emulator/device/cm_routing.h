@@ -1,0 +1,61 @@
+// QP1 of a softverbs device. No kernel CM owns it: each process that uses
+// rdma_cm creates a UD QP with IBV_QP_CREATE_SOURCE_QPN = 1, a CM agent,
+// and the device hands every CM MAD that arrives for QP1 to the agent it
+// belongs to: a REQ or SIDR_REQ to the agent that listens on its service ID
+// (and destination address), any other message to the agent whose
+// communication ID it names (the IDs an agent hands out carry its QP
+// index). What no agent takes the device answers as the kernel's CM does.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "device/shared_mutex.h"
+#include "wire/cm_mad.h"
+
+namespace softverbs {
+
+class DeviceMemory;
+
+inline constexpr uint32_t kGsiQpn = 1;
+
+// Listening service IDs, in device memory. Its lock is a leaf: routing
+// happens under the device's other locks.
+struct CmListenerTable {
+  SharedMutex lock;
+  struct Entry {
+    uint64_t service_id = 0;
+    std::array<uint8_t, 16> address{};  // all zero: any address of the device
+    uint32_t agent_qpn = 0;             // 0: a free entry
+  };
+  static constexpr int kCapacity = 512;
+  Entry entries[kCapacity];
+};
+
+// 0; EADDRINUSE where a live agent listens on the service ID and address
+// already; ENOMEM when the table is full of live entries.
+int add_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address,
+                    uint32_t agent_qpn);
+void remove_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address,
+                        uint32_t agent_qpn);
+
+// The communication ID (or SIDR request ID) number `sequence` of an agent.
+uint32_t cm_local_id(uint32_t agent_qpn, uint32_t sequence);
+
+// The kernel CM's answer to a MAD that no agent or id takes: REJ "invalid
+// service ID" for a REQ, SIDR_REP "unsupported" for a SIDR_REQ, DREP for a
+// DREQ, REJ "invalid communication ID" for a REP; nullopt for the rest.
+std::optional<std::array<uint8_t, wire::cm::kMadBytes>> unclaimed_answer(const wire::cm::Mad& in);
+
+// Where a CM MAD for QP1 goes: the agent's QPN, or the answer the device
+// gives for the sender (as from QP1, the MAD's transaction ID kept), or
+// neither (dropped: not a CM MAD, or one that needs no answer).
+struct CmDelivery {
+  uint32_t agent_qpn = 0;
+  std::optional<std::array<uint8_t, wire::cm::kMadBytes>> answer;
+};
+CmDelivery route_cm_mad(DeviceMemory& memory, std::span<const uint8_t> mad);
+
+}  // namespace softverbs

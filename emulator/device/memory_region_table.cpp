@@ -1,0 +1,185 @@
+#include "device/memory_region_table.h"
+
+#include <sched.h>
+
+#include <atomic>
+#include <cerrno>
+
+#include "support/random_bits.h"
+
+namespace softverbs {
+
+int validate_registration_access(uint32_t flags) {
+  if (flags & ~access::kSupported) return EINVAL;
+  if ((flags & (access::kRemoteWrite | access::kRemoteAtomic)) && !(flags & access::kLocalWrite)) return EINVAL;
+  return 0;
+}
+
+const MemoryRegionTable::Slot* MemoryRegionTable::slot_of(uint32_t key) const {
+  const Slot& slot = slots_[index_of(key)];
+  if (!slot.live || slot.region.key != key) return nullptr;
+  return &slot;
+}
+
+namespace {
+
+// Reads of a slot that a writer holds odd, before the key is refused: far
+// more than a preempted writer needs (each try past the first 64 yields).
+constexpr uint64_t kUnlockedAttempts = 1u << 20;
+
+template <typename T>
+T load_relaxed(const T& field) {
+  return std::atomic_ref<T>(const_cast<T&>(field)).load(std::memory_order_relaxed);
+}
+
+template <typename T>
+void store_relaxed(T& field, T value) {
+  std::atomic_ref<T>(field).store(value, std::memory_order_relaxed);
+}
+
+// The classic sequence lock: odd while writing; a reader that sees the same
+// even count before and after its reads has a consistent copy. A count left
+// odd by a writer that died mid-change is made even by the next change.
+void begin_change(uint32_t& sequence) {
+  std::atomic_ref<uint32_t>(sequence).store((sequence + 2) | 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void end_change(uint32_t& sequence) {
+  std::atomic_ref<uint32_t>(sequence).store(sequence + 1, std::memory_order_release);
+}
+
+}  // namespace
+
+void MemoryRegionTable::write_slot(Slot& slot, const MemoryRegion& region, bool live) {
+  begin_change(slot.sequence);
+  store_relaxed(slot.region.key, region.key);
+  store_relaxed(slot.region.pd_handle, region.pd_handle);
+  store_relaxed(slot.region.access, region.access);
+  store_relaxed(slot.region.owner_pid, region.owner_pid);
+  slot.region.owner_process = region.owner_process;  // read under the lock only
+  store_relaxed(slot.region.address, region.address);
+  store_relaxed(slot.region.iova, region.iova);
+  store_relaxed(slot.region.length, region.length);
+  slot.region.backing = region.backing;  // read under the lock only
+  store_relaxed(slot.live, live);
+  end_change(slot.sequence);
+}
+
+void MemoryRegionTable::set_live(Slot& slot, bool live) {
+  begin_change(slot.sequence);
+  store_relaxed(slot.live, live);
+  end_change(slot.sequence);
+}
+
+std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, int32_t owner_pid, uint64_t address,
+                                                           uint64_t iova, uint64_t length, uint32_t access_flags,
+                                                           const SharedBacking& backing, int32_t owner_process) {
+  for (uint32_t probe = 0; probe < kCapacity; ++probe) {
+    uint32_t index = (next_free_hint_ + probe) % kCapacity;
+    Slot& slot = slots_[index];
+    if (slot.live) continue;
+    // Key 0 is never handed out: a zeroed SGE must not name a region.
+    uint16_t tag;
+    do tag = static_cast<uint16_t>(random_u64());
+    while (tag == slot.tag || (index == 0 && tag == 0));
+    slot.tag = tag;
+    write_slot(slot,
+               MemoryRegion{(uint32_t{tag} << kIndexBits) | index, pd_handle, access_flags, owner_pid, owner_process, 0,
+                            address, iova, length, backing},
+               true);
+    next_free_hint_ = (index + 1) % kCapacity;
+    ++live_;
+    return slot.region.key;
+  }
+  return std::nullopt;
+}
+
+bool MemoryRegionTable::deregister(uint32_t key) {
+  const Slot* found = slot_of(key);
+  if (found == nullptr) return false;
+  set_live(slots_[index_of(key)], false);
+  --live_;
+  return true;
+}
+
+bool MemoryRegionTable::reregister(uint32_t key, const MemoryRegion& updated) {
+  if (slot_of(key) == nullptr) return false;
+  MemoryRegion region = updated;
+  region.key = key;
+  write_slot(slots_[index_of(key)], region, true);
+  return true;
+}
+
+std::optional<MemoryRegion> MemoryRegionTable::find(uint32_t key) const {
+  const Slot* slot = slot_of(key);
+  if (slot == nullptr) return std::nullopt;
+  return slot->region;
+}
+
+KeyCheck MemoryRegionTable::check_against(const Checked& region, uint32_t key, uint32_t pd_handle, uint64_t iova,
+                                          uint64_t length, uint32_t needed_access, ResolvedRange* resolved) {
+  if (!region.live || region.key != key) return KeyCheck::InvalidKey;
+  if (region.pd_handle != pd_handle) return KeyCheck::WrongPd;
+  // Overflow-safe containment of [iova, iova+length) in the region.
+  if (iova < region.iova) return KeyCheck::OutOfBounds;
+  uint64_t offset = iova - region.iova;
+  if (offset > region.length || length > region.length - offset) return KeyCheck::OutOfBounds;
+  if ((region.access & needed_access) != needed_access) return KeyCheck::AccessDenied;
+  if (resolved != nullptr) *resolved = ResolvedRange{region.owner_pid, region.address + offset};
+  return KeyCheck::Ok;
+}
+
+KeyCheck MemoryRegionTable::check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
+                                  uint32_t needed_access, ResolvedRange* resolved, Lock lock) const {
+  const Slot& slot = slots_[index_of(key)];
+  if (lock == Lock::Held) return check_against(read(slot), key, pd_handle, iova, length, needed_access, resolved);
+  const std::optional<Checked> copy = read_consistent(slot);
+  if (!copy) return KeyCheck::InvalidKey;
+  return check_against(*copy, key, pd_handle, iova, length, needed_access, resolved);
+}
+
+MemoryRegionTable::Checked MemoryRegionTable::read(const Slot& slot) {
+  const MemoryRegion& r = slot.region;
+  return {slot.live, r.key, r.pd_handle, r.access, r.owner_pid, r.address, r.iova, r.length};
+}
+
+std::optional<MemoryRegionTable::Checked> MemoryRegionTable::read_consistent(const Slot& slot) {
+  const MemoryRegion& r = slot.region;
+  std::atomic_ref<uint32_t> sequence(const_cast<uint32_t&>(slot.sequence));
+  Checked copy;
+  for (uint64_t attempt = 0;; ++attempt) {
+    uint32_t before = sequence.load(std::memory_order_acquire);
+    if (before & 1) {
+      // A writer is at it: a few stores, unless it was preempted (let it
+      // run) or killed in between (the slot stays unusable until the next
+      // change of it; refusing the key harms nothing).
+      if (attempt >= kUnlockedAttempts) return std::nullopt;
+      if (attempt >= 64) sched_yield();
+      continue;
+    }
+    copy.live = load_relaxed(slot.live);
+    copy.key = load_relaxed(r.key);
+    copy.pd_handle = load_relaxed(r.pd_handle);
+    copy.access = load_relaxed(r.access);
+    copy.owner_pid = load_relaxed(r.owner_pid);
+    copy.address = load_relaxed(r.address);
+    copy.iova = load_relaxed(r.iova);
+    copy.length = load_relaxed(r.length);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (sequence.load(std::memory_order_relaxed) == before) return copy;
+  }
+}
+
+KeyCheck MemoryRegionTable::check_local(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
+                                        uint32_t needed_access, ResolvedRange* resolved, Lock lock) const {
+  // Local read is always granted; local write must be registered.
+  return check(lkey, pd_handle, iova, length, needed_access & access::kLocalWrite, resolved, lock);
+}
+
+KeyCheck MemoryRegionTable::check_remote(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
+                                         uint32_t needed_access, ResolvedRange* resolved, Lock lock) const {
+  return check(rkey, pd_handle, iova, length, needed_access, resolved, lock);
+}
+
+}  // namespace softverbs

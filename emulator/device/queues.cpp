@@ -1,0 +1,191 @@
+#include "device/queues.h"
+
+#include <cerrno>
+#include <cstring>
+
+#include "device/event_socket.h"
+#include "device/receive_queue.h"
+
+namespace softverbs {
+
+namespace {
+
+// Appends a WQE to `rq` (its poster's lock held; see RecvQueue): 0, EINVAL
+// or ENOMEM.
+int append_wqe(DeviceMemory& memory, RecvQueue& rq, uint64_t wr_id, std::span<const Sge> sges) {
+  if (sges.size() > rq.max_sge) return EINVAL;
+  if (rq.posted - rq.consumed_seen >= rq.capacity) {
+    // Acquire: the takers' reads of the slots they freed came first.
+    rq.consumed_seen = std::atomic_ref<uint64_t>(rq.consumed).load(std::memory_order_acquire);
+    if (rq.posted - rq.consumed_seen >= rq.capacity) return ENOMEM;
+  }
+  RecvWqe* wqe = memory.recv_slot(rq, rq.posted);
+  wqe->wr_id = wr_id;
+  wqe->num_sge = static_cast<uint32_t>(sges.size());
+  std::memcpy(DeviceMemory::sges_of(wqe), sges.data(), sges.size_bytes());
+  std::atomic_ref<uint32_t>(wqe->sequence).store(wqe_sequence(rq.posted), std::memory_order_release);
+  ++rq.posted;
+  return 0;
+}
+
+// Completes a receive WQE with a flush error on `recv_cq`.
+void complete_flushed(DeviceMemory& memory, int recv_cq, uint32_t qpn, uint64_t wr_id) {
+  Completion flushed;
+  flushed.wr_id = wr_id;
+  flushed.status = WcStatus::WrFlushError;
+  flushed.opcode = WcOpcode::Receive;
+  flushed.qp_num = qpn;
+  deliver_completion(memory, recv_cq, flushed, false);
+}
+
+// Returns once no post of a receive to `qp` is under way.
+void wait_for_receive_posts(QpRecord& qp) { SharedLock post(qp.receive_post_lock); }
+
+}  // namespace
+
+int post_receive(DeviceMemory& memory, QpRecord& qp, uint64_t wr_id, std::span<const Sge> sges) {
+  // The SRQ, the SGE limit and the CQ are fixed while the QP lives.
+  if (qp.srq >= 0 || sges.size() > qp.rq.max_sge) return EINVAL;
+  {
+    // The state is read under the post lock: a move to ERR or RESET sets
+    // the state, then passes through this lock (wait_for_receive_posts),
+    // then empties the queue, so this WQE is either in the queue by then or
+    // sees the new state.
+    SharedLock post(qp.receive_post_lock);
+    const QpState state = load_state(qp);
+    if (state == QpState::Reset) return EINVAL;
+    if (state != QpState::Error) return append_wqe(memory, qp.rq, wr_id, sges);
+  }
+  // In ERR: after the WQEs still queued, which the move to ERR may not have
+  // flushed yet.
+  flush_receive_queue(memory, qp);
+  complete_flushed(memory, qp.recv_cq, qp.qpn, wr_id);
+  return 0;
+}
+
+int post_srq_receive(DeviceMemory& memory, SrqRecord& srq, uint64_t wr_id, std::span<const Sge> sges) {
+  SharedLock lock(srq.lock);
+  if (!srq.live) return EINVAL;
+  return append_wqe(memory, srq.rq, wr_id, sges);
+}
+
+namespace {
+
+// The owner reads 8 bytes (its ibv_cq pointer) from the channel fd, as
+// libibverbs' ibv_get_cq_event expects of a kernel completion channel.
+void send_channel_wakeup(const ChannelWakeup& wakeup) {
+  send_datagram(wakeup.channel, &wakeup.owner_handle, sizeof wakeup.owner_handle);
+}
+
+// The outermost DeferredChannelWakeups living on this thread, if any. (A
+// plain pointer: the wake-ups it holds back are its own. Initial-exec: in
+// glibc's static TLS, which this library, dlopen'ed by libibverbs, may use;
+// TLS allocated on a thread's first use was a block LeakSanitizer's
+// scan of thread memory crashed on.)
+thread_local DeferredChannelWakeups* deferring_wakeups __attribute__((tls_model("initial-exec"))) = nullptr;
+
+void notify_channel(const ChannelWakeup& wakeup) {
+  if (deferring_wakeups != nullptr)
+    deferring_wakeups->hold(wakeup);
+  else
+    send_channel_wakeup(wakeup);
+}
+
+}  // namespace
+
+DeferredChannelWakeups::DeferredChannelWakeups() : outermost_(deferring_wakeups == nullptr) {
+  if (outermost_) deferring_wakeups = this;  // else the outer one sends them
+}
+
+DeferredChannelWakeups::~DeferredChannelWakeups() {
+  if (!outermost_) return;
+  flush();
+  deferring_wakeups = nullptr;
+}
+
+void DeferredChannelWakeups::flush() {
+  for (const ChannelWakeup& wakeup : held_) send_channel_wakeup(wakeup);
+  held_.clear();
+}
+
+bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& completion, bool solicited) {
+  if (cq_index < 0 || cq_index >= limits::kMaxCq) return false;
+  CqRecord& cq = memory.shared().cqs[cq_index];
+  bool wake = false;
+  bool stored = false;
+  ChannelWakeup target;
+  {
+    SharedLock lock(cq.lock);
+    if (!cq.live) return false;
+    CompletionRing ring = memory.completion_ring(cq);
+    bool overflowed_before = ring.overflowed();
+    stored = ring.push(completion);
+    if (!stored && !overflowed_before) {
+      // An HCA reports a CQ overrun as an asynchronous CQ error, once.
+      send_async_event(cq.owner_async, cq.owner_handle, AsyncEventType::CqError);
+    }
+    if (!stored) {
+      // The QP whose completion was lost cannot go on: QP fatal, to its owner.
+      // (Its owner and handle never change while it lives: read unlocked,
+      // since the caller may hold that QP's lock.)
+      if (const QpRecord* qp = memory.qp_by_number(completion.qp_num))
+        send_async_event(qp->owner_async, qp->owner_handle, AsyncEventType::QpFatal);
+    }
+    bool solicited_match = solicited || completion.status != WcStatus::Success;
+    if (stored && (cq.armed == CqArm::NextCompletion || (cq.armed == CqArm::SolicitedOnly && solicited_match)) &&
+        cq.channel.length != 0) {
+      cq.armed = CqArm::None;
+      wake = true;
+      target.owner_handle = cq.owner_handle;
+      target.channel = cq.channel;
+    }
+  }
+  if (wake) notify_channel(target);
+  return stored;
+}
+
+bool move_to_error(QpRecord& qp, uint32_t qpn) {
+  SharedLock lock(qp.lock);
+  if (!qp.live || qp.qpn != qpn || load_state(qp) == QpState::Error) return false;
+  set_state(qp, QpState::Error);
+  return true;
+}
+
+void flush_receive_queue(DeviceMemory& memory, QpRecord& qp) {
+  wait_for_receive_posts(qp);  // see post_receive
+  // The lock is held across the completions, so that two flushes (the one
+  // of the move to ERR, one of a post that saw ERR) complete the WQEs in
+  // their order, as an HCA flushes its receive queue.
+  SharedLock lock(qp.lock);
+  while (RecvWqe* wqe = posted_head(memory, qp.rq)) {
+    const uint64_t wr_id = wqe->wr_id;
+    consume_head(qp.rq);
+    complete_flushed(memory, qp.recv_cq, qp.qpn, wr_id);
+  }
+}
+
+void purge_completions(DeviceMemory& memory, int cq_index, uint32_t qpn) {
+  if (cq_index < 0 || cq_index >= limits::kMaxCq) return;
+  CqRecord& cq = memory.shared().cqs[cq_index];
+  SharedLock poll_lock(cq.ring.consumer.poll_lock);
+  SharedLock lock(cq.lock);
+  if (!cq.live) return;
+  CompletionRing ring = memory.completion_ring(cq);
+  ring.remove_if([qpn](const Completion& entry) { return entry.qp_num == qpn; });
+}
+
+void discard_receive_queue(DeviceMemory& memory, QpRecord& qp) {
+  wait_for_receive_posts(qp);  // see post_receive
+  while (posted_head(memory, qp.rq) != nullptr) consume_head(qp.rq);
+}
+
+uint32_t rnr_timer_microseconds(uint8_t encoded) {
+  // IB spec table 45 (RNR NAK timer field), in microseconds.
+  static constexpr uint32_t kTable[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                          160,    240,   320,   480,    640,    960,    1280,   1920,
+                                          2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
+                                          40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
+  return kTable[encoded & 31];
+}
+
+}  // namespace softverbs

@@ -1,0 +1,410 @@
+// The shared-memory requester: validates a send work request against the
+// MR table, finds the target QP, and executes the operation with one copy
+// into or out of the target process.
+#include "shm/requester.h"
+
+#include <endian.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "device/cm_routing.h"
+#include "device/event_socket.h"
+#include "device/queues.h"
+#include "device/receive_queue.h"
+#include "shm/memory_copy.h"
+#include "support/debug_log.h"
+#include "support/process_id.h"
+#include "support/small_vector.h"
+#include "wire/roce_headers.h"
+#include "wire/roce_packet.h"
+
+namespace softverbs {
+
+namespace {
+
+constexpr size_t kGrhBytes = 40;
+
+bool carries_immediate(SendOpcode opcode) {
+  return opcode == SendOpcode::SendWithImm || opcode == SendOpcode::RdmaWriteWithImm;
+}
+
+bool reads_into_local(SendOpcode opcode) {
+  return opcode == SendOpcode::RdmaRead || opcode == SendOpcode::AtomicCompareSwap ||
+         opcode == SendOpcode::AtomicFetchAdd;
+}
+
+// A UD message must fit one packet of the path MTU.
+uint64_t ud_mtu_bytes(const QpRecord& qp) {
+  return qp.attributes.path_mtu != 0 ? (uint64_t{128} << qp.attributes.path_mtu) : 4096;
+}
+
+bool receive_capable(QpState state) {
+  return state == QpState::Rtr || state == QpState::Rts || state == QpState::Sqd || state == QpState::Sqe;
+}
+
+// The requester's local buffers, resolved to this process's addresses.
+struct LocalBuffers {
+  SmallVector<iovec, limits::kMaxSge + 1> vectors;
+  uint64_t length = 0;
+};
+
+WcStatus resolve_local(DeviceMemory& memory, const QpRecord& qp, const SendRequest& request, LocalBuffers& out) {
+  if (request.flags & send_flag::kInline) {
+    for (const Sge& sge : request.sges) {
+      if (sge.length == 0) continue;
+      out.vectors.push_back({reinterpret_cast<void*>(sge.address), sge.length});
+      out.length += sge.length;
+    }
+    return WcStatus::Success;
+  }
+  uint32_t needed = reads_into_local(request.opcode) ? access::kLocalWrite : 0;
+  for (const Sge& sge : request.sges) {
+    ResolvedRange where;
+    KeyCheck verdict = memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, sge.length, needed, &where);
+    if (verdict != KeyCheck::Ok || where.owner_pid != current_pid()) {
+      debug_log("QP %#x wr_id %#llx: local SGE lkey %#x addr %#llx len %u refused (check %d, owner %d)", qp.qpn,
+                static_cast<unsigned long long>(request.wr_id), sge.lkey, static_cast<unsigned long long>(sge.address),
+                sge.length, static_cast<int>(verdict), where.owner_pid);
+      return WcStatus::LocalProtectionError;
+    }
+    if (sge.length == 0) continue;
+    out.vectors.push_back({reinterpret_cast<void*>(where.address), sge.length});
+    out.length += sge.length;
+  }
+  if (out.length > limits::kMaxMessageSize) return WcStatus::LocalLengthError;
+  return WcStatus::Success;
+}
+
+// The first `length` bytes of `ranges`; the rest is dropped.
+using RemoteRanges = SmallVector<RemoteRange, limits::kMaxSge>;
+
+RemoteRanges first_bytes(const RemoteRanges& ranges, uint64_t length) {
+  RemoteRanges out;
+  for (const RemoteRange& r : ranges) {
+    if (length == 0) break;
+    uint64_t take = std::min(r.length, length);
+    out.push_back({r.address, take, r.key, r.access});
+    length -= take;
+  }
+  return out;
+}
+
+// The 40 bytes a UD receive buffer starts with. Between RoCE v2 GIDs of
+// IPv4 addresses a RoCE NIC puts the packet's IPv4 header in the last 20
+// (which is how ibv_init_ah_from_wc tells the kinds apart); otherwise a GRH
+// (RoCE v1, or the IPv6 header of RoCE v2, which has the GRH's layout).
+bool ipv4_packet(const SendRequest& request) {
+  return request.has_grh && request.roce_v2 && wire::is_ipv4_mapped(request.source_gid) &&
+         wire::is_ipv4_mapped(request.destination_gid);
+}
+
+std::array<uint8_t, kGrhBytes> build_grh(const SendRequest& request, uint64_t payload) {
+  std::array<uint8_t, kGrhBytes> grh{};
+  if (ipv4_packet(request)) {
+    wire::FlowAddress flow;
+    flow.source = request.source_gid;
+    flow.destination = request.destination_gid;
+    flow.source_port = wire::flow_source_port(0, request.remote_qpn);
+    flow.destination_port = wire::kRoceV2Port;
+    flow.traffic_class = request.traffic_class;
+    flow.hop_limit = request.hop_limit;
+    // BTH + DETH (+ ImmDt) + payload + pad + ICRC, as the datagram would be.
+    const bool immediate = request.opcode == SendOpcode::SendWithImm;
+    const size_t datagram =
+        wire::kBthBytes + 8 + (immediate ? 4 : 0) + payload + wire::pad_bytes(payload) + wire::kIcrcBytes;
+    std::array<uint8_t, wire::kMaxIpUdpHeaders> headers;
+    wire::write_ip_udp_headers(flow, datagram, true, headers);
+    std::memcpy(grh.data() + 20, headers.data(), 20);
+    return grh;
+  }
+  uint32_t first_word = (6u << 28) | (uint32_t{request.traffic_class} << 20) | (request.flow_label & 0xfffff);
+  first_word = htobe32(first_word);
+  std::memcpy(grh.data(), &first_word, 4);
+  uint16_t payload_be = htobe16(static_cast<uint16_t>(payload));
+  std::memcpy(grh.data() + 4, &payload_be, 2);
+  grh[6] = 0x1b;  // next header: IB BTH
+  grh[7] = request.hop_limit;
+  std::memcpy(grh.data() + 8, request.source_gid.data(), 16);
+  std::memcpy(grh.data() + 24, request.destination_gid.data(), 16);
+  return grh;
+}
+
+// Whether a copy into or out of `target`'s process failed with `error`
+// because that process is exiting: then nothing answers, as for a QP that
+// is gone. The kernel says ESRCH once the process's first thread has let
+// go of its memory, which may be before the thread that holds its
+// ProcessTable record has exited.
+bool target_gone(DeviceMemory& memory, const QpRecord& target, int error) {
+  return error == ESRCH || !memory.owner_alive(target.owner_process);
+}
+
+// A SEND (with or without immediate) into `target`'s next receive WQE; the
+// target's lock is held by the caller.
+SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_record, const SendRequest& request,
+                       const LocalBuffers& local, Completion& completion) {
+  QpRecord* target = &target_record;
+  const bool reliable = qp.type == QpType::Rc;
+  ReceivePlacement receive;
+  if (!take_receive(memory, *target, receive)) {
+    if (reliable) return SendOutcome::ReceiverNotReady;
+    return SendOutcome::Completed;  // UC/UD: dropped
+  }
+  Completion received;
+  received.wr_id = receive.wr_id;
+  received.opcode = WcOpcode::Receive;
+  received.qp_num = target->qpn;
+  received.src_qp = qp.gsi_agent ? kGsiQpn : qp.qpn;
+  if (carries_immediate(request.opcode)) {
+    received.imm_data = request.imm_data;
+    received.flags |= wc_flag::kWithImm;
+  }
+  uint64_t header = qp.type == QpType::Ud ? kGrhBytes : 0;
+  if (receive.protection_error) {
+    received.status = WcStatus::LocalProtectionError;
+    if (reliable) completion.status = WcStatus::RemoteOperationError;
+  } else if (local.length + header > receive.capacity) {
+    received.status = WcStatus::LocalLengthError;
+    if (reliable) completion.status = WcStatus::RemoteInvalidRequestError;
+  } else {
+    int error = 0;
+    if (header != 0) {
+      // UD: the first 40 bytes of the receive buffer hold the GRH, then the
+      // payload; one copy of both (one system call where the receive buffer
+      // is not mapped here).
+      received.flags |= request.has_grh ? wc_flag::kGrh : 0;
+      if (request.has_grh) received.sl = roce_packet_type(request.roce_v2, ipv4_packet(request));
+      auto grh = build_grh(request, local.length);
+      SmallVector<iovec, limits::kMaxSge + 2> with_grh;
+      with_grh.push_back({grh.data(), grh.size()});
+      for (const iovec& vector : local.vectors) with_grh.push_back(vector);
+      error = copy_to_process(memory, receive.owner, with_grh, first_bytes(receive.vectors, header + local.length));
+    } else if (local.length > 0) {
+      error = copy_to_process(memory, receive.owner, local.vectors, receive.vectors);
+    }
+    if (error != 0 && target_gone(memory, *target, error)) {
+      // It died while the bytes moved: as a QP that is gone, it answers
+      // nothing (and completes nothing).
+      if (reliable) completion.status = WcStatus::RetryExceededError;
+      return SendOutcome::Completed;
+    }
+    if (error != 0) {
+      debug_log("SEND from QP %#x to QP %#x: copy into process %d failed: %s", qp.qpn, target->qpn, receive.owner,
+                strerror(error));
+      received.status = WcStatus::LocalProtectionError;
+      if (reliable) completion.status = WcStatus::RemoteOperationError;
+    }
+    received.byte_len = static_cast<uint32_t>(local.length + header);
+  }
+  if (received.status != WcStatus::Success && qp.type != QpType::Ud) {
+    // A receive-side error takes the responder QP to ERR as well.
+    set_state(*target, QpState::Error);
+  }
+  deliver_completion(memory, target->recv_cq, received, request.flags & send_flag::kSolicited);
+  return SendOutcome::Completed;
+}
+
+// A UD SEND to QP1 of this device: the CM agent the MAD belongs to, or 0
+// where the device answers it (into the sender, as from the peer's QP1) or
+// drops it.
+uint32_t route_to_cm_agent(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, const LocalBuffers& local) {
+  std::array<uint8_t, wire::cm::kMadBytes> mad;
+  if (local.length != mad.size()) return 0;
+  size_t at = 0;
+  for (const iovec& piece : local.vectors) {
+    std::memcpy(mad.data() + at, piece.iov_base, piece.iov_len);
+    at += piece.iov_len;
+  }
+  CmDelivery delivery = route_cm_mad(memory, mad);
+  if (delivery.answer && qp.gsi_agent) {
+    SendRequest reply = request;
+    std::swap(reply.source_gid, reply.destination_gid);
+    reply.opcode = SendOpcode::Send;
+    reply.flags = 0;
+    LocalBuffers answer;
+    answer.vectors.push_back({delivery.answer->data(), delivery.answer->size()});
+    answer.length = delivery.answer->size();
+    Completion ignored;
+    SharedLock lock(qp.lock);
+    if (qp.live && receive_capable(qp.state)) place_send(memory, qp, qp, reply, answer, ignored);
+  }
+  return delivery.agent_qpn;
+}
+
+}  // namespace
+
+SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, Completion& completion) {
+  completion = {};
+  completion.wr_id = request.wr_id;
+  completion.opcode = completion_opcode(request.opcode);
+  completion.qp_num = qp.qpn;
+
+  DeviceShared& device = memory.shared();
+  MemoryReadLock memory_lock(memory);  // keeps every key valid while bytes move
+
+  LocalBuffers local;
+  completion.status = resolve_local(memory, qp, request, local);
+  if (completion.status != WcStatus::Success) return SendOutcome::Completed;
+  completion.byte_len = static_cast<uint32_t>(local.length);
+
+  const bool reliable = qp.type == QpType::Rc;
+  if (qp.type == QpType::Ud && request.remote_qpn == kMulticastQpn) {
+    // A copy to every QP attached to the group, the sender's own included.
+    if (local.length > ud_mtu_bytes(qp)) {
+      completion.status = WcStatus::LocalLengthError;
+      return SendOutcome::Completed;
+    }
+    std::vector<uint32_t> members = device.multicast.members(request.destination_gid);
+    for (uint32_t member : members) {
+      QpRecord* target = memory.qp_by_number(member);
+      if (target == nullptr) continue;
+      SharedLock target_lock(target->lock);
+      uint32_t qkey = (request.remote_qkey & 0x80000000u) ? qp.attributes.qkey : request.remote_qkey;
+      if (!target->live || target->qpn != member || target->type != QpType::Ud || !receive_capable(target->state) ||
+          target->attributes.qkey != qkey || !memory.owner_alive(target->owner_process))
+        continue;
+      place_send(memory, qp, *target, request, local, completion);
+    }
+    return SendOutcome::Completed;
+  }
+  uint32_t target_qpn = qp.type == QpType::Ud ? request.remote_qpn : qp.attributes.dest_qpn;
+  if (qp.type == QpType::Ud && target_qpn == kGsiQpn) {
+    target_qpn = route_to_cm_agent(memory, qp, request, local);
+    if (target_qpn == 0) return SendOutcome::Completed;  // taken by the device, or dropped
+  }
+  QpRecord* target = memory.qp_by_number(target_qpn);
+
+  // Where nobody answers: RC retries until retry_cnt runs out; UC and UD
+  // packets are lost silently and the sender completes successfully.
+  auto unreachable = [&]() {
+    if (reliable) completion.status = WcStatus::RetryExceededError;
+    return SendOutcome::Completed;
+  };
+  if (target == nullptr) return unreachable();
+
+  SharedLock target_lock(target->lock);
+  if (!target->live || target->qpn != target_qpn || target->type != qp.type || !receive_capable(target->state))
+    return unreachable();
+  // A QP whose process has died answers nothing, as a QP whose host died
+  // (its memory may still be mapped here, but nothing may land in it).
+  if (!memory.owner_alive(target->owner_process)) return unreachable();
+  if (qp.type != QpType::Ud && target->attributes.dest_qpn != qp.qpn) return unreachable();
+  if (qp.type == QpType::Ud) {
+    // A qkey with the high bit set means "use the QP's own qkey".
+    uint32_t qkey = (request.remote_qkey & 0x80000000u) ? qp.attributes.qkey : request.remote_qkey;
+    if (qkey != target->attributes.qkey) return SendOutcome::Completed;  // dropped, as on the wire
+    if (local.length > ud_mtu_bytes(qp)) {
+      completion.status = WcStatus::LocalLengthError;
+      return SendOutcome::Completed;
+    }
+  }
+
+  // A copy that failed: the target's process died while the bytes moved
+  // (nothing answers, as for a QP that is gone), or the range could not be
+  // reached after all (an error the requester reports).
+  auto copy_failed = [&](int error) {
+    if (target_gone(memory, *target, error)) return unreachable();
+    completion.status = WcStatus::RemoteAccessError;
+    return SendOutcome::Completed;
+  };
+
+  // One-sided operations: checked against the target's registration and the
+  // target QP's remote access rights.
+  auto check_remote = [&](uint32_t needed, uint64_t length, ResolvedRange& where) {
+    if ((target->attributes.access_flags & needed) != needed) return false;
+    // A zero-length RDMA READ or WRITE touches no memory, so no key is
+    // checked (IBA C9-88): UCX flushes with one that names rkey 0.
+    if (length == 0 && needed != access::kRemoteAtomic) return true;
+    return device.mrs.check_remote(request.rkey, target->pd_handle, request.remote_address, length, needed, &where) ==
+               KeyCheck::Ok &&
+           where.owner_pid == target->owner_pid;
+  };
+
+  switch (request.opcode) {
+    case SendOpcode::RdmaWrite:
+    case SendOpcode::RdmaWriteWithImm: {
+      ResolvedRange where;
+      if (!check_remote(access::kRemoteWrite, local.length, where)) {
+        completion.status = WcStatus::RemoteAccessError;
+        return SendOutcome::Completed;
+      }
+      ReceivePlacement receive;
+      if (request.opcode == SendOpcode::RdmaWriteWithImm && !take_receive(memory, *target, receive)) {
+        if (reliable) return SendOutcome::ReceiverNotReady;
+        return SendOutcome::Completed;
+      }
+      RemoteRange remote{where.address, local.length, request.rkey, access::kRemoteWrite};
+      if (local.length > 0)
+        if (int error = copy_to_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)))
+          return copy_failed(error);
+      if (request.opcode == SendOpcode::RdmaWriteWithImm) {
+        Completion received;
+        received.wr_id = receive.wr_id;
+        received.opcode = WcOpcode::ReceiveRdmaWithImm;
+        received.byte_len = static_cast<uint32_t>(local.length);
+        received.imm_data = request.imm_data;
+        received.flags = wc_flag::kWithImm;
+        received.qp_num = target->qpn;
+        received.src_qp = qp.qpn;
+        deliver_completion(memory, target->recv_cq, received, request.flags & send_flag::kSolicited);
+      }
+      return SendOutcome::Completed;
+    }
+    case SendOpcode::RdmaRead: {
+      ResolvedRange where;
+      if (!check_remote(access::kRemoteRead, local.length, where)) {
+        completion.status = WcStatus::RemoteAccessError;
+        return SendOutcome::Completed;
+      }
+      RemoteRange remote{where.address, local.length, request.rkey, access::kRemoteRead};
+      if (local.length > 0)
+        if (int error = copy_from_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)))
+          return copy_failed(error);
+      return SendOutcome::Completed;
+    }
+    case SendOpcode::AtomicCompareSwap:
+    case SendOpcode::AtomicFetchAdd: {
+      if (local.length != 8) {
+        completion.status = WcStatus::LocalLengthError;
+        return SendOutcome::Completed;
+      }
+      ResolvedRange where;
+      if (request.remote_address % 8 != 0) {
+        completion.status = WcStatus::RemoteInvalidRequestError;
+        return SendOutcome::Completed;
+      }
+      if (!check_remote(access::kRemoteAtomic, 8, where)) {
+        completion.status = WcStatus::RemoteAccessError;
+        return SendOutcome::Completed;
+      }
+      SharedLock atomics(device.atomics_lock);
+      uint64_t original = 0;
+      iovec value{&original, 8};
+      RemoteRange remote{where.address, 8, request.rkey, access::kRemoteAtomic};
+      if (int error = copy_from_process(memory, where.owner_pid, std::span(&value, 1), std::span(&remote, 1)))
+        return copy_failed(error);
+      uint64_t updated = original;
+      if (request.opcode == SendOpcode::AtomicFetchAdd)
+        updated = original + request.compare_add;
+      else if (original == request.compare_add)
+        updated = request.swap;
+      if (updated != original) {
+        iovec next{&updated, 8};
+        if (int error = copy_to_process(memory, where.owner_pid, std::span(&next, 1), std::span(&remote, 1)))
+          return copy_failed(error);
+      }
+      copy_within_process(local.vectors, std::span(&value, 1));
+      return SendOutcome::Completed;
+    }
+    case SendOpcode::Send:
+    case SendOpcode::SendWithImm:
+      break;
+  }
+
+  return place_send(memory, qp, *target, request, local, completion);
+}
+
+}  // namespace softverbs

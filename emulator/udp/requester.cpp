@@ -1,0 +1,301 @@
+// The requester: walks a QP's send queue and turns work requests into
+// packets: SEND and RDMA WRITE segmented at the path MTU into first, middle,
+// last or only packets (a WRITE without immediate into WRITE ONLY packets
+// unless asked otherwise: see WriteFraming); an RDMA READ as one request
+// whose responses use one PSN each; an atomic as one request. For RC it
+// keeps at most kWindow PSNs unacknowledged and at most max_rd_atomic READs
+// and atomics outstanding.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "support/debug_log.h"
+#include "support/process_id.h"
+#include "udp/internal.h"
+
+namespace softverbs::udp {
+
+namespace {
+
+using namespace wire;
+
+// How many PSNs may be sent beyond the last acknowledged one. Go-back-N
+// resends everything after a loss, so a window much larger than what the
+// receiving socket buffers hold only adds to what a loss costs.
+constexpr int32_t kWindow = 256;
+// An RC requester asks for an ACK (AckReq) at the end of a message that has
+// nothing older in flight, and on every so many PSNs (half the
+// window), so that the window keeps moving. A responder whose application
+// does not answer sends an asked-for ACK at once and holds the others to
+// acknowledge several requests in one (see Engine::after_work): a stream's
+// requester, with messages in flight, waits for none of them, and a
+// requester with one request in flight, which waits for its ACK, asks.
+constexpr uint32_t kAckRequestInterval = kWindow / 2;
+
+Service service_of(QpType type) {
+  switch (type) {
+    case QpType::Uc:
+      return Service::Uc;
+    case QpType::Ud:
+      return Service::Ud;
+    case QpType::Rc:
+      break;
+  }
+  return Service::Rc;
+}
+
+// How an RDMA WRITE of more than one packet goes on the wire. An HCA sends
+// it as one message, FIRST (with the RETH) then MIDDLE and LAST packets; over
+// UDP that costs two sends per 64 KiB at path MTU 4096, since a UDP GSO send
+// carries datagrams of one length (but the last) and FIRST is 16 bytes
+// longer than the rest, and on loopback a send costs about the same whatever
+// it carries (bench/udp_pingpong). So by default each packet is a WRITE ONLY
+// message of its own, with a RETH for its part of the range: all of one
+// length, up to 15 in one send. The responder places the same bytes at the
+// same addresses, in PSN order, and the requester's completion is the same;
+// what differs from an HCA is the capture, and that a WRITE whose range runs
+// past the remote region has its parts before that point placed before the
+// NAK. SOFTVERBS_UDP_WRITES=messages sends them as an HCA does. A WRITE
+// with immediate stays one message: its immediate's receive completion
+// reports the whole length.
+enum class WriteFraming { Packets, Messages };
+
+WriteFraming configured_write_framing() {
+  static const WriteFraming framing = [] {
+    const char* text = std::getenv("SOFTVERBS_UDP_WRITES");
+    if (text == nullptr || std::strcmp(text, "packets") == 0) return WriteFraming::Packets;
+    if (std::strcmp(text, "messages") == 0) return WriteFraming::Messages;
+    std::fprintf(stderr, "softverbs: SOFTVERBS_UDP_WRITES=%s is neither packets nor messages; using packets\n", text);
+    return WriteFraming::Packets;
+  }();
+  return framing;
+}
+
+uint8_t segment_opcode(const SendWqe& wqe, uint32_t index, uint32_t count) {
+  const bool first = index == 0, last = index + 1 == count;
+  const bool write = wqe.opcode == SendOpcode::RdmaWrite || wqe.opcode == SendOpcode::RdmaWriteWithImm;
+  const bool immediate = wqe.opcode == SendOpcode::SendWithImm || wqe.opcode == SendOpcode::RdmaWriteWithImm;
+  if (write) {
+    if (!immediate && configured_write_framing() == WriteFraming::Packets) return op::kWriteOnly;
+    if (first && last) return immediate ? op::kWriteOnlyImm : op::kWriteOnly;
+    if (first) return op::kWriteFirst;
+    if (last) return immediate ? op::kWriteLastImm : op::kWriteLast;
+    return op::kWriteMiddle;
+  }
+  if (first && last) return immediate ? op::kSendOnlyImm : op::kSendOnly;
+  if (first) return op::kSendFirst;
+  if (last) return immediate ? op::kSendLastImm : op::kSendLast;
+  return op::kSendMiddle;
+}
+
+// May a packet with this PSN go now? Always when nothing is outstanding.
+bool window_open(const UdpQp& qp, uint32_t psn) {
+  if (qp.type != QpType::Rc) return true;
+  return psn_distance(psn, qp.requester.acked_psn) <= kWindow;
+}
+
+void note_sent(TransportPort& port, UdpQp& qp, uint32_t psn) {
+  RequesterState& r = qp.requester;
+  if (r.sent_any && psn_distance(psn, r.highest_sent_psn) <= 0) {
+    port.counters().add(Counter::Retransmissions);
+  } else {
+    r.highest_sent_psn = psn;
+    r.sent_any = true;
+  }
+}
+
+void assign_psns(UdpQp& qp, SendWqe& wqe) {
+  RequesterState& r = qp.requester;
+  if (wqe.expects_response())
+    wqe.psn_count = wqe.is_read() ? packets_for(wqe.length, qp.mtu) : 1;
+  else
+    wqe.psn_count = qp.type == QpType::Ud ? 1 : packets_for(wqe.length, qp.mtu);
+  wqe.first_psn = r.next_psn;
+  wqe.read_next_psn = r.next_psn;
+  wqe.assigned = true;
+  r.next_psn = psn_add(r.next_psn, wqe.psn_count);
+}
+
+// Sends packet `index` of a SEND or WRITE; false if its data failed the
+// lkey check (the WQE then carries the error).
+bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) {
+  const uint64_t offset = uint64_t{index} * qp.mtu;
+  const uint64_t length = std::min<uint64_t>(qp.mtu, wqe.length - std::min(wqe.length, offset));
+  TransportPacket packet;
+  const uint8_t segment = segment_opcode(wqe, index, wqe.psn_count);
+  packet.bth.opcode = opcode(service_of(qp.type), segment);
+  packet.bth.dest_qp = qp.dest_qpn;
+  packet.bth.psn = psn_add(wqe.first_psn, index);
+  const bool last = index + 1 == wqe.psn_count;
+  packet.bth.solicited = last && (wqe.flags & send_flag::kSolicited);
+  const bool nothing_older_in_flight = &wqe == &qp.requester.queue.front();
+  packet.bth.ack_request = qp.type == QpType::Rc && ((last && nothing_older_in_flight) ||
+                                                     (psn_add(packet.bth.psn, 1) % kAckRequestInterval) == 0);
+  // Only a FIRST or an ONLY packet carries the RETH: a FIRST's names the
+  // whole message, an ONLY's the bytes it carries (all of a one-packet
+  // WRITE, or its part of one sent as WRITE ONLY packets).
+  packet.reth = {wqe.remote_address + offset, wqe.rkey,
+                 static_cast<uint32_t>(segment == op::kWriteFirst ? wqe.length : length)};
+  packet.immediate = be32toh(wqe.imm_data);
+
+  LocalVectors payload;
+  if (!gather_local(port.memory(), qp, wqe, offset, length, 0, payload)) {
+    wqe.error = WcStatus::LocalProtectionError;
+    return false;
+  }
+  note_sent(port, qp, packet.bth.psn);
+  port.transmit(qp, qp.path, qp.dest_qpn, packet, payload);
+  return true;
+}
+
+void send_read_request(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
+  TransportPacket packet;
+  packet.bth.opcode = opcode(Service::Rc, op::kReadRequest);
+  packet.bth.dest_qp = qp.dest_qpn;
+  packet.bth.psn = wqe.read_next_psn;
+  packet.bth.ack_request = true;
+  // A re-request after lost responses asks only for what is missing.
+  packet.reth = {wqe.remote_address + wqe.read_done, wqe.rkey, static_cast<uint32_t>(wqe.length - wqe.read_done)};
+  note_sent(port, qp, packet.bth.psn);
+  port.transmit(qp, qp.path, qp.dest_qpn, packet, {});
+}
+
+void send_atomic_request(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
+  TransportPacket packet;
+  const bool swap = wqe.opcode == SendOpcode::AtomicCompareSwap;
+  packet.bth.opcode = opcode(Service::Rc, swap ? op::kCompareSwap : op::kFetchAdd);
+  packet.bth.dest_qp = qp.dest_qpn;
+  packet.bth.psn = wqe.first_psn;
+  packet.bth.ack_request = true;
+  packet.atomic.virtual_address = wqe.remote_address;
+  packet.atomic.rkey = wqe.rkey;
+  packet.atomic.swap_add = swap ? wqe.swap : wqe.compare_add;
+  packet.atomic.compare = swap ? wqe.compare_add : 0;
+  note_sent(port, qp, packet.bth.psn);
+  port.transmit(qp, qp.path, qp.dest_qpn, packet, {});
+}
+
+bool send_ud(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
+  TransportPacket packet;
+  const bool immediate = wqe.opcode == SendOpcode::SendWithImm;
+  packet.bth.opcode = opcode(Service::Ud, immediate ? op::kSendOnlyImm : op::kSendOnly);
+  packet.bth.dest_qp = wqe.remote_qpn;
+  packet.bth.psn = wqe.first_psn;
+  packet.bth.solicited = wqe.flags & send_flag::kSolicited;
+  // A qkey with the high bit set means "the QP's own qkey" (IBA 10.2.5).
+  packet.deth.qkey = (wqe.remote_qkey & 0x80000000u) ? qp.attributes.qkey : wqe.remote_qkey;
+  packet.deth.source_qp = qp.cm_agent ? kGsiQpn : qp.qpn;
+  packet.immediate = be32toh(wqe.imm_data);
+  LocalVectors payload;
+  if (!gather_local(port.memory(), qp, wqe, 0, wqe.length, 0, payload)) {
+    wqe.error = WcStatus::LocalProtectionError;
+    return false;
+  }
+  port.transmit(qp, wqe.ud_path, wqe.remote_qpn, packet, payload);
+  return true;
+}
+
+}  // namespace
+
+bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uint64_t offset, uint64_t length,
+                  uint32_t access, LocalVectors& out) {
+  if (length == 0) return true;
+  if (wqe.flags & send_flag::kInline) {
+    if (offset + length > wqe.inline_bytes.size()) return false;
+    out.push_back({const_cast<uint8_t*>(wqe.inline_bytes.data()) + offset, length});
+    return true;
+  }
+  // No device-wide lock: the regions are this process's own, and its
+  // deregistrations wait for the engine (UdpTransport::hold_data_paths).
+  for (const Sge& sge : wqe.sges) {
+    if (offset >= sge.length) {
+      offset -= sge.length;
+      continue;
+    }
+    uint64_t take = std::min<uint64_t>(sge.length - offset, length);
+    ResolvedRange where;
+    KeyCheck verdict = memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address + offset, take, access,
+                                                       &where, MemoryRegionTable::Lock::NotHeld);
+    if (verdict != KeyCheck::Ok || where.owner_pid != current_pid()) {
+      debug_log("QP %#x wr_id %#llx: local SGE lkey %#x addr %#llx len %u refused (check %d)", qp.qpn,
+                static_cast<unsigned long long>(wqe.wr_id), sge.lkey, static_cast<unsigned long long>(sge.address),
+                sge.length, static_cast<int>(verdict));
+      return false;
+    }
+    out.push_back({reinterpret_cast<void*>(where.address), take});
+    length -= take;
+    offset = 0;
+    if (length == 0) return true;
+  }
+  return length == 0;
+}
+
+void requester_post(TransportPort& port, UdpQp& qp, const SendWqe& wqe) {
+  qp.requester.queue.push_back(wqe);
+  requester_run(port, qp);
+}
+
+void requester_run(TransportPort& port, UdpQp& qp) {
+  RequesterState& r = qp.requester;
+  if (!qp.sending || port.now() < r.resume_at) return;
+  const uint32_t rd_atomic_limit = std::max<uint32_t>(1, qp.attributes.max_rd_atomic);
+  while (r.cursor < r.queue.size()) {
+    SendWqe& wqe = r.queue[r.cursor];
+    if (wqe.error != WcStatus::Success) break;
+    if (!wqe.assigned) {
+      if (qp.draining) break;
+      // A fenced request waits for every earlier READ and atomic.
+      if ((wqe.flags & send_flag::kFence) && r.rd_atomic_in_flight > 0) break;
+      assign_psns(qp, wqe);
+    }
+    if (qp.type == QpType::Ud) {
+      if (send_ud(port, qp, wqe)) wqe.packets_sent = 1;
+      ++r.cursor;
+      continue;
+    }
+    if (wqe.expects_response()) {
+      if (wqe.finished || wqe.fully_sent()) {
+        ++r.cursor;
+        continue;
+      }
+      if (!wqe.holds_rd_atomic) {
+        if (r.rd_atomic_in_flight >= rd_atomic_limit) break;
+        wqe.holds_rd_atomic = true;
+        ++r.rd_atomic_in_flight;
+      }
+      const uint32_t psn = wqe.is_read() ? wqe.read_next_psn : wqe.first_psn;
+      if (!window_open(qp, psn)) break;
+      if (wqe.is_read())
+        send_read_request(port, qp, wqe);
+      else
+        send_atomic_request(port, qp, wqe);
+      wqe.packets_sent = 1;
+      ++r.cursor;
+      continue;
+    }
+    bool failed = false;
+    while (wqe.packets_sent < wqe.psn_count) {
+      if (!window_open(qp, psn_add(wqe.first_psn, wqe.packets_sent))) break;
+      if (!send_segment(port, qp, wqe, wqe.packets_sent)) {
+        failed = true;
+        break;
+      }
+      ++wqe.packets_sent;
+    }
+    if (failed || !wqe.fully_sent()) break;
+    ++r.cursor;
+  }
+  // UC and UD requests are done once sent; a request that failed before it
+  // went out completes (in order) with its error.
+  if (qp.type != QpType::Rc || (!r.queue.empty() && r.queue.front().error != WcStatus::Success)) {
+    complete_in_order(port, qp);
+    if (!qp.sending) return;
+  }
+  if (qp.type == QpType::Rc) {
+    bool outstanding = !r.queue.empty() && r.queue.front().assigned;
+    if (outstanding && r.ack_deadline == Clock::time_point::max()) r.ack_deadline = port.now() + ack_timeout(qp);
+  }
+}
+
+}  // namespace softverbs::udp

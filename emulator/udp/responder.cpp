@@ -1,0 +1,817 @@
+// The responder: executes the requests that arrive for a QP, in the QP
+// owner's own process (so data lands with one memcpy), as a pipeline of
+// checks in the order of the IB spec's responder chapter (and rxe_resp.c):
+//   check_psn -> check_op_sequence -> check_op_valid -> check_resource ->
+//   check_length -> check_rkey -> execute -> acknowledge.
+// Each check either lets the packet through or ends it with its verdict:
+// drop, ACK a duplicate, NAK (PSN sequence error, RNR, invalid request,
+// remote access, remote operational error). Answers queue in an outbox and
+// leave in order; READ responses are paced by responder_send().
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "device/queues.h"
+#include "device/receive_queue.h"
+#include "support/debug_log.h"
+#include "support/payload_copy.h"
+#include "support/process_id.h"
+#include "udp/internal.h"
+
+namespace softverbs::udp {
+
+namespace {
+
+using namespace wire;
+
+constexpr size_t kReplayEntries = 64;
+// An RC responder ACKs at least this often even if no packet asks.
+constexpr uint32_t kAckEveryPackets = 32;
+
+enum class Kind : uint8_t { Send, Write, Read, Atomic };
+enum class Position : uint8_t { First, Middle, Last, Only };
+
+struct Classified {
+  Kind kind = Kind::Send;
+  Position position = Position::Only;
+  bool immediate = false;
+  // Not of the packet but of this handing-in: whether the caller lets it
+  // wait for a receive (see responder_receive), and where check_rkey found
+  // the first byte of the WRITE it let through, for execute_write to place
+  // the payload without a second lookup (the region stays registered while
+  // the engine's mutex is held).
+  bool may_await_receive = false;
+  std::optional<uint64_t> write_checked_address{};
+};
+
+Classified classify(uint8_t operation) {
+  switch (operation) {
+    case op::kSendFirst:
+      return {Kind::Send, Position::First, false};
+    case op::kSendMiddle:
+      return {Kind::Send, Position::Middle, false};
+    case op::kSendLast:
+    case op::kSendLastInvalidate:
+      return {Kind::Send, Position::Last, false};
+    case op::kSendLastImm:
+      return {Kind::Send, Position::Last, true};
+    case op::kSendOnly:
+    case op::kSendOnlyInvalidate:
+      return {Kind::Send, Position::Only, false};
+    case op::kSendOnlyImm:
+      return {Kind::Send, Position::Only, true};
+    case op::kWriteFirst:
+      return {Kind::Write, Position::First, false};
+    case op::kWriteMiddle:
+      return {Kind::Write, Position::Middle, false};
+    case op::kWriteLast:
+      return {Kind::Write, Position::Last, false};
+    case op::kWriteLastImm:
+      return {Kind::Write, Position::Last, true};
+    case op::kWriteOnly:
+      return {Kind::Write, Position::Only, false};
+    case op::kWriteOnlyImm:
+      return {Kind::Write, Position::Only, true};
+    case op::kReadRequest:
+      return {Kind::Read, Position::Only, false};
+    default:
+      return {Kind::Atomic, Position::Only, false};
+  }
+}
+
+bool starts_message(Position p) { return p == Position::First || p == Position::Only; }
+bool ends_message(Position p) { return p == Position::Last || p == Position::Only; }
+
+QpRecord& record_of(TransportPort& port, const UdpQp& qp) { return port.memory().shared().qps[qp.index]; }
+
+// ---- answers -------------------------------------------------------------------
+
+void queue_ack(UdpQp& qp, bool requested) {
+  ResponderState& s = qp.responder;
+  uint32_t psn = psn_add(s.expected_psn, kPsnMask);  // expected - 1
+  if (!s.outbox.empty() && s.outbox.back().kind == Response::Kind::Ack) {
+    s.outbox.back().psn = psn;
+    s.outbox.back().msn = s.msn;
+    s.outbox.back().requested |= requested;
+    return;
+  }
+  Response ack;
+  ack.kind = Response::Kind::Ack;
+  ack.psn = psn;
+  ack.msn = s.msn;
+  ack.requested = requested;
+  s.outbox.push_back(ack);
+}
+
+void queue_nak(UdpQp& qp, uint32_t psn, uint8_t syndrome) {
+  Response nak;
+  nak.kind = Response::Kind::Nak;
+  nak.psn = psn;
+  nak.syndrome = syndrome;
+  nak.msn = qp.responder.msn;
+  qp.responder.outbox.push_back(nak);
+}
+
+void complete_receive(TransportPort& port, UdpQp& qp, WcStatus status, WcOpcode opcode, uint32_t byte_len,
+                      const TransportPacket* packet, bool with_immediate) {
+  ResponderState& s = qp.responder;
+  Completion c;
+  c.wr_id = s.receive_wr_id;
+  c.status = status;
+  c.opcode = opcode;
+  c.byte_len = status == WcStatus::Success ? byte_len : 0;
+  c.qp_num = qp.qpn;
+  c.src_qp = qp.dest_qpn;
+  if (with_immediate && packet != nullptr) {
+    c.imm_data = htobe32(packet->immediate);
+    c.flags |= wc_flag::kWithImm;
+  }
+  bool solicited = packet != nullptr && packet->bth.solicited;
+  deliver_completion(port.memory(), qp.recv_cq, c, solicited);
+  s.have_receive = false;
+}
+
+// A request the responder cannot carry out (IBA class B/C/D errors on RC):
+// the NAK goes out with everything queued before it, the receive WQE in
+// progress (if any) completes with `receive_status`, and the QP goes to ERR.
+void fail_request(TransportPort& port, UdpQp& qp, uint32_t psn, uint8_t nak_code, WcStatus receive_status) {
+  port.counters().add(Counter::ErrorNaksSent);
+  queue_nak(qp, psn, static_cast<uint8_t>(aeth::kNak | nak_code));
+  responder_send(port, qp, UINT32_MAX);
+  if (qp.responder.have_receive) complete_receive(port, qp, receive_status, WcOpcode::Receive, 0, nullptr, false);
+  enter_error(port, qp);
+}
+
+// UC has no NAKs: the rest of the message is dropped, silently.
+void drop_message(UdpQp& qp, const Classified& what) {
+  ResponderState& s = qp.responder;
+  s.in_message = MessageKind::None;
+  s.drop_until_first = !ends_message(what.position);
+}
+
+// ---- the checks ----------------------------------------------------------------
+
+enum class Verdict : uint8_t {
+  Continue,
+  Done,
+  AwaitReceive,  // no receive posted, and the caller lets the packet wait for one
+};
+
+Verdict handle_duplicate(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what);
+
+Verdict check_psn(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
+  ResponderState& s = qp.responder;
+  const int32_t distance = psn_distance(packet.bth.psn, s.expected_psn);
+  if (qp.type == QpType::Uc) {
+    if (distance != 0) {
+      // Packets were lost: whatever message was under way is gone.
+      port.counters().add(Counter::OutOfSequenceDropped);
+      s.in_message = MessageKind::None;
+      s.drop_until_first = !starts_message(what.position);
+      s.expected_psn = packet.bth.psn;
+    }
+    if (s.drop_until_first) {
+      if (!starts_message(what.position)) {
+        s.expected_psn = psn_add(packet.bth.psn, 1);
+        return Verdict::Done;
+      }
+      s.drop_until_first = false;
+    }
+    return Verdict::Continue;
+  }
+  if (distance > 0) {
+    port.counters().add(Counter::OutOfSequenceDropped);
+    if (!s.sequence_nak_sent) {
+      s.sequence_nak_sent = true;
+      port.counters().add(Counter::SequenceNaksSent);
+      queue_nak(qp, s.expected_psn, aeth::kNak | aeth::kNakSequenceError);
+    }
+    return Verdict::Done;
+  }
+  if (distance < 0) return handle_duplicate(port, qp, packet, what);
+  return Verdict::Continue;
+}
+
+Verdict check_op_sequence(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
+  ResponderState& s = qp.responder;
+  bool valid;
+  if (what.position == Position::Middle || what.position == Position::Last)
+    valid = s.in_message == (what.kind == Kind::Send ? MessageKind::Send : MessageKind::Write);
+  else
+    valid = s.in_message == MessageKind::None;
+  if (valid) return Verdict::Continue;
+  debug_log("QP %#x: opcode %s out of sequence at PSN %#x", qp.qpn, opcode_info(packet.bth.opcode).name,
+            packet.bth.psn);
+  if (qp.type == QpType::Uc) {
+    drop_message(qp, what);
+    s.expected_psn = psn_add(packet.bth.psn, 1);
+    return Verdict::Done;
+  }
+  fail_request(port, qp, packet.bth.psn, aeth::kNakInvalidRequest, WcStatus::RemoteInvalidRequestError);
+  return Verdict::Done;
+}
+
+Verdict check_op_valid(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
+  uint32_t needed = 0;
+  if (what.kind == Kind::Write) needed = access::kRemoteWrite;
+  if (what.kind == Kind::Read) needed = access::kRemoteRead;
+  if (what.kind == Kind::Atomic) needed = access::kRemoteAtomic;
+  const uint8_t operation = packet.bth.opcode & 0x1f;
+  // Send with invalidate needs memory windows, which softverbs lacks.
+  const bool unsupported = operation == op::kSendLastInvalidate || operation == op::kSendOnlyInvalidate;
+  if (!unsupported && (qp.attributes.access_flags & needed) == needed) return Verdict::Continue;
+  if (qp.type == QpType::Uc) {
+    drop_message(qp, what);
+    qp.responder.expected_psn = psn_add(packet.bth.psn, 1);
+    return Verdict::Done;
+  }
+  debug_log("QP %#x: %s refused by the QP's access flags %#x", qp.qpn, opcode_info(packet.bth.opcode).name,
+            qp.attributes.access_flags);
+  // An operation the QP does not allow is a remote access error, as HCAs
+  // report it; one softverbs cannot do at all is an invalid request.
+  fail_request(port, qp, packet.bth.psn, unsupported ? aeth::kNakInvalidRequest : aeth::kNakRemoteAccessError,
+               unsupported ? WcStatus::RemoteInvalidRequestError : WcStatus::RemoteAccessError);
+  return Verdict::Done;
+}
+
+// A SEND's first packet, or the last of a WRITE with immediate, needs a
+// receive WQE: none posted means RNR (RC) or a dropped message (UC).
+Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
+  ResponderState& s = qp.responder;
+  const bool needs_receive = (what.kind == Kind::Send && starts_message(what.position)) ||
+                             (what.kind == Kind::Write && what.immediate && ends_message(what.position));
+  if (!needs_receive || s.have_receive) return Verdict::Continue;
+  ReceivePlacement receive;
+  bool taken;
+  {
+    QpRecord& record = record_of(port, qp);
+    SharedLock lock(record.lock);
+    taken = record.live && record.qpn == qp.qpn && take_receive(port.memory(), record, receive);
+  }
+  if (!taken) {
+    if (qp.type == QpType::Uc) {
+      drop_message(qp, what);
+      s.expected_psn = psn_add(packet.bth.psn, 1);
+      return Verdict::Done;
+    }
+    if (what.may_await_receive) return Verdict::AwaitReceive;
+    port.counters().add(Counter::RnrNaksSent);
+    queue_nak(qp, packet.bth.psn, static_cast<uint8_t>(aeth::kRnrNak | (qp.attributes.min_rnr_timer & 0x1f)));
+    return Verdict::Done;
+  }
+  s.have_receive = true;
+  s.receive_wr_id = receive.wr_id;
+  s.receive_sges = receive.sges;
+  s.receive_capacity = receive.capacity;
+  s.received = 0;
+  if (receive.protection_error) {
+    if (qp.type == QpType::Uc) {
+      complete_receive(port, qp, WcStatus::LocalProtectionError, WcOpcode::Receive, 0, nullptr, false);
+      drop_message(qp, what);
+      s.expected_psn = psn_add(packet.bth.psn, 1);
+      return Verdict::Done;
+    }
+    fail_request(port, qp, packet.bth.psn, aeth::kNakRemoteOperationalError, WcStatus::LocalProtectionError);
+    return Verdict::Done;
+  }
+  return Verdict::Continue;
+}
+
+Verdict check_length(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
+  ResponderState& s = qp.responder;
+  const uint64_t length = packet.payload.size();
+  bool valid = true;
+  switch (what.position) {
+    case Position::First:
+    case Position::Middle:
+      valid = length == qp.mtu;
+      break;
+    case Position::Last:
+      valid = length >= 1 && length <= qp.mtu;
+      break;
+    case Position::Only:
+      valid = length <= qp.mtu;
+      break;
+  }
+  if (what.kind == Kind::Write) {
+    uint64_t total = starts_message(what.position) ? packet.reth.dma_length : s.write_length;
+    uint64_t before = starts_message(what.position) ? 0 : s.written;
+    if (before + length > total || (ends_message(what.position) && before + length != total)) valid = false;
+  }
+  if (what.kind == Kind::Read && packet.reth.dma_length > limits::kMaxMessageSize) valid = false;
+  if (valid && what.kind == Kind::Send && s.received + length > s.receive_capacity) {
+    // The message does not fit the receive buffer: the receiver sees
+    // IBV_WC_LOC_LEN_ERR, the sender IBV_WC_REM_INV_REQ_ERR.
+    debug_log("QP %#x: SEND of more than %llu bytes into a %llu-byte receive buffer", qp.qpn,
+              static_cast<unsigned long long>(s.received + length),
+              static_cast<unsigned long long>(s.receive_capacity));
+    if (qp.type == QpType::Uc) {
+      complete_receive(port, qp, WcStatus::LocalLengthError, WcOpcode::Receive, 0, nullptr, false);
+      drop_message(qp, what);
+      s.expected_psn = psn_add(packet.bth.psn, 1);
+      return Verdict::Done;
+    }
+    fail_request(port, qp, packet.bth.psn, aeth::kNakInvalidRequest, WcStatus::LocalLengthError);
+    return Verdict::Done;
+  }
+  if (valid) return Verdict::Continue;
+  debug_log("QP %#x: %s with %llu payload bytes is malformed for MTU %u", qp.qpn, opcode_info(packet.bth.opcode).name,
+            static_cast<unsigned long long>(length), qp.mtu);
+  if (qp.type == QpType::Uc) {
+    if (s.have_receive) complete_receive(port, qp, WcStatus::LocalLengthError, WcOpcode::Receive, 0, nullptr, false);
+    drop_message(qp, what);
+    s.expected_psn = psn_add(packet.bth.psn, 1);
+    return Verdict::Done;
+  }
+  fail_request(port, qp, packet.bth.psn, aeth::kNakInvalidRequest, WcStatus::RemoteInvalidRequestError);
+  return Verdict::Done;
+}
+
+// Only this process's own regions: by default looked up without the
+// device's memory_lock, as the range found stays good while the engine's
+// mutex is held (see gather_local).
+KeyCheck check_remote(TransportPort& port, const UdpQp& qp, uint32_t rkey, uint64_t iova, uint64_t length,
+                      uint32_t needed, ResolvedRange& where,
+                      MemoryRegionTable::Lock lock = MemoryRegionTable::Lock::NotHeld) {
+  KeyCheck verdict = port.memory().shared().mrs.check_remote(rkey, qp.pd_handle, iova, length, needed, &where, lock);
+  if (verdict == KeyCheck::Ok && where.owner_pid != current_pid()) verdict = KeyCheck::InvalidKey;
+  return verdict;
+}
+
+Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
+  if (!starts_message(what.position) || what.kind == Kind::Send) return Verdict::Continue;
+  uint32_t rkey;
+  uint64_t iova, length;
+  uint32_t needed;
+  if (what.kind == Kind::Atomic) {
+    rkey = packet.atomic.rkey;
+    iova = packet.atomic.virtual_address;
+    length = 8;
+    needed = access::kRemoteAtomic;
+    if (iova % 8 != 0) {
+      debug_log("QP %#x: atomic at unaligned address %#llx", qp.qpn, static_cast<unsigned long long>(iova));
+      fail_request(port, qp, packet.bth.psn, aeth::kNakInvalidRequest, WcStatus::RemoteInvalidRequestError);
+      return Verdict::Done;
+    }
+  } else {
+    rkey = packet.reth.rkey;
+    iova = packet.reth.virtual_address;
+    length = packet.reth.dma_length;
+    needed = what.kind == Kind::Write ? access::kRemoteWrite : access::kRemoteRead;
+  }
+  // A zero-length RDMA operation touches no memory and checks no key (IBA 9.4.4).
+  if (length == 0) return Verdict::Continue;
+  ResolvedRange where;
+  KeyCheck verdict = check_remote(port, qp, rkey, iova, length, needed, where);
+  if (verdict == KeyCheck::Ok) {
+    if (what.kind == Kind::Write) what.write_checked_address = where.address;
+    return Verdict::Continue;
+  }
+  debug_log("QP %#x: %s rkey %#x addr %#llx len %llu refused (check %d)", qp.qpn, opcode_info(packet.bth.opcode).name,
+            rkey, static_cast<unsigned long long>(iova), static_cast<unsigned long long>(length),
+            static_cast<int>(verdict));
+  if (qp.type == QpType::Uc) {
+    drop_message(qp, what);
+    qp.responder.expected_psn = psn_add(packet.bth.psn, 1);
+    return Verdict::Done;
+  }
+  fail_request(port, qp, packet.bth.psn, aeth::kNakRemoteAccessError, WcStatus::RemoteAccessError);
+  return Verdict::Done;
+}
+
+// ---- execution -----------------------------------------------------------------
+
+// Copies a SEND's payload into the receive WQE at the current offset.
+bool place_send_payload(TransportPort& port, UdpQp& qp, std::span<const uint8_t> payload) {
+  ResponderState& s = qp.responder;
+  if (payload.empty()) return true;
+  DeviceMemory& memory = port.memory();
+  uint64_t skip = s.received;
+  size_t at = 0;
+  for (const Sge& sge : s.receive_sges) {
+    if (skip >= sge.length) {
+      skip -= sge.length;
+      continue;
+    }
+    uint64_t take = std::min<uint64_t>(sge.length - skip, payload.size() - at);
+    ResolvedRange where;
+    if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address + skip, take, access::kLocalWrite, &where,
+                                        MemoryRegionTable::Lock::NotHeld) != KeyCheck::Ok ||
+        where.owner_pid != current_pid())
+      return false;
+    copy_payload(reinterpret_cast<void*>(where.address), payload.data() + at, take);
+    at += take;
+    skip = 0;
+    if (at == payload.size()) break;
+  }
+  s.received += payload.size();
+  return true;
+}
+
+void execute_send(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
+  ResponderState& s = qp.responder;
+  if (!place_send_payload(port, qp, packet.payload)) {
+    // The receive buffer was deregistered under the message.
+    if (qp.type == QpType::Uc) {
+      complete_receive(port, qp, WcStatus::LocalProtectionError, WcOpcode::Receive, 0, nullptr, false);
+      drop_message(qp, what);
+      s.expected_psn = psn_add(packet.bth.psn, 1);
+      return;
+    }
+    fail_request(port, qp, packet.bth.psn, aeth::kNakRemoteOperationalError, WcStatus::LocalProtectionError);
+    return;
+  }
+  s.expected_psn = psn_add(packet.bth.psn, 1);
+  if (ends_message(what.position)) {
+    complete_receive(port, qp, WcStatus::Success, WcOpcode::Receive, static_cast<uint32_t>(s.received), &packet,
+                     what.immediate);
+    s.in_message = MessageKind::None;
+    s.msn = psn_add(s.msn, 1);
+  } else {
+    s.in_message = MessageKind::Send;
+  }
+}
+
+void execute_write(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
+  ResponderState& s = qp.responder;
+  if (starts_message(what.position)) {
+    s.write_iova = packet.reth.virtual_address;
+    s.write_rkey = packet.reth.rkey;
+    s.write_length = packet.reth.dma_length;
+    s.written = 0;
+  }
+  // Checked again per packet: the region may have been deregistered since
+  // the first one (which check_rkey checked just now).
+  auto place = [&]() {
+    if (packet.payload.empty()) return true;
+    uint64_t address;
+    if (what.write_checked_address) {
+      address = *what.write_checked_address;  // the first packet, whose range check_rkey found
+    } else {
+      ResolvedRange where;
+      if (check_remote(port, qp, s.write_rkey, s.write_iova + s.written, packet.payload.size(), access::kRemoteWrite,
+                       where) != KeyCheck::Ok)
+        return false;
+      address = where.address;
+    }
+    copy_payload(reinterpret_cast<void*>(address), packet.payload.data(), packet.payload.size());
+    return true;
+  };
+  if (!place()) {
+    if (qp.type == QpType::Uc) {
+      drop_message(qp, what);
+      s.expected_psn = psn_add(packet.bth.psn, 1);
+      return;
+    }
+    fail_request(port, qp, packet.bth.psn, aeth::kNakRemoteAccessError, WcStatus::RemoteAccessError);
+    return;
+  }
+  s.written += packet.payload.size();
+  s.expected_psn = psn_add(packet.bth.psn, 1);
+  if (ends_message(what.position)) {
+    if (what.immediate)
+      complete_receive(port, qp, WcStatus::Success, WcOpcode::ReceiveRdmaWithImm, static_cast<uint32_t>(s.write_length),
+                       &packet, true);
+    s.in_message = MessageKind::None;
+    s.msn = psn_add(s.msn, 1);
+  } else {
+    s.in_message = MessageKind::Write;
+  }
+}
+
+void remember(UdpQp& qp, const ReplayEntry& entry) {
+  auto& replay = qp.responder.replay;
+  replay.push_back(entry);
+  while (replay.size() > std::max<size_t>(kReplayEntries, qp.attributes.max_dest_rd_atomic)) replay.pop_front();
+}
+
+void queue_read_response(UdpQp& qp, uint32_t psn, const Reth& reth) {
+  Response read;
+  read.kind = Response::Kind::ReadData;
+  read.psn = psn;
+  read.rkey = reth.rkey;
+  read.iova = reth.virtual_address;
+  read.length = reth.dma_length;
+  read.packets = packets_for(reth.dma_length, qp.mtu);
+  read.msn = qp.responder.msn;
+  qp.responder.outbox.push_back(read);
+}
+
+void execute_read(UdpQp& qp, const TransportPacket& packet) {
+  ResponderState& s = qp.responder;
+  s.msn = psn_add(s.msn, 1);
+  queue_read_response(qp, packet.bth.psn, packet.reth);
+  uint32_t count = packets_for(packet.reth.dma_length, qp.mtu);
+  remember(qp, {packet.bth.psn, count, false, 0});
+  s.expected_psn = psn_add(packet.bth.psn, count);
+}
+
+void execute_atomic(TransportPort& port, UdpQp& qp, const TransportPacket& packet) {
+  ResponderState& s = qp.responder;
+  DeviceMemory& memory = port.memory();
+  uint64_t original;
+  {
+    MemoryReadLock memory_lock(memory);
+    SharedLock atomics(memory.shared().atomics_lock);
+    ResolvedRange where;
+    if (check_remote(port, qp, packet.atomic.rkey, packet.atomic.virtual_address, 8, access::kRemoteAtomic, where,
+                     MemoryRegionTable::Lock::Held) != KeyCheck::Ok) {
+      original = 0;  // checked in check_rkey; cannot change under memory_lock
+    } else if (where.address % 8 == 0) {
+      auto* target = reinterpret_cast<uint64_t*>(where.address);
+      if ((packet.bth.opcode & 0x1f) == op::kFetchAdd) {
+        original = __atomic_fetch_add(target, packet.atomic.swap_add, __ATOMIC_SEQ_CST);
+      } else {
+        original = packet.atomic.compare;
+        __atomic_compare_exchange_n(target, &original, packet.atomic.swap_add, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST);
+      }
+    } else {
+      // Aligned as an iova but not in the process (a registration whose
+      // iova and address differ in alignment): atomic under the lock only.
+      auto* target = reinterpret_cast<uint8_t*>(where.address);
+      std::memcpy(&original, target, 8);
+      uint64_t updated = original;
+      if ((packet.bth.opcode & 0x1f) == op::kFetchAdd)
+        updated = original + packet.atomic.swap_add;
+      else if (original == packet.atomic.compare)
+        updated = packet.atomic.swap_add;
+      std::memcpy(target, &updated, 8);
+    }
+  }
+  s.msn = psn_add(s.msn, 1);
+  Response ack;
+  ack.kind = Response::Kind::AtomicAck;
+  ack.psn = packet.bth.psn;
+  ack.msn = s.msn;
+  ack.original = original;
+  s.outbox.push_back(ack);
+  remember(qp, {packet.bth.psn, 1, true, original});
+  s.expected_psn = psn_add(packet.bth.psn, 1);
+}
+
+// A request seen before (RC): SEND and WRITE are acknowledged again, a READ
+// answered again from memory, an atomic answered with its saved result.
+Verdict handle_duplicate(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
+  ResponderState& s = qp.responder;
+  port.counters().add(Counter::DuplicatesReceived);
+  const uint32_t psn = packet.bth.psn;
+  if (what.kind == Kind::Send || what.kind == Kind::Write) {
+    // The requester is waiting for this ACK (its first one was lost).
+    queue_ack(qp, true);
+    return Verdict::Done;
+  }
+  for (auto entry = s.replay.rbegin(); entry != s.replay.rend(); ++entry) {
+    int32_t into = psn_distance(psn, entry->psn);
+    if (into < 0 || static_cast<uint32_t>(into) >= entry->psn_count) continue;
+    if (entry->atomic) {
+      if (what.kind != Kind::Atomic || into != 0) return Verdict::Done;
+      Response ack;
+      ack.kind = Response::Kind::AtomicAck;
+      ack.psn = psn;
+      ack.msn = s.msn;
+      ack.original = entry->original;
+      s.outbox.push_back(ack);
+      return Verdict::Done;
+    }
+    if (what.kind != Kind::Read) return Verdict::Done;
+    // Asked again, perhaps only for the missing tail: it must stay within
+    // the PSNs of the original request.
+    if (packets_for(packet.reth.dma_length, qp.mtu) > entry->psn_count - static_cast<uint32_t>(into))
+      return Verdict::Done;
+    if (packet.reth.dma_length != 0) {
+      ResolvedRange where;
+      if (check_remote(port, qp, packet.reth.rkey, packet.reth.virtual_address, packet.reth.dma_length,
+                       access::kRemoteRead, where) != KeyCheck::Ok)
+        return Verdict::Done;
+    }
+    queue_read_response(qp, psn, packet.reth);
+    return Verdict::Done;
+  }
+  return Verdict::Done;  // too old to answer: the requester's timer copes
+}
+
+// ---- sending answers ------------------------------------------------------------
+
+void send_control(TransportPort& port, UdpQp& qp, const Response& r) {
+  TransportPacket packet;
+  packet.bth.dest_qp = qp.dest_qpn;
+  packet.bth.psn = r.psn;
+  packet.aeth.msn = r.msn;
+  if (r.kind == Response::Kind::AtomicAck) {
+    packet.bth.opcode = opcode(Service::Rc, op::kAtomicAcknowledge);
+    packet.aeth.syndrome = aeth::kAck;
+    packet.atomic_ack_original = r.original;
+  } else {
+    packet.bth.opcode = opcode(Service::Rc, op::kAcknowledge);
+    packet.aeth.syndrome = r.kind == Response::Kind::Ack ? aeth::kAck : r.syndrome;
+  }
+  port.transmit(qp, qp.path, qp.dest_qpn, packet, {});
+}
+
+// Sends read response packets of `r`; false if its region went away (the
+// rest becomes a remote access NAK).
+bool send_read_data(TransportPort& port, UdpQp& qp, Response& r, uint32_t& budget) {
+  while (r.packets_sent < r.packets && budget > 0) {
+    const uint32_t index = r.packets_sent;
+    const uint64_t length = std::min<uint64_t>(qp.mtu, r.length - r.sent);
+    TransportPacket packet;
+    uint8_t operation;
+    if (r.packets == 1)
+      operation = op::kReadResponseOnly;
+    else if (index == 0)
+      operation = op::kReadResponseFirst;
+    else if (index + 1 == r.packets)
+      operation = op::kReadResponseLast;
+    else
+      operation = op::kReadResponseMiddle;
+    packet.bth.opcode = opcode(Service::Rc, operation);
+    packet.bth.dest_qp = qp.dest_qpn;
+    packet.bth.psn = psn_add(r.psn, index);
+    packet.aeth = {aeth::kAck, r.msn};
+    iovec piece{nullptr, 0};
+    if (length != 0) {
+      ResolvedRange where;
+      if (check_remote(port, qp, r.rkey, r.iova + r.sent, length, access::kRemoteRead, where) != KeyCheck::Ok)
+        return false;
+      piece = {reinterpret_cast<void*>(where.address), length};
+    }
+    port.transmit(qp, qp.path, qp.dest_qpn, packet, std::span(&piece, length != 0 ? 1 : 0));
+    r.sent += length;
+    ++r.packets_sent;
+    --budget;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool responder_send(TransportPort& port, UdpQp& qp, uint32_t budget) {
+  ResponderState& s = qp.responder;
+  while (!s.outbox.empty() && budget > 0) {
+    Response& r = s.outbox.front();
+    if (r.kind != Response::Kind::ReadData) {
+      send_control(port, qp, r);
+      s.outbox.pop_front();
+      --budget;
+      continue;
+    }
+    if (!send_read_data(port, qp, r, budget)) {
+      Response nak;
+      nak.kind = Response::Kind::Nak;
+      nak.psn = psn_add(r.psn, r.packets_sent);
+      nak.syndrome = aeth::kNak | aeth::kNakRemoteAccessError;
+      nak.msn = s.msn;
+      port.counters().add(Counter::ErrorNaksSent);
+      send_control(port, qp, nak);
+      s.outbox.pop_front();
+      continue;
+    }
+    if (r.packets_sent == r.packets) s.outbox.pop_front();
+  }
+  return !s.outbox.empty();
+}
+
+Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, bool may_await_receive) {
+  if (!qp.connected) {
+    port.counters().add(Counter::UnknownQp);
+    return Taken::Done;
+  }
+  const Service service = qp.type == QpType::Rc ? Service::Rc : Service::Uc;
+  if ((packet.bth.opcode & 0xe0) != static_cast<uint8_t>(service)) {
+    port.counters().add(Counter::MalformedPackets);
+    return Taken::Done;
+  }
+  Classified what = classify(packet.bth.opcode & 0x1f);
+  // The checks before check_resource change nothing for a packet they let
+  // through, so one that waits can be handed in again as it is.
+  what.may_await_receive = may_await_receive;
+  using Check = Verdict (*)(TransportPort&, UdpQp&, const TransportPacket&, Classified&);
+  static constexpr Check kPipeline[] = {check_psn,      check_op_sequence, check_op_valid,
+                                        check_resource, check_length,      check_rkey};
+  for (Check check : kPipeline) {
+    const Verdict verdict = check(port, qp, packet, what);
+    if (verdict == Verdict::AwaitReceive) return Taken::AwaitsReceive;
+    if (verdict == Verdict::Done) return Taken::Done;
+    if (!qp.connected) return Taken::Done;  // a check failed the QP
+  }
+  ResponderState& s = qp.responder;
+  s.sequence_nak_sent = false;
+  switch (what.kind) {
+    case Kind::Send:
+      execute_send(port, qp, packet, what);
+      break;
+    case Kind::Write:
+      execute_write(port, qp, packet, what);
+      break;
+    case Kind::Read:
+      execute_read(qp, packet);
+      break;
+    case Kind::Atomic:
+      execute_atomic(port, qp, packet);
+      break;
+  }
+  if (!qp.connected || qp.type != QpType::Rc) return Taken::Done;
+  // READ and atomic answers acknowledge by themselves. Every message is
+  // acknowledged (several in one ACK where they arrive close together);
+  // AckReq asks for it without delay (see Engine::after_work).
+  if (what.kind == Kind::Send || what.kind == Kind::Write) {
+    if (packet.bth.ack_request || ends_message(what.position) || ++s.unacknowledged >= kAckEveryPackets) {
+      s.unacknowledged = 0;
+      // Only the end of a message waits for its ACK: an AckReq within one
+      // keeps the requester's window moving, for which a held ACK is soon
+      // enough.
+      queue_ack(qp, packet.bth.ack_request && ends_message(what.position));
+    }
+  }
+  return Taken::Done;
+}
+
+void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const FlowAddress& flow) {
+  if (!qp.connected) {
+    port.counters().add(Counter::UnknownQp);
+    return;
+  }
+  if (packet.deth.qkey != qp.attributes.qkey) {
+    debug_log("UD QP %#x: packet from QP %#x with qkey %#x dropped (QP qkey %#x)", qp.qpn, packet.deth.source_qp,
+              packet.deth.qkey, qp.attributes.qkey);
+    port.counters().add(Counter::UnknownQp);
+    return;
+  }
+  ReceivePlacement receive;
+  bool taken;
+  {
+    QpRecord& record = record_of(port, qp);
+    SharedLock lock(record.lock);
+    taken = record.live && record.qpn == qp.qpn && take_receive(port.memory(), record, receive);
+  }
+  if (!taken) return;  // UD: no receive posted, the datagram is dropped
+  // The first 40 bytes of the buffer get the GRH: for RoCEv2 over IPv4 the
+  // IPv4 header in its last 20 bytes, as RoCE NICs and rxe write it, for
+  // IPv6 the IPv6 header (ibv_init_ah_from_wc tells them apart).
+  const bool immediate = (packet.bth.opcode & 0x1f) == op::kSendOnlyImm;
+  const size_t datagram =
+      kBthBytes + 8 + (immediate ? 4 : 0) + packet.payload.size() + pad_bytes(packet.payload.size()) + kIcrcBytes;
+  std::array<uint8_t, kMaxIpUdpHeaders> headers;
+  write_ip_udp_headers(flow, datagram, true, headers);
+  std::array<uint8_t, 40> grh{};
+  if (flow.ipv4())
+    std::memcpy(grh.data() + 20, headers.data(), 20);
+  else
+    std::memcpy(grh.data(), headers.data(), 40);
+  Completion c;
+  c.wr_id = receive.wr_id;
+  c.opcode = WcOpcode::Receive;
+  c.qp_num = qp.qpn;
+  c.src_qp = packet.deth.source_qp;
+  c.flags = wc_flag::kGrh;
+  c.sl = roce_packet_type(true, flow.ipv4());  // every packet here is RoCE v2
+  if (immediate) {
+    c.imm_data = htobe32(packet.immediate);
+    c.flags |= wc_flag::kWithImm;
+  }
+  const uint64_t total = grh.size() + packet.payload.size();
+  if (receive.protection_error) {
+    c.status = WcStatus::LocalProtectionError;
+  } else if (total > receive.capacity) {
+    c.status = WcStatus::LocalLengthError;
+  } else {
+    DeviceMemory& memory = port.memory();
+    uint64_t at = 0;
+    bool ok = true;
+    auto source = [&](uint64_t offset, uint8_t* out, uint64_t length) {
+      // The GRH, then the payload, as one stream of bytes.
+      while (length > 0) {
+        uint64_t take;
+        if (offset < grh.size()) {
+          take = std::min<uint64_t>(length, grh.size() - offset);
+          std::memcpy(out, grh.data() + offset, take);
+        } else {
+          take = length;
+          copy_payload(out, packet.payload.data() + (offset - grh.size()), take);
+        }
+        out += take;
+        offset += take;
+        length -= take;
+      }
+    };
+    for (size_t i = 0; i < receive.sges.size() && at < total; ++i) {
+      const Sge& sge = receive.sges[i];
+      uint64_t take = std::min<uint64_t>(sge.length, total - at);
+      ResolvedRange where;
+      if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, take, access::kLocalWrite, &where,
+                                          MemoryRegionTable::Lock::NotHeld) != KeyCheck::Ok ||
+          where.owner_pid != current_pid()) {
+        ok = false;
+        break;
+      }
+      source(at, reinterpret_cast<uint8_t*>(where.address), take);
+      at += take;
+    }
+    c.status = ok ? WcStatus::Success : WcStatus::LocalProtectionError;
+    c.byte_len = ok ? static_cast<uint32_t>(total) : 0;
+  }
+  deliver_completion(port.memory(), qp.recv_cq, c, packet.bth.solicited);
+}
+
+}  // namespace softverbs::udp
