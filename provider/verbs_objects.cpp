@@ -1117,29 +1117,12 @@ int post_recv(ibv_qp* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 static_assert(sizeof(Sge) == sizeof(ibv_sge) && offsetof(Sge, lkey) == offsetof(ibv_sge, lkey));
 
-bool opcode_allowed(QpType type, ibv_wr_opcode opcode) {
-  switch (opcode) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-      return true;
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-      return type != QpType::Ud;
-    case IBV_WR_RDMA_READ:
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      return type == QpType::Rc;
-    default:
-      return false;
-  }
-}
-
 // Builds the emulator's request over the caller's work request (no copy: the
 // immediate path allocates nothing); take_ownership() copies what a deferred
 // send must keep.
 int translate_send(const QpRecord& record, const ibv_send_wr* wr, DeferredSend& send) {
-  if (!opcode_allowed(record.type, wr->opcode) || wr->num_sge < 0 ||
-      static_cast<uint32_t>(wr->num_sge) > record.caps.max_send_sge)
+  const SendOpcodeInfo& info = send_opcode_info(wr->opcode);
+  if (!info.valid_for(record.type) || wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > record.caps.max_send_sge)
     return EINVAL;
   SendRequest& r = send.request;
   r.wr_id = wr->wr_id;
@@ -1148,29 +1131,19 @@ int translate_send(const QpRecord& record, const ibv_send_wr* wr, DeferredSend& 
   r.imm_data = wr->imm_data;
   r.sges = std::span(reinterpret_cast<const Sge*>(wr->sg_list), static_cast<size_t>(wr->num_sge));
   if (wr->send_flags & IBV_SEND_INLINE) {
-    if (wr->opcode == IBV_WR_RDMA_READ || wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
-        wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
-      return EINVAL;
+    if (info.is(wr_mask::kIntoLocal)) return EINVAL;
     size_t total = 0;
     for (const Sge& sge : r.sges) total += sge.length;
     if (total > record.caps.max_inline_data) return EINVAL;
   }
-  switch (wr->opcode) {
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-    case IBV_WR_RDMA_READ:
-      r.remote_address = wr->wr.rdma.remote_addr;
-      r.rkey = wr->wr.rdma.rkey;
-      break;
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      r.remote_address = wr->wr.atomic.remote_addr;
-      r.rkey = wr->wr.atomic.rkey;
-      r.compare_add = wr->wr.atomic.compare_add;
-      r.swap = wr->wr.atomic.swap;
-      break;
-    default:
-      break;
+  if (info.is(wr_mask::kAtomic)) {
+    r.remote_address = wr->wr.atomic.remote_addr;
+    r.rkey = wr->wr.atomic.rkey;
+    r.compare_add = wr->wr.atomic.compare_add;
+    r.swap = wr->wr.atomic.swap;
+  } else if (info.is(wr_mask::kRemoteRange)) {
+    r.remote_address = wr->wr.rdma.remote_addr;
+    r.rkey = wr->wr.rdma.rkey;
   }
   if (record.type == QpType::Ud) {
     if (wr->wr.ud.ah == nullptr) return EINVAL;
@@ -1382,8 +1355,7 @@ void to_udp_wqe(ContextState& state, const QpRecord& record, const ibv_send_wr* 
   wqe.compare_add = r.compare_add;
   wqe.swap = r.swap;
   if (wqe.length > limits::kMaxMessageSize) wqe.error = WcStatus::LocalLengthError;
-  if ((r.opcode == SendOpcode::AtomicCompareSwap || r.opcode == SendOpcode::AtomicFetchAdd) && wqe.length != 8)
-    wqe.error = WcStatus::LocalLengthError;
+  if (send_opcode_info(r.opcode).is(wr_mask::kAtomic) && wqe.length != 8) wqe.error = WcStatus::LocalLengthError;
   if (record.type == QpType::Ud) {
     const auto* ah = reinterpret_cast<const ProviderAh*>(wr->wr.ud.ah);
     wqe.remote_qpn = r.remote_qpn;

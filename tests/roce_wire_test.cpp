@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
 
 #include "process_runner.h"
 #include "udp/coalesced_read.h"
@@ -73,6 +74,30 @@ TEST(RoceHeaders, TheOpcodeTableHasRcUcAndUdAsIbaTable38Lists) {
   EXPECT_FALSE(opcode_info(0x2c).valid) << "no READ on UC";
   EXPECT_FALSE(opcode_info(0x40).valid) << "RD is not supported";
   EXPECT_FALSE(opcode_info(0x15).valid) << "reserved";
+}
+
+// What each opcode is, as the requester, responder and completer ask the
+// table: IBA table 38's names say it too.
+TEST(RoceHeaders, TheTableSaysWhatEachOpcodeIsAndFindsItBack) {
+  for (uint8_t value : valid_opcodes()) {
+    const OpcodeInfo& info = opcode_info(value);
+    const std::string name = info.name;
+    const auto names = [&](const char* part) { return name.find(part) != std::string::npos; };
+    EXPECT_EQ(info.immediate(), names("IMMEDIATE")) << name;
+    EXPECT_EQ(info.response(), names("RESPONSE") || names("ACKNOWLEDGE")) << name;
+    EXPECT_EQ(info.kind == OpKind::Write, names("RDMA_WRITE")) << name;
+    EXPECT_EQ(info.position == OpPosition::First, names("FIRST")) << name;
+    EXPECT_EQ(info.position == OpPosition::Middle, names("MIDDLE")) << name;
+    EXPECT_EQ(info.position == OpPosition::Last, names("LAST")) << name;
+    if ((info.headers & header::kIeth) || info.kind == OpKind::Atomic) continue;  // named by the work request
+    EXPECT_EQ(opcode_for(static_cast<Service>(value & 0xe0), info.kind, info.position, info.immediate()), value)
+        << name;
+  }
+  EXPECT_EQ(opcode_for(Service::Ud, OpKind::Write, OpPosition::Only, false), 0xff) << "no WRITE on UD";
+  EXPECT_EQ(opcode_for(Service::Ud, OpKind::Send, OpPosition::First, false), 0xff) << "UD messages are one packet";
+  EXPECT_EQ(opcode_for(Service::Uc, OpKind::ReadRequest, OpPosition::Only, false), 0xff) << "no READ on UC";
+  EXPECT_EQ(opcode_for(Service::Rc, OpKind::Send, OpPosition::Middle, true), 0xff) << "only LAST and ONLY carry one";
+  EXPECT_EQ(opcode_for(Service::Rc, OpKind::Atomic, OpPosition::Only, false), 0xff) << "CMP_AND_SWP or FETCH_ADD";
 }
 
 TEST(RoceHeaders, EveryOpcodeRoundTrips) {

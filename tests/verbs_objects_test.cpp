@@ -15,6 +15,7 @@
 #include "device/memory_region_table.h"
 #include "device/multicast_table.h"
 #include "device/qp_state_machine.h"
+#include "device/work_request.h"
 #include "host/gid.h"
 
 namespace softverbs {
@@ -396,6 +397,31 @@ TEST(CompletionRing, ConsumerWithoutTheProducersLockSeesEveryEntryWhole) {
   EXPECT_EQ(torn, 0u);
   EXPECT_EQ(ring.pop(out), 0u) << "nothing beyond what was pushed";
   EXPECT_GT(full_retries.load(), 0u) << "the ring never filled: the test did not exercise laps under contention";
+}
+
+// The send opcodes as one table: who may post them, what they complete as.
+TEST(SendOpcodeTable, SaysWhichQpTypesPostEachOpcodeAndWhatItCompletesAs) {
+  const SendOpcodeInfo& read = send_opcode_info(SendOpcode::RdmaRead);
+  EXPECT_TRUE(read.valid_for(QpType::Rc));
+  EXPECT_FALSE(read.valid_for(QpType::Uc));
+  EXPECT_FALSE(read.valid_for(QpType::Ud));
+  EXPECT_TRUE(read.is(wr_mask::kIntoLocal) && read.expects_response());
+  EXPECT_EQ(read.completion, WcOpcode::RdmaRead);
+  const SendOpcodeInfo& write_imm = send_opcode_info(SendOpcode::RdmaWriteWithImm);
+  EXPECT_TRUE(write_imm.valid_for(QpType::Uc));
+  EXPECT_FALSE(write_imm.valid_for(QpType::Ud));
+  EXPECT_TRUE(write_imm.is(wr_mask::kImmediate) && write_imm.is(wr_mask::kRemoteRange));
+  EXPECT_FALSE(write_imm.expects_response());
+  EXPECT_EQ(write_imm.completion, WcOpcode::RdmaWrite);
+  for (SendOpcode send : {SendOpcode::Send, SendOpcode::SendWithImm})
+    for (QpType type : {QpType::Rc, QpType::Uc, QpType::Ud}) EXPECT_TRUE(send_opcode_info(send).valid_for(type));
+  EXPECT_EQ(completion_opcode(SendOpcode::AtomicCompareSwap), WcOpcode::CompareSwap);
+  EXPECT_EQ(completion_opcode(SendOpcode::AtomicFetchAdd), WcOpcode::FetchAdd);
+  // IBV_WR_LOCAL_INV (7), IBV_WR_BIND_MW (8), IBV_WR_SEND_WITH_INV (9), ...: not yet.
+  for (uint32_t unknown : {7u, 8u, 9u, 10u, 99u}) {
+    EXPECT_EQ(send_opcode_info(unknown).name, nullptr);
+    EXPECT_FALSE(send_opcode_info(unknown).valid_for(QpType::Rc));
+  }
 }
 
 TEST(MulticastTable, AttachDetachAndLimits) {

@@ -7,6 +7,7 @@
 #include <span>
 
 #include "device/completion_ring.h"
+#include "device/qp_state_machine.h"
 
 namespace softverbs {
 
@@ -34,24 +35,44 @@ inline constexpr uint32_t kSolicited = 1u << 2;
 inline constexpr uint32_t kInline = 1u << 3;
 }  // namespace send_flag
 
-// The work completion opcode a send work request completes with.
-inline WcOpcode completion_opcode(SendOpcode opcode) {
-  switch (opcode) {
-    case SendOpcode::RdmaWrite:
-    case SendOpcode::RdmaWriteWithImm:
-      return WcOpcode::RdmaWrite;
-    case SendOpcode::RdmaRead:
-      return WcOpcode::RdmaRead;
-    case SendOpcode::AtomicCompareSwap:
-      return WcOpcode::CompareSwap;
-    case SendOpcode::AtomicFetchAdd:
-      return WcOpcode::FetchAdd;
-    case SendOpcode::Send:
-    case SendOpcode::SendWithImm:
-      break;
+// What each send opcode is, in one table (as rxe's rxe_wr_opcode_info): the
+// QP types that may post it, what it completes as, and how it moves data.
+namespace wr_mask {
+inline constexpr uint8_t kSend = 1u << 0;
+inline constexpr uint8_t kWrite = 1u << 1;
+inline constexpr uint8_t kRead = 1u << 2;
+inline constexpr uint8_t kAtomic = 1u << 3;
+inline constexpr uint8_t kImmediate = 1u << 4;  // carries imm_data
+// Names a remote range (RETH or AtomicETH): remote_address and rkey.
+inline constexpr uint8_t kRemoteRange = 1u << 5;
+// Its data comes back into the local SGEs (READ, atomics): they need
+// local write access and cannot be inline.
+inline constexpr uint8_t kIntoLocal = 1u << 6;
+}  // namespace wr_mask
+
+struct SendOpcodeInfo {
+  const char* name = nullptr;  // nullptr: not an opcode the device takes
+  uint8_t mask = 0;
+  WcOpcode completion = WcOpcode::Send;
+  bool rc = false, uc = false, ud = false;  // the QP types that may post it
+
+  bool valid_for(QpType type) const {
+    return name != nullptr && (type == QpType::Rc ? rc : type == QpType::Uc ? uc : ud);
   }
-  return WcOpcode::Send;
+  bool is(uint8_t bits) const { return (mask & bits) != 0; }
+  // READs and atomics: the requester waits for response packets.
+  bool expects_response() const { return is(wr_mask::kRead | wr_mask::kAtomic); }
+};
+
+// The entry for `opcode` (an IBV_WR_* value); an empty one (name nullptr)
+// for a value the device does not take.
+const SendOpcodeInfo& send_opcode_info(uint32_t opcode);
+inline const SendOpcodeInfo& send_opcode_info(SendOpcode opcode) {
+  return send_opcode_info(static_cast<uint32_t>(opcode));
 }
+
+// The work completion opcode a send work request completes with.
+inline WcOpcode completion_opcode(SendOpcode opcode) { return send_opcode_info(opcode).completion; }
 
 // What a RoCE HCA reports in a UD receive's wc.sl: not a service level but
 // the packet's network header type, as mlx5 does and UCX reads it: bit 3

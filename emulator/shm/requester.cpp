@@ -28,15 +28,6 @@ namespace {
 
 constexpr size_t kGrhBytes = 40;
 
-bool carries_immediate(SendOpcode opcode) {
-  return opcode == SendOpcode::SendWithImm || opcode == SendOpcode::RdmaWriteWithImm;
-}
-
-bool reads_into_local(SendOpcode opcode) {
-  return opcode == SendOpcode::RdmaRead || opcode == SendOpcode::AtomicCompareSwap ||
-         opcode == SendOpcode::AtomicFetchAdd;
-}
-
 // A UD message must fit one packet of the path MTU.
 uint64_t ud_mtu_bytes(const QpRecord& qp) {
   return qp.attributes.path_mtu != 0 ? (uint64_t{128} << qp.attributes.path_mtu) : 4096;
@@ -61,7 +52,7 @@ WcStatus resolve_local(DeviceMemory& memory, const QpRecord& qp, const SendReque
     }
     return WcStatus::Success;
   }
-  uint32_t needed = reads_into_local(request.opcode) ? access::kLocalWrite : 0;
+  uint32_t needed = send_opcode_info(request.opcode).is(wr_mask::kIntoLocal) ? access::kLocalWrite : 0;
   for (const Sge& sge : request.sges) {
     ResolvedRange where;
     KeyCheck verdict = memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, sge.length, needed, &where);
@@ -113,7 +104,7 @@ std::array<uint8_t, kGrhBytes> build_grh(const SendRequest& request, uint64_t pa
     flow.traffic_class = request.traffic_class;
     flow.hop_limit = request.hop_limit;
     // BTH + DETH (+ ImmDt) + payload + pad + ICRC, as the datagram would be.
-    const bool immediate = request.opcode == SendOpcode::SendWithImm;
+    const bool immediate = send_opcode_info(request.opcode).is(wr_mask::kImmediate);
     const size_t datagram =
         wire::kBthBytes + 8 + (immediate ? 4 : 0) + payload + wire::pad_bytes(payload) + wire::kIcrcBytes;
     std::array<uint8_t, wire::kMaxIpUdpHeaders> headers;
@@ -158,7 +149,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
   received.opcode = WcOpcode::Receive;
   received.qp_num = target->qpn;
   received.src_qp = qp.gsi_agent ? kGsiQpn : qp.qpn;
-  if (carries_immediate(request.opcode)) {
+  if (send_opcode_info(request.opcode).is(wr_mask::kImmediate)) {
     received.imm_data = request.imm_data;
     received.flags |= wc_flag::kWithImm;
   }

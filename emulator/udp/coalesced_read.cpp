@@ -46,23 +46,15 @@ size_t known_length(std::span<const uint8_t> read, uint32_t path_mtu) {
   const OpcodeInfo& info = opcode_info(read[0]);
   const size_t headers = header_bytes(info);
   if (!(info.headers & header::kPayload)) return headers + kIcrcBytes;
-  switch (read[0] & 0x1f) {
-    case op::kWriteOnly:
-    case op::kWriteOnlyImm: {
-      if (read.size() < kBthBytes + 16) return 0;
-      const uint32_t length = load32(read.data() + kBthBytes + 12);  // the RETH's DMA length
-      return length <= path_mtu ? headers + length + pad_bytes(length) + kIcrcBytes : 0;
-    }
-    case op::kSendFirst:
-    case op::kSendMiddle:
-    case op::kWriteFirst:
-    case op::kWriteMiddle:
-    case op::kReadResponseFirst:
-    case op::kReadResponseMiddle:
-      return headers + path_mtu + kIcrcBytes;
-    default:
-      return 0;
+  // FIRST and MIDDLE packets carry a whole path MTU; a WRITE ONLY's RETH
+  // gives its length; the rest end where the read does.
+  if (info.position == OpPosition::First || info.position == OpPosition::Middle) return headers + path_mtu + kIcrcBytes;
+  if (info.kind == OpKind::Write && info.position == OpPosition::Only) {
+    if (read.size() < kBthBytes + 16) return 0;
+    const uint32_t length = load32(read.data() + kBthBytes + 12);  // the RETH's DMA length
+    return length <= path_mtu ? headers + length + pad_bytes(length) + kIcrcBytes : 0;
   }
+  return 0;
 }
 
 }  // namespace

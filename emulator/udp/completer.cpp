@@ -274,17 +274,13 @@ void go_back(TransportPort& port, UdpQp& qp, uint32_t psn) {
 
 void completer_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet) {
   if (qp.type != QpType::Rc || !qp.sending) return;
-  switch (packet.bth.opcode & 0x1f) {
-    case op::kAcknowledge:
-      on_acknowledge(port, qp, packet);
-      break;
-    case op::kAtomicAcknowledge:
-      on_atomic_acknowledge(port, qp, packet);
-      break;
-    default:
-      on_read_response(port, qp, packet);
-      break;
-  }
+  const OpKind kind = opcode_info(packet.bth.opcode).kind;
+  if (kind == OpKind::Acknowledge)
+    on_acknowledge(port, qp, packet);
+  else if (kind == OpKind::AtomicAcknowledge)
+    on_atomic_acknowledge(port, qp, packet);
+  else
+    on_read_response(port, qp, packet);
   complete_in_order(port, qp);
   if (qp.sending) requester_run(port, qp);
 }

@@ -97,9 +97,9 @@ struct SendWqe {
   bool holds_rd_atomic = false;  // counted in RequesterState::rd_atomic_in_flight
 
   uint32_t last_psn() const { return psn_add(first_psn, psn_count - 1); }
-  bool is_read() const { return opcode == SendOpcode::RdmaRead; }
-  bool is_atomic() const { return opcode == SendOpcode::AtomicCompareSwap || opcode == SendOpcode::AtomicFetchAdd; }
-  bool expects_response() const { return is_read() || is_atomic(); }
+  bool is_read() const { return send_opcode_info(opcode).is(wr_mask::kRead); }
+  bool is_atomic() const { return send_opcode_info(opcode).is(wr_mask::kAtomic); }
+  bool expects_response() const { return send_opcode_info(opcode).expects_response(); }
   bool fully_sent() const { return expects_response() ? packets_sent >= 1 : packets_sent >= psn_count; }
 };
 

@@ -13,25 +13,14 @@
 #include "support/debug_log.h"
 #include "support/process_id.h"
 #include "udp/internal.h"
+#include "udp/parameters.h"
 
 namespace softverbs::udp {
 
 namespace {
 
 using namespace wire;
-
-// How many PSNs may be sent beyond the last acknowledged one. Go-back-N
-// resends everything after a loss, so a window much larger than what the
-// receiving socket buffers hold only adds to what a loss costs.
-constexpr int32_t kWindow = 256;
-// An RC requester asks for an ACK (AckReq) at the end of a message that has
-// nothing older in flight, and on every so many PSNs (half the
-// window), so that the window keeps moving. A responder whose application
-// does not answer sends an asked-for ACK at once and holds the others to
-// acknowledge several requests in one (see Engine::after_work): a stream's
-// requester, with messages in flight, waits for none of them, and a
-// requester with one request in flight, which waits for its ACK, asks.
-constexpr uint32_t kAckRequestInterval = kWindow / 2;
+using namespace parameters;
 
 Service service_of(QpType type) {
   switch (type) {
@@ -72,21 +61,15 @@ WriteFraming configured_write_framing() {
   return framing;
 }
 
-uint8_t segment_opcode(const SendWqe& wqe, uint32_t index, uint32_t count) {
+uint8_t segment_opcode(const UdpQp& qp, const SendWqe& wqe, uint32_t index, uint32_t count) {
   const bool first = index == 0, last = index + 1 == count;
-  const bool write = wqe.opcode == SendOpcode::RdmaWrite || wqe.opcode == SendOpcode::RdmaWriteWithImm;
-  const bool immediate = wqe.opcode == SendOpcode::SendWithImm || wqe.opcode == SendOpcode::RdmaWriteWithImm;
-  if (write) {
-    if (!immediate && configured_write_framing() == WriteFraming::Packets) return op::kWriteOnly;
-    if (first && last) return immediate ? op::kWriteOnlyImm : op::kWriteOnly;
-    if (first) return op::kWriteFirst;
-    if (last) return immediate ? op::kWriteLastImm : op::kWriteLast;
-    return op::kWriteMiddle;
-  }
-  if (first && last) return immediate ? op::kSendOnlyImm : op::kSendOnly;
-  if (first) return op::kSendFirst;
-  if (last) return immediate ? op::kSendLastImm : op::kSendLast;
-  return op::kSendMiddle;
+  const SendOpcodeInfo& info = send_opcode_info(wqe.opcode);
+  const bool write = info.is(wr_mask::kWrite), immediate = info.is(wr_mask::kImmediate);
+  OpPosition position = first ? (last ? OpPosition::Only : OpPosition::First)  //
+                              : (last ? OpPosition::Last : OpPosition::Middle);
+  if (write && !immediate && configured_write_framing() == WriteFraming::Packets) position = OpPosition::Only;
+  const bool with_immediate = immediate && (position == OpPosition::Last || position == OpPosition::Only);
+  return opcode_for(service_of(qp.type), write ? OpKind::Write : OpKind::Send, position, with_immediate);
 }
 
 // May a packet with this PSN go now? Always when nothing is outstanding.
@@ -123,8 +106,8 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) 
   const uint64_t offset = uint64_t{index} * qp.mtu;
   const uint64_t length = std::min<uint64_t>(qp.mtu, wqe.length - std::min(wqe.length, offset));
   TransportPacket packet;
-  const uint8_t segment = segment_opcode(wqe, index, wqe.psn_count);
-  packet.bth.opcode = opcode(service_of(qp.type), segment);
+  packet.bth.opcode = segment_opcode(qp, wqe, index, wqe.psn_count);
+  const OpcodeInfo& segment = opcode_info(packet.bth.opcode);
   packet.bth.dest_qp = qp.dest_qpn;
   packet.bth.psn = psn_add(wqe.first_psn, index);
   const bool last = index + 1 == wqe.psn_count;
@@ -136,7 +119,8 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) 
   // whole message, an ONLY's the bytes it carries (all of a one-packet
   // WRITE, or its part of one sent as WRITE ONLY packets).
   packet.reth = {wqe.remote_address + offset, wqe.rkey,
-                 static_cast<uint32_t>(segment == op::kWriteFirst ? wqe.length : length)};
+                 static_cast<uint32_t>(
+                     segment.kind == OpKind::Write && segment.position == OpPosition::First ? wqe.length : length)};
   packet.immediate = be32toh(wqe.imm_data);
 
   LocalVectors payload;
@@ -178,7 +162,7 @@ void send_atomic_request(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
 
 bool send_ud(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
   TransportPacket packet;
-  const bool immediate = wqe.opcode == SendOpcode::SendWithImm;
+  const bool immediate = send_opcode_info(wqe.opcode).is(wr_mask::kImmediate);
   packet.bth.opcode = opcode(Service::Ud, immediate ? op::kSendOnlyImm : op::kSendOnly);
   packet.bth.dest_qp = wqe.remote_qpn;
   packet.bth.psn = wqe.first_psn;

@@ -17,19 +17,17 @@
 #include "support/payload_copy.h"
 #include "support/process_id.h"
 #include "udp/internal.h"
+#include "udp/parameters.h"
 
 namespace softverbs::udp {
 
 namespace {
 
 using namespace wire;
+using namespace parameters;
 
-constexpr size_t kReplayEntries = 64;
-// An RC responder ACKs at least this often even if no packet asks.
-constexpr uint32_t kAckEveryPackets = 32;
-
-enum class Kind : uint8_t { Send, Write, Read, Atomic };
-enum class Position : uint8_t { First, Middle, Last, Only };
+using Kind = OpKind;
+using Position = OpPosition;
 
 struct Classified {
   Kind kind = Kind::Send;
@@ -44,39 +42,10 @@ struct Classified {
   std::optional<uint64_t> write_checked_address{};
 };
 
-Classified classify(uint8_t operation) {
-  switch (operation) {
-    case op::kSendFirst:
-      return {Kind::Send, Position::First, false};
-    case op::kSendMiddle:
-      return {Kind::Send, Position::Middle, false};
-    case op::kSendLast:
-    case op::kSendLastInvalidate:
-      return {Kind::Send, Position::Last, false};
-    case op::kSendLastImm:
-      return {Kind::Send, Position::Last, true};
-    case op::kSendOnly:
-    case op::kSendOnlyInvalidate:
-      return {Kind::Send, Position::Only, false};
-    case op::kSendOnlyImm:
-      return {Kind::Send, Position::Only, true};
-    case op::kWriteFirst:
-      return {Kind::Write, Position::First, false};
-    case op::kWriteMiddle:
-      return {Kind::Write, Position::Middle, false};
-    case op::kWriteLast:
-      return {Kind::Write, Position::Last, false};
-    case op::kWriteLastImm:
-      return {Kind::Write, Position::Last, true};
-    case op::kWriteOnly:
-      return {Kind::Write, Position::Only, false};
-    case op::kWriteOnlyImm:
-      return {Kind::Write, Position::Only, true};
-    case op::kReadRequest:
-      return {Kind::Read, Position::Only, false};
-    default:
-      return {Kind::Atomic, Position::Only, false};
-  }
+// A request packet as the opcode table describes it.
+Classified classify(uint8_t opcode) {
+  const OpcodeInfo& info = opcode_info(opcode);
+  return {info.kind, info.position, info.immediate()};
 }
 
 bool starts_message(Position p) { return p == Position::First || p == Position::Only; }
@@ -214,7 +183,7 @@ Verdict check_op_sequence(TransportPort& port, UdpQp& qp, const TransportPacket&
 Verdict check_op_valid(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
   uint32_t needed = 0;
   if (what.kind == Kind::Write) needed = access::kRemoteWrite;
-  if (what.kind == Kind::Read) needed = access::kRemoteRead;
+  if (what.kind == Kind::ReadRequest) needed = access::kRemoteRead;
   if (what.kind == Kind::Atomic) needed = access::kRemoteAtomic;
   const uint8_t operation = packet.bth.opcode & 0x1f;
   // Send with invalidate needs memory windows, which softverbs lacks.
@@ -298,7 +267,7 @@ Verdict check_length(TransportPort& port, UdpQp& qp, const TransportPacket& pack
     uint64_t before = starts_message(what.position) ? 0 : s.written;
     if (before + length > total || (ends_message(what.position) && before + length != total)) valid = false;
   }
-  if (what.kind == Kind::Read && packet.reth.dma_length > limits::kMaxMessageSize) valid = false;
+  if (what.kind == Kind::ReadRequest && packet.reth.dma_length > limits::kMaxMessageSize) valid = false;
   if (valid && what.kind == Kind::Send && s.received + length > s.receive_capacity) {
     // The message does not fit the receive buffer: the receiver sees
     // IBV_WC_LOC_LEN_ERR, the sender IBV_WC_REM_INV_REQ_ERR.
@@ -574,7 +543,7 @@ Verdict handle_duplicate(TransportPort& port, UdpQp& qp, const TransportPacket& 
       s.outbox.push_back(ack);
       return Verdict::Done;
     }
-    if (what.kind != Kind::Read) return Verdict::Done;
+    if (what.kind != Kind::ReadRequest) return Verdict::Done;
     // Asked again, perhaps only for the missing tail: it must stay within
     // the PSNs of the original request.
     if (packets_for(packet.reth.dma_length, qp.mtu) > entry->psn_count - static_cast<uint32_t>(into))
@@ -682,7 +651,7 @@ Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& p
     port.counters().add(Counter::MalformedPackets);
     return Taken::Done;
   }
-  Classified what = classify(packet.bth.opcode & 0x1f);
+  Classified what = classify(packet.bth.opcode);
   // The checks before check_resource change nothing for a packet they let
   // through, so one that waits can be handed in again as it is.
   what.may_await_receive = may_await_receive;
@@ -704,12 +673,14 @@ Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& p
     case Kind::Write:
       execute_write(port, qp, packet, what);
       break;
-    case Kind::Read:
+    case Kind::ReadRequest:
       execute_read(qp, packet);
       break;
     case Kind::Atomic:
       execute_atomic(port, qp, packet);
       break;
+    default:
+      break;  // responses go to the completer
   }
   if (!qp.connected || qp.type != QpType::Rc) return Taken::Done;
   // READ and atomic answers acknowledge by themselves. Every message is

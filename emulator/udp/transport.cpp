@@ -35,6 +35,7 @@
 #include "udp/coalesced_read.h"
 #include "udp/gso.h"
 #include "udp/internal.h"
+#include "udp/parameters.h"
 #include "wire/icrc.h"
 #include "wire/pcap_file.h"
 
@@ -45,147 +46,7 @@ namespace {
 using namespace wire;
 using udp::Clock;
 
-constexpr size_t kReceiveBatch = 16;
-// A GRO batch of datagrams (or one datagram of path MTU 4096 plus headers).
-constexpr size_t kMaxDatagram = 65536;
-// How many reads of a connected socket ask the kernel for the UDP GRO
-// segment size after finding it took a search through a read (see
-// coalesced_read.h): a flow that sends such reads once tends to again, and
-// a stream of SENDs, many to a read, pays less for the recvmsg than for
-// the search (ib_send_bw -s 2).
-constexpr uint32_t kReadsWithGroSizeAfterSearch = 1024;
-// How many GSO sends of one size in a row set that size on their socket,
-// and how many single datagrams in a row clear it again (see SendPeer).
-constexpr uint8_t kGsoSendsBeforeSocketSize = 8;
-constexpr uint8_t kSinglesBeforeSocketSizeGoes = 8;
-constexpr int kSocketBuffer = 8 << 20;
-constexpr uint32_t kReadBudgetPerPass = 64;
-// How long an ACK may wait to leave with the next request of its QP (see
-// Engine::after_work). If the application stops calling verbs right after
-// a held ACK, the io thread's next look sends it (within kAppIdleAfter):
-// either way far below the retransmission timer's 1 ms floor.
-constexpr auto kAckHold = std::chrono::microseconds(10);
-// A QP whose application answers a request within this holds its ACKs for
-// twice the time its last answer took (at least kAckHold): in a ping-pong
-// whose answer came late once (a descheduled thread), an ACK that then left
-// alone let the peer complete and stop polling before the answer arrived,
-// and from then on every answer needed the peer's io thread to take it in,
-// a wake-up on busy cores each time (ib_write_lat 30-75 us instead of 5).
-// A peer's completion waits at most this long for an ACK, far below the
-// retransmission timer's 1 ms floor.
-constexpr auto kMaxAckHold = std::chrono::microseconds(100);
-constexpr auto kReorderHold = std::chrono::milliseconds(1);
-// An RC SEND that finds no receive posted waits up to this long for one,
-// rather than being RNR-NAKed at once, if it may be the answer to a request
-// of its QP whose completion the application has not yet acted on: the
-// request is not yet complete, or the application has made at most one
-// poll since (the one that could return the completion), or it completed
-// less than this long ago. The answer arrives with the request's held ACK
-// (kAckHold), where an HCA's ACK comes a round trip and the peer's time to
-// answer before it: an application that posts the receive for the answer
-// once its request completes (rdma-core's pyverbs test
-// test_rdmacm_async_traffic_external_qp does) found its answer RNR-NAKed,
-// a min_rnr_timer lost each time (655 ms with rdma_cm's 0), and with short
-// timers on a busy machine IBV_WC_RNR_RETRY_EXC_ERR.
-// The receive's ibv_post_recv takes the SEND in at once (receive_posted()).
-// Below the retransmission timer's 1 ms floor, so that a waiting SEND is not
-// sent again.
-constexpr auto kReceiveGrace = std::chrono::microseconds(500);
-// Request packets that may wait behind such a SEND; a sender that goes on
-// past this many gets the RNR NAK at once.
-constexpr size_t kMaxAwaitingPackets = 256;
-// A deadline at least this far off (a retransmission timer: 67 ms for
-// perftest's QPs) is armed by whichever thread finds it. Setting a timerfd
-// costs about 0.45 us then, but 7-11 us for one due within 100 us, which
-// becomes the CPU's next timer event and reprograms it (a trap to the
-// hypervisor on a virtual machine): those are left to the io thread, woken
-// for them, off the application's path. Waking it for every request posted
-// while it watched cost the application a post to Asio and an epoll_ctl,
-// and each process a context switch on a shared core.
-constexpr auto kArmedFromAnyThread = std::chrono::milliseconds(5);
-// After this long without a verbs call the background thread takes over.
-// The wait starts short and doubles while the application keeps calling:
-// an application that polls its CQ without a break costs the io thread a
-// wake-up per 500 us, and one that stops calling (to spin on memory that a
-// peer's RDMA WRITE fills, as ib_write_lat does) waits about 20 us for the
-// io thread to take over. Each of those wake-ups takes a busy core from a
-// polling thread for a few microseconds: at one per 200 us, ib_write_lat
-// over UDP averaged about 1 us more per iteration on 2 cores.
-constexpr auto kAppIdleAfterFirst = std::chrono::microseconds(20);
-constexpr auto kAppIdleAfter = std::chrono::microseconds(500);
-// A post made within this long of the return of another, with no poll
-// between (a burst: ib_write_bw posts up to its queue depth, then polls),
-// leaves its packets in the send batch for the next post to join; the
-// application's next poll or other call sends them, or, if it makes none,
-// the io thread on its next look (within app_idle_after_). A send per post
-// was the bound of small messages: a 36-byte WRITE's sendmsg, with the
-// loopback delivery in it, costs ~3.5 us on the CI VM, and udp ib_write_bw
-// 2 B moved 0.28 Mmsg/s; with bursts in batches of up to 64, 1.35 Mmsg/s.
-constexpr auto kBurstGap = std::chrono::microseconds(10);
-// A program that posts twice, then waits for its peer's answer by spinning
-// on memory, made no call to send the second post's packets: the io thread
-// sent them up to app_idle_after_ later. Once that happens, posts are sent
-// at once for a while: kFirstDeferralPause, doubled each time it happens
-// again within kDeferralPause of the last pause's end, up to kDeferralPause,
-// so that it costs such a program about one wait per kDeferralPause. A
-// burst whose thread was preempted for 20-50 us looks the same, unless the
-// io thread finds that thread waiting for the io thread's own CPU, as it
-// nearly always is (the io thread took its core): then the batch leaves
-// with no pause. (Before that check, runs of udp ib_write_bw 2 B on 2
-// cores paused up to 9 times, doubling to 100 ms, and 3 runs of 6 were
-// left half unbatched: 0.25-0.51 Mmsg/s against 1.09-1.33. On one CPU
-// every thread waits for the io thread's, so there a batch never pauses,
-// which batching programs gain by and one that spins loses little by:
-// see docs/udp-transport.md. The first pause is short for the cases the
-// check misses.)
-constexpr auto kFirstDeferralPause = std::chrono::milliseconds(1);
-constexpr auto kDeferralPause = std::chrono::milliseconds(100);
-constexpr uint64_t kBusyPollCalls = 8;
-constexpr uint32_t kLookAroundEvery = 8;
-// Where packets arrive on more than one socket (several QPs of this process
-// at work: a test that connects two QPs to each other, a server with many
-// clients), a polling application's pass asks the epoll set every time, for
-// this many passes since a look found another socket with something: read
-// on the busy socket only, the other flow's packets waited up to
-// kLookAroundEvery passes, and a WRITE between two QPs of one process and
-// its ACK, each on its QP's socket, took 15 us instead of 9.
-constexpr uint32_t kSeveralFlowsPasses = 4096;
-// A process whose background thread answers short READs and atomics for an
-// idle application (a READ target: ib_read_lat's server), or sends an ACK
-// that a requester with nothing else in flight asked for (a WRITE target of
-// ib_write_bw -t 1), keeps reading for this long after each answer, rather
-// than sleep until the peer's next request wakes it: a wake-up (on a virtual
-// machine, an interrupt to a halted CPU) cost ib_read_lat over UDP 9-28 us a
-// round trip against 7-8 us, and ib_write_bw -t 1 2 B 27 us a WRITE against
-// 9. After a long answer the thread is busy sending, and spinning between
-// long ones cost ib_read_bw 64 KiB 2-7% (3 alternated pairs).
-constexpr auto kAnswerSpin = std::chrono::microseconds(50);
-constexpr uint32_t kAnswerSpinAfterPackets = 1;
-constexpr auto kAnswerSpinPerLook = std::chrono::milliseconds(1);
-// A socket in an epoll set costs every packet sent to it an epoll callback
-// (under the socket's wait-queue lock) in the sender's sendmsg: ~0.24 us on
-// the 2-core CI VM, 7,800 against 7,176 TSC cycles per send in a RoCEv2
-// ping-pong of two processes with and without an epoll set around each
-// socket; in udp ib_write_lat the median post's sendmsg went from ~7,700 to
-// ~7,300. So the socket that a polling application finds busy this many
-// times leaves the set until another one is busy or the io thread watches
-// again. Not sooner: each move costs an epoll_ctl (~1 us), and where the
-// io thread takes over every few packets (ib_write_lat when a stall on 2
-// cores has made it hand over, see kMaxAckHold) a move per takeover kept
-// more runs in that slow mode (after 64 reads: 7 of 16 alternated runs at
-// 30-40 us, against 0 of 10 after 1,024 and 0-2 of 10 with the socket
-// always in the set).
-constexpr uint32_t kBusyReadsBeforeLeavingSet = 1024;
-// UDP GSO limits: the datagrams of one send fit one 64 KiB IP packet.
-constexpr size_t kMaxGsoBytes = 60000;
-constexpr size_t kMaxGsoSegments = 64;
-// A batch's first datagram may be as long as this (path MTU 4096 and every
-// header) before the batch is full; kMaxGsoBytes bounds the ones that join.
-constexpr size_t kMaxDatagramForBatch = 4096 + 128;
-// A packet with at most this much payload is put together whole and then
-// checksummed in one pass; a longer one's payload is copied by its CRC pass
-// (see write_packet).
-constexpr size_t kAssembledPayloadUpTo = 256;
+using namespace udp::parameters;
 
 // A file descriptor that closes itself.
 class Fd {
@@ -342,12 +203,7 @@ std::vector<std::string> abstract_names_with_prefix(const std::string& prefix) {
   return names;
 }
 
-bool is_response(uint8_t opcode) {
-  if ((opcode & 0xe0) != static_cast<uint8_t>(Service::Rc)) return false;
-  uint8_t operation = opcode & 0x1f;
-  return (operation >= op::kReadResponseFirst && operation <= op::kReadResponseOnly) || operation == op::kAcknowledge ||
-         operation == op::kAtomicAcknowledge;
-}
+bool is_response(uint8_t opcode) { return opcode_info(opcode).response(); }
 
 }  // namespace
 

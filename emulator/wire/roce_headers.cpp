@@ -14,43 +14,49 @@ constexpr std::array<OpcodeInfo, 256> build_table() {
     uint8_t operation;
     uint8_t headers;
     const char* name;
+    OpKind kind;
+    OpPosition position;
   };
+  using enum OpKind;
+  using enum OpPosition;
   // Per operation; UD takes SEND ONLY (with immediate) and adds a DETH.
   constexpr Entry kConnected[] = {
-      {op::kSendFirst, kPayload, "SEND_FIRST"},
-      {op::kSendMiddle, kPayload, "SEND_MIDDLE"},
-      {op::kSendLast, kPayload, "SEND_LAST"},
-      {op::kSendLastImm, kImmDt | kPayload, "SEND_LAST_WITH_IMMEDIATE"},
-      {op::kSendOnly, kPayload, "SEND_ONLY"},
-      {op::kSendOnlyImm, kImmDt | kPayload, "SEND_ONLY_WITH_IMMEDIATE"},
-      {op::kWriteFirst, kReth | kPayload, "RDMA_WRITE_FIRST"},
-      {op::kWriteMiddle, kPayload, "RDMA_WRITE_MIDDLE"},
-      {op::kWriteLast, kPayload, "RDMA_WRITE_LAST"},
-      {op::kWriteLastImm, kImmDt | kPayload, "RDMA_WRITE_LAST_WITH_IMMEDIATE"},
-      {op::kWriteOnly, kReth | kPayload, "RDMA_WRITE_ONLY"},
-      {op::kWriteOnlyImm, kReth | kImmDt | kPayload, "RDMA_WRITE_ONLY_WITH_IMMEDIATE"},
+      {op::kSendFirst, kPayload, "SEND_FIRST", Send, First},
+      {op::kSendMiddle, kPayload, "SEND_MIDDLE", Send, Middle},
+      {op::kSendLast, kPayload, "SEND_LAST", Send, Last},
+      {op::kSendLastImm, kImmDt | kPayload, "SEND_LAST_WITH_IMMEDIATE", Send, Last},
+      {op::kSendOnly, kPayload, "SEND_ONLY", Send, Only},
+      {op::kSendOnlyImm, kImmDt | kPayload, "SEND_ONLY_WITH_IMMEDIATE", Send, Only},
+      {op::kWriteFirst, kReth | kPayload, "RDMA_WRITE_FIRST", Write, First},
+      {op::kWriteMiddle, kPayload, "RDMA_WRITE_MIDDLE", Write, Middle},
+      {op::kWriteLast, kPayload, "RDMA_WRITE_LAST", Write, Last},
+      {op::kWriteLastImm, kImmDt | kPayload, "RDMA_WRITE_LAST_WITH_IMMEDIATE", Write, Last},
+      {op::kWriteOnly, kReth | kPayload, "RDMA_WRITE_ONLY", Write, Only},
+      {op::kWriteOnlyImm, kReth | kImmDt | kPayload, "RDMA_WRITE_ONLY_WITH_IMMEDIATE", Write, Only},
   };
   constexpr Entry kReliableOnly[] = {
-      {op::kReadRequest, kReth, "RDMA_READ_REQUEST"},
-      {op::kReadResponseFirst, kAeth | kPayload, "RDMA_READ_RESPONSE_FIRST"},
-      {op::kReadResponseMiddle, kPayload, "RDMA_READ_RESPONSE_MIDDLE"},
-      {op::kReadResponseLast, kAeth | kPayload, "RDMA_READ_RESPONSE_LAST"},
-      {op::kReadResponseOnly, kAeth | kPayload, "RDMA_READ_RESPONSE_ONLY"},
-      {op::kAcknowledge, kAeth, "ACKNOWLEDGE"},
-      {op::kAtomicAcknowledge, kAeth | kAtomicAckEth, "ATOMIC_ACKNOWLEDGE"},
-      {op::kCompareSwap, kAtomicEth, "COMPARE_SWAP"},
-      {op::kFetchAdd, kAtomicEth, "FETCH_ADD"},
-      {op::kSendLastInvalidate, kIeth | kPayload, "SEND_LAST_WITH_INVALIDATE"},
-      {op::kSendOnlyInvalidate, kIeth | kPayload, "SEND_ONLY_WITH_INVALIDATE"},
+      {op::kReadRequest, kReth, "RDMA_READ_REQUEST", ReadRequest, Only},
+      {op::kReadResponseFirst, kAeth | kPayload, "RDMA_READ_RESPONSE_FIRST", ReadResponse, First},
+      {op::kReadResponseMiddle, kPayload, "RDMA_READ_RESPONSE_MIDDLE", ReadResponse, Middle},
+      {op::kReadResponseLast, kAeth | kPayload, "RDMA_READ_RESPONSE_LAST", ReadResponse, Last},
+      {op::kReadResponseOnly, kAeth | kPayload, "RDMA_READ_RESPONSE_ONLY", ReadResponse, Only},
+      {op::kAcknowledge, kAeth, "ACKNOWLEDGE", Acknowledge, Only},
+      {op::kAtomicAcknowledge, kAeth | kAtomicAckEth, "ATOMIC_ACKNOWLEDGE", AtomicAcknowledge, Only},
+      {op::kCompareSwap, kAtomicEth, "COMPARE_SWAP", Atomic, Only},
+      {op::kFetchAdd, kAtomicEth, "FETCH_ADD", Atomic, Only},
+      {op::kSendLastInvalidate, kIeth | kPayload, "SEND_LAST_WITH_INVALIDATE", Send, Last},
+      {op::kSendOnlyInvalidate, kIeth | kPayload, "SEND_ONLY_WITH_INVALIDATE", Send, Only},
   };
   for (const Entry& e : kConnected) {
-    table[opcode(Service::Rc, e.operation)] = {true, e.headers, e.name};
+    table[opcode(Service::Rc, e.operation)] = {true, e.headers, e.name, e.kind, e.position};
     // UC has sends and writes, not the reliable-only operations.
-    table[opcode(Service::Uc, e.operation)] = {true, e.headers, e.name};
+    table[opcode(Service::Uc, e.operation)] = {true, e.headers, e.name, e.kind, e.position};
   }
-  for (const Entry& e : kReliableOnly) table[opcode(Service::Rc, e.operation)] = {true, e.headers, e.name};
-  table[opcode(Service::Ud, op::kSendOnly)] = {true, kDeth | kPayload, "SEND_ONLY"};
-  table[opcode(Service::Ud, op::kSendOnlyImm)] = {true, kDeth | kImmDt | kPayload, "SEND_ONLY_WITH_IMMEDIATE"};
+  for (const Entry& e : kReliableOnly)
+    table[opcode(Service::Rc, e.operation)] = {true, e.headers, e.name, e.kind, e.position};
+  table[opcode(Service::Ud, op::kSendOnly)] = {true, kDeth | kPayload, "SEND_ONLY", Send, Only};
+  table[opcode(Service::Ud, op::kSendOnlyImm)] = {true, kDeth | kImmDt | kPayload, "SEND_ONLY_WITH_IMMEDIATE", Send,
+                                                  Only};
   return table;
 }
 
@@ -106,6 +112,34 @@ class Reader {
 }  // namespace
 
 const OpcodeInfo& opcode_info(uint8_t opcode) { return kOpcodes[opcode]; }
+
+namespace {
+
+// The operation (low five bits) of each (kind, position, immediate) among
+// RC's opcodes, 0xff where none; built once from the table, so that the
+// requester's per-packet choice is one lookup. The invalidate forms are
+// chosen by no work request the device takes; the two atomics share a
+// kind, and the work request says which.
+constexpr auto kOperations = [] {
+  std::array<std::array<std::array<uint8_t, 2>, 4>, 7> operations{};
+  for (auto& by_position : operations)
+    for (auto& by_immediate : by_position) by_immediate = {0xff, 0xff};
+  for (unsigned operation = 0; operation < 0x20; ++operation) {
+    const OpcodeInfo& info = kOpcodes[operation];
+    if (!info.valid || (info.headers & kIeth) || info.kind == OpKind::Atomic) continue;
+    operations[static_cast<size_t>(info.kind)][static_cast<size_t>(info.position)][info.immediate()] =
+        static_cast<uint8_t>(operation);
+  }
+  return operations;
+}();
+
+}  // namespace
+
+uint8_t opcode_for(Service service, OpKind kind, OpPosition position, bool immediate) {
+  const uint8_t operation = kOperations[static_cast<size_t>(kind)][static_cast<size_t>(position)][immediate];
+  if (operation == 0xff || !kOpcodes[opcode(service, operation)].valid) return 0xff;
+  return opcode(service, operation);
+}
 
 size_t header_bytes(const OpcodeInfo& info) {
   return kBthBytes + ((info.headers & kDeth) ? 8 : 0) + ((info.headers & kReth) ? 16 : 0) +

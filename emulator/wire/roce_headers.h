@@ -64,14 +64,35 @@ inline constexpr uint8_t kDeth = 1u << 6;
 inline constexpr uint8_t kPayload = 1u << 7;  // the opcode may carry data
 }  // namespace header
 
+// What a packet does (IBA 9.2, as rxe's opcode masks say it), and where it
+// sits in its message.
+enum class OpKind : uint8_t { Send, Write, ReadRequest, ReadResponse, Atomic, Acknowledge, AtomicAcknowledge };
+enum class OpPosition : uint8_t { First, Middle, Last, Only };
+
 struct OpcodeInfo {
   bool valid = false;
   uint8_t headers = 0;
   const char* name = "";
+  OpKind kind = OpKind::Send;
+  OpPosition position = OpPosition::Only;
+
+  constexpr bool immediate() const { return (headers & header::kImmDt) != 0; }
+  // Sent by a responder: READ responses and (atomic) acknowledgements.
+  constexpr bool response() const {
+    return kind == OpKind::ReadResponse || kind == OpKind::Acknowledge || kind == OpKind::AtomicAcknowledge;
+  }
+  constexpr bool starts_message() const { return position == OpPosition::First || position == OpPosition::Only; }
+  constexpr bool ends_message() const { return position == OpPosition::Last || position == OpPosition::Only; }
 };
 
 // The opcode table; invalid entries for reserved and unsupported (RD) codes.
 const OpcodeInfo& opcode_info(uint8_t opcode);
+
+// The opcode of `service` for a packet of `kind` at `position` (with an
+// immediate or not); 0xff where there is none (SEND and WRITE have all four
+// positions, the others one) and for atomics, whose opcode the work request
+// names.
+uint8_t opcode_for(Service service, OpKind kind, OpPosition position, bool immediate);
 
 // The BTH and the extension headers an opcode carries, in bytes.
 size_t header_bytes(const OpcodeInfo& info);

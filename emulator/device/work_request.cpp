@@ -1,0 +1,32 @@
+#include "device/work_request.h"
+
+#include <array>
+
+namespace softverbs {
+
+namespace {
+
+using namespace wr_mask;
+
+constexpr std::array<SendOpcodeInfo, 7> kSendOpcodes = {{
+    // name, mask, completes as, RC, UC, UD
+    {"RDMA_WRITE", kWrite | kRemoteRange, WcOpcode::RdmaWrite, true, true, false},
+    {"RDMA_WRITE_WITH_IMM", kWrite | kRemoteRange | kImmediate, WcOpcode::RdmaWrite, true, true, false},
+    {"SEND", kSend, WcOpcode::Send, true, true, true},
+    {"SEND_WITH_IMM", kSend | kImmediate, WcOpcode::Send, true, true, true},
+    {"RDMA_READ", kRead | kRemoteRange | kIntoLocal, WcOpcode::RdmaRead, true, false, false},
+    {"ATOMIC_CMP_AND_SWP", kAtomic | kRemoteRange | kIntoLocal, WcOpcode::CompareSwap, true, false, false},
+    {"ATOMIC_FETCH_AND_ADD", kAtomic | kRemoteRange | kIntoLocal, WcOpcode::FetchAdd, true, false, false},
+}};
+static_assert(kSendOpcodes[static_cast<size_t>(SendOpcode::RdmaRead)].completion == WcOpcode::RdmaRead &&
+                  kSendOpcodes[static_cast<size_t>(SendOpcode::AtomicFetchAdd)].completion == WcOpcode::FetchAdd,
+              "indexed by the IBV_WR_* value");
+
+}  // namespace
+
+const SendOpcodeInfo& send_opcode_info(uint32_t opcode) {
+  static constexpr SendOpcodeInfo kUnknown{};
+  return opcode < kSendOpcodes.size() ? kSendOpcodes[opcode] : kUnknown;
+}
+
+}  // namespace softverbs

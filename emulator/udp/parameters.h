@@ -1,0 +1,119 @@
+// The UDP transport's tunables, each with why it has its value. The
+// measurements behind them are in bench/NOTES.md ("The UDP transport's
+// tunables").
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace softverbs::udp::parameters {
+
+// ---- the reliable protocol ------------------------------------------------------
+
+// PSNs in flight beyond the last acknowledged one. Go-back-N resends all of
+// them after a loss, so more than the receive buffers hold only costs.
+inline constexpr int32_t kWindow = 256;
+// An RC requester asks for an ACK (AckReq) at the end of a message with
+// nothing older in flight, and every this many PSNs, so that the window
+// moves while the responder holds unasked-for ACKs to coalesce them.
+inline constexpr uint32_t kAckRequestInterval = kWindow / 2;
+// A responder ACKs at least this often even if no packet asks.
+inline constexpr uint32_t kAckEveryPackets = 32;
+// READ and atomic requests remembered (at least max_dest_rd_atomic), so that
+// a duplicate is answered again, as IBA 9.7.5.1.4 asks.
+inline constexpr size_t kReplayEntries = 64;
+
+// ---- ACKs and receives -------------------------------------------------------------
+
+// An ACK may wait this long to leave with its QP's next request: far below
+// the retransmission timer's 1 ms floor.
+inline constexpr auto kAckHold = std::chrono::microseconds(10);
+// A QP whose application answers quickly holds ACKs for twice its last
+// answer's time, up to this: an ACK that leaves alone lets the peer stop
+// polling before the answer comes.
+inline constexpr auto kMaxAckHold = std::chrono::microseconds(100);
+// An RC SEND that finds no receive waits this long for one if it may answer
+// a request the application has not yet acted on: an HCA's ACK comes a round
+// trip later than ours, and the receive is usually on its way. Below the
+// retransmission timer, so that a waiting SEND is not resent.
+inline constexpr auto kReceiveGrace = std::chrono::microseconds(500);
+// Packets that may wait behind such a SEND; past this the sender gets the
+// RNR NAK at once.
+inline constexpr size_t kMaxAwaitingPackets = 256;
+
+// ---- who does the work: the application's calls or the io thread -----------------
+
+// After this long without a verbs call the io thread takes over; the wait
+// doubles up to kAppIdleAfter while the application keeps calling, so that
+// a polling application costs a wake-up per 500 us and one that stops
+// calling waits ~20 us.
+inline constexpr auto kAppIdleAfterFirst = std::chrono::microseconds(20);
+inline constexpr auto kAppIdleAfter = std::chrono::microseconds(500);
+// Posts this close together with no poll between are a burst: their packets
+// wait in the send batch for the next post to join (one sendmsg for many).
+inline constexpr auto kBurstGap = std::chrono::microseconds(10);
+// When a burst's packets had to be sent by the io thread (the program spins
+// on memory instead of calling), batching pauses this long, doubling up to
+// kDeferralPause each time it happens again.
+inline constexpr auto kFirstDeferralPause = std::chrono::milliseconds(1);
+inline constexpr auto kDeferralPause = std::chrono::milliseconds(100);
+// Deadlines at least this far off are armed by whichever thread finds them;
+// nearer ones reprogram the CPU's timer (a hypervisor trap) and are left to
+// the io thread.
+inline constexpr auto kArmedFromAnyThread = std::chrono::milliseconds(5);
+// After answering a READ or an atomic (or an asked-for ACK) for an idle
+// application, the io thread keeps reading this long rather than sleep: a
+// wake-up costs more than the peer's next request takes to come.
+inline constexpr auto kAnswerSpin = std::chrono::microseconds(50);
+inline constexpr uint32_t kAnswerSpinAfterPackets = 1;
+inline constexpr auto kAnswerSpinPerLook = std::chrono::milliseconds(1);
+
+// ---- reading sockets ---------------------------------------------------------------
+
+// Datagrams per recvmmsg when a socket is drained.
+inline constexpr size_t kReceiveBatch = 16;
+// A GRO batch of datagrams (or one datagram of path MTU 4096 plus headers).
+inline constexpr size_t kMaxDatagram = 65536;
+// READ responses one pass sends before it looks at the sockets again.
+inline constexpr uint32_t kReadBudgetPerPass = 64;
+// Calls without a break that make an application a busy poller.
+inline constexpr uint64_t kBusyPollCalls = 8;
+// A polling application reads the socket that last had data and asks the
+// epoll set only every this many passes...
+inline constexpr uint32_t kLookAroundEvery = 8;
+// ...or on every pass for this many after a look found another socket busy
+// (several QPs of the process at work).
+inline constexpr uint32_t kSeveralFlowsPasses = 4096;
+// A socket read this many times in a row by a polling application leaves
+// the epoll set (an epoll callback costs every packet sent to it); fewer
+// moves would cost an epoll_ctl each.
+inline constexpr uint32_t kBusyReadsBeforeLeavingSet = 1024;
+// Reads of a connected socket that ask for the GRO segment size after one
+// took a search (coalesced_read.h): a flow that needed it once tends to again.
+inline constexpr uint32_t kReadsWithGroSizeAfterSearch = 1024;
+
+// ---- sending ---------------------------------------------------------------------
+
+// Socket buffers: a window of 256 packets of 4 KiB, with room.
+inline constexpr int kSocketBuffer = 8 << 20;
+// GSO sends of one size in a row that set that size on the socket (a plain
+// send() is cheaper than a sendmsg with the size), and single datagrams in
+// a row that clear it (a single datagram with a size set takes the GSO path).
+inline constexpr uint8_t kGsoSendsBeforeSocketSize = 8;
+inline constexpr uint8_t kSinglesBeforeSocketSizeGoes = 8;
+// UDP GSO limits: the datagrams of one send fit one 64 KiB IP packet.
+inline constexpr size_t kMaxGsoBytes = 60000;
+inline constexpr size_t kMaxGsoSegments = 64;
+// A batch's first datagram may be this long (path MTU 4096 and every header).
+inline constexpr size_t kMaxDatagramForBatch = 4096 + 128;
+// Payloads up to this are assembled whole and checksummed in one pass; a
+// longer one is copied by its CRC pass.
+inline constexpr size_t kAssembledPayloadUpTo = 256;
+
+// ---- faults ---------------------------------------------------------------------
+
+// How long a packet picked for reordering waits for its QP's next one.
+inline constexpr auto kReorderHold = std::chrono::milliseconds(1);
+
+}  // namespace softverbs::udp::parameters
