@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -350,23 +351,46 @@ TEST_F(RdmaCm, PeerGoingAwayAfterIbvDestroyQpTouchesNoQp) {
 // there a moment later; it must not come back with an error (rping exits
 // with it). The thread that destroyed the channel gets EBADF, as a closed
 // descriptor would give it.
+// The thread that destroys a channel gets EBADF from it; another that
+// calls on it afterwards (rping's CM thread, when its main thread tears
+// down first) blocks for good, as on the kernel's channel, rather than
+// return or spin: it reaches a futex wait and stays there. In a child
+// process, whose exit ends the blocked thread.
 TEST(RdmaCmAlone, AChannelDestroyedUnderAnotherThreadKeepsItBlocked) {
-  rdma_event_channel* channel = rdma_create_event_channel();
-  ASSERT_NE(channel, nullptr);
-  rdma_destroy_event_channel(channel);
-  rdma_cm_event* event = nullptr;
-  errno = 0;
-  EXPECT_EQ(rdma_get_cm_event(channel, &event), -1);
-  EXPECT_EQ(errno, EBADF);
-  auto returned = std::make_shared<std::atomic<bool>>(false);
-  std::thread late([channel, returned] {
-    rdma_cm_event* ignored = nullptr;
-    rdma_get_cm_event(channel, &ignored);
-    *returned = true;
-  });
-  late.detach();  // it never comes back; the process's exit ends it
-  usleep(200 * 1000);
-  EXPECT_FALSE(returned->load());
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    rdma_event_channel* channel = rdma_create_event_channel();
+    if (channel == nullptr) _exit(errno == 0 ? 10 : 100 + errno % 100);
+    rdma_destroy_event_channel(channel);
+    rdma_cm_event* event = nullptr;
+    errno = 0;
+    if (rdma_get_cm_event(channel, &event) != -1 || errno != EBADF) _exit(11);
+    std::atomic<pid_t> tid{0};
+    std::atomic<bool> returned{false};
+    std::thread late([&] {
+      tid = gettid();
+      rdma_cm_event* ignored = nullptr;
+      rdma_get_cm_event(channel, &ignored);
+      returned = true;
+    });
+    // Asleep in futex(2) (syscall 202 on x86-64), as /proc shows it.
+    auto waiting_in_futex = [&] {
+      if (tid == 0) return false;
+      std::ifstream syscall("/proc/self/task/" + std::to_string(tid) + "/syscall");
+      std::string number;
+      return syscall >> number && number == "202";
+    };
+    for (int i = 0; i < 10000 && !returned && !waiting_in_futex(); ++i) usleep(1000);
+    const bool blocked = !returned && waiting_in_futex();
+    _exit(blocked ? 0 : 12);  // `late` ends with the process
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "10, 1xx: no channel (errno xx), 11: the destroyer did not get EBADF, 12: the other thread "
+         "returned or never slept";
 }
 
 TEST(RdmaCmAlone, NoListenerMeansRejected) {
