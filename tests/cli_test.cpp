@@ -33,7 +33,8 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, NoArgumentsIsAUsageError) {
   auto r = softverbs({});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("usage: softverbs COMMAND"), std::string::npos);
+  EXPECT_NE(r.err.find("A subcommand is required"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Usage: softverbs [OPTIONS] SUBCOMMAND"), std::string::npos) << r.err;
 }
 
 TEST_F(Cli, UnknownCommand) {
@@ -46,11 +47,13 @@ TEST_F(Cli, EveryVerbHasHelp) {
   for (const char* verb : {"up", "down", "status", "env", "run", "stat", "faults", "capture"}) {
     auto r = softverbs({verb, "--help"});
     EXPECT_EQ(r.exit_code, 0) << verb;
-    EXPECT_NE(r.out.find(std::string("usage: softverbs ") + verb), std::string::npos) << verb << ": " << r.out;
+    EXPECT_NE(r.out.find(std::string("Usage: softverbs ") + verb), std::string::npos) << verb << ": " << r.out;
   }
   auto r = softverbs({"--help"});
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_NE(r.out.find("Commands:"), std::string::npos);
+  EXPECT_NE(r.out.find("Subcommands:"), std::string::npos);
+  for (const char* verb : {"up", "down", "status", "env", "run", "stat", "faults", "capture", "version"})
+    EXPECT_NE(r.out.find(std::string("\n  ") + verb + " "), std::string::npos) << verb << " is listed: " << r.out;
 }
 
 TEST_F(Cli, UpRejectsBadArguments) {
@@ -65,19 +68,19 @@ TEST_F(Cli, UpRejectsBadArguments) {
 
   r = softverbs({"up", "--transport", "carrier-pigeon"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("invalid transport"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("up: --transport: carrier-pigeon not in {auto,shm,udp}"), std::string::npos) << r.err;
 
   r = softverbs({"up", "--name", "-x"});
   EXPECT_EQ(r.exit_code, 2) << "a name that reads as an option could not be taken down again";
-  EXPECT_NE(r.err.find("invalid device name '-x'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("up: --name"), std::string::npos) << r.err;
 
   r = softverbs({"up", "--name"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("needs a value"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("up: --name: 1 required"), std::string::npos) << r.err;
 
   r = softverbs({"up", "extra"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("unexpected argument 'extra'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("not expected: extra"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(runtime_dir() + "/devices/softverbs0.conf")) << "a rejected call changes nothing";
 }
 
@@ -143,7 +146,7 @@ TEST_F(Cli, TransportVerbsRejectBadArguments) {
   EXPECT_EQ(r.exit_code, 1);
   r = softverbs({"capture"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("-w FILE"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("capture: -w is required"), std::string::npos) << r.err;
   r = softverbs({"capture", "-w", dir_.path() + "/x.pcap", "--duration", "soon"});
   EXPECT_EQ(r.exit_code, 2);
   r = softverbs({"capture", "-w", "/nonexistent-dir/x.pcap", "--duration", "0.1"});
@@ -243,7 +246,7 @@ TEST_F(Cli, RunUsageErrors) {
   EXPECT_NE(r.err.find("no command given"), std::string::npos) << r.err;
   r = softverbs({"run", "--frob", "true"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("unknown option '--frob'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("run: The following argument was not expected: --frob"), std::string::npos) << r.err;
 }
 
 TEST_F(Cli, RunReportsAMissingCommandLikeAShell) {

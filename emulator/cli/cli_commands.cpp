@@ -26,8 +26,6 @@ void report_error(const std::string& message) { std::cerr << "softverbs: " << me
 
 namespace {
 
-bool is_help(const char* arg) { return std::strcmp(arg, "--help") == 0 || std::strcmp(arg, "-h") == 0; }
-
 std::string host_identity() {
   if (auto machine_id = read_first_line("/etc/machine-id"); machine_id && !machine_id->empty()) return *machine_id;
   char host[256] = {};
@@ -40,65 +38,6 @@ std::string join(const std::vector<std::string>& items) {
   for (const auto& item : items) text += (text.empty() ? "" : ", ") + item;
   return text;
 }
-
-// Parses "--flag VALUE" and "--flag=VALUE". Returns false (after reporting) on
-// a missing value.
-bool take_value(std::span<char*> args, size_t& i, const char* flag, std::string& value, bool& matched) {
-  matched = false;
-  size_t flag_length = std::strlen(flag);
-  const char* arg = args[i];
-  if (std::strcmp(arg, flag) == 0) {
-    matched = true;
-    if (i + 1 >= args.size()) {
-      report_error(std::string("option ") + flag + " needs a value");
-      return false;
-    }
-    value = args[++i];
-    return true;
-  }
-  if (std::strncmp(arg, flag, flag_length) == 0 && arg[flag_length] == '=') {
-    matched = true;
-    value = arg + flag_length + 1;
-    return true;
-  }
-  return true;
-}
-
-constexpr const char* kUpHelp =
-    "usage: softverbs up [--name NAME] [--netdev IF] [--transport auto|shm|udp] [--faults SPEC]\n"
-    "\n"
-    "Creates the emulated RDMA device NAME (default softverbs0) on network device IF\n"
-    "(default lo), or refreshes it if it exists (GIDs follow IF's current addresses).\n"
-    "Run as root it also creates /dev/infiniband/uverbsN, which lets programs use the\n"
-    "device without `softverbs run` (see `softverbs env`).\n"
-    "\n"
-    "  --transport auto  shared memory for peers on this device, UDP (RoCEv2) for GIDs\n"
-    "                    elsewhere when IF is not a loopback device (the default)\n"
-    "  --transport shm   shared memory only (same host)\n"
-    "  --transport udp   RoCEv2 over UDP port 4791 for every connection, even on this host\n"
-    "  --faults SPEC     fault injection on the UDP transport, see `softverbs faults --help`\n"
-    "A refresh without --transport or --faults keeps the device's current settings.\n";
-
-constexpr const char* kDownHelp =
-    "usage: softverbs down [NAME | --all]\n"
-    "\n"
-    "Removes the emulated device NAME (default softverbs0), or every device.\n"
-    "Programs that have it open see what an HCA's removal gives them: the event\n"
-    "IBV_EVENT_DEVICE_FATAL, their QPs in the error state with their work flushed,\n"
-    "and EIO from verbs that create objects.\n";
-
-constexpr const char* kStatusHelp =
-    "usage: softverbs status [NAME]\n"
-    "\n"
-    "Shows the emulated devices: port state, MTU, GID table and the processes using them.\n";
-
-constexpr const char* kEnvHelp =
-    "usage: softverbs env\n"
-    "\n"
-    "Prints `export` lines that make libibverbs in this shell find softverbs devices:\n"
-    "    eval \"$(softverbs env)\"\n"
-    "Programs started this way need /dev/infiniband/uverbsN to exist: `sudo softverbs up`\n"
-    "creates it. `softverbs run` needs neither.\n";
 
 // Tells every process with the device open, as the kernel tells the
 // contexts of a port whose state or GID table changed.
@@ -210,56 +149,10 @@ std::optional<std::vector<DeviceConfig>> devices_or_default(const DeviceRegistry
   return std::vector<DeviceConfig>{*config};
 }
 
-int command_up(std::span<char*> args) {
-  std::string name = "softverbs0", netdev = "lo", transport_text, faults_text;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (is_help(args[i])) {
-      std::cout << kUpHelp;
-      return kExitOk;
-    }
-    bool matched = false;
-    for (auto [flag, target] : {std::pair{"--name", &name},
-                                {"--netdev", &netdev},
-                                {"--transport", &transport_text},
-                                {"--faults", &faults_text}}) {
-      if (!take_value(args, i, flag, *target, matched)) return kExitUsage;
-      if (matched) break;
-    }
-    if (!matched) {
-      report_error(std::string("up: unexpected argument '") + args[i] + "'\n" + kUpHelp);
-      return kExitUsage;
-    }
-  }
-  std::optional<TransportChoice> transport;
-  if (!transport_text.empty()) {
-    transport = parse_transport(transport_text);
-    if (!transport) {
-      report_error("up: invalid transport '" + transport_text + "': use auto, shm or udp");
-      return kExitUsage;
-    }
-  }
-  std::optional<std::string> faults;
-  if (!faults_text.empty()) {
-    std::string why;
-    auto settings = FaultSettings::parse(faults_text, &why);
-    if (!settings) {
-      report_error("up: --faults: " + why);
-      return kExitUsage;
-    }
-    faults = settings->any() ? settings->to_string() : "none";
-  }
-  if (!is_valid_device_name(name)) {
-    report_error("up: invalid device name '" + name +
-                 "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -, starting with a letter or digit");
-    return kExitUsage;
-  }
-  if (!query_netdev(netdev)) {
-    report_error("up: no network device '" + netdev + "' (this namespace has: " + join(list_netdevs()) + ")");
-    return kExitUsage;
-  }
+int command_up(const UpOptions& options) {
   DeviceRegistry registry(default_runtime_dir());
   std::string error;
-  auto config = bring_up(registry, name, netdev, transport, &error, faults);
+  auto config = bring_up(registry, options.name, options.netdev, options.transport, &error, options.faults);
   if (!config) {
     report_error("up: " + error);
     return kExitFailure;
@@ -269,29 +162,9 @@ int command_up(std::span<char*> args) {
   return kExitOk;
 }
 
-int command_down(std::span<char*> args) {
-  std::string name = "softverbs0";
-  bool all = false;
-  bool named = false;
-  for (char* arg : args) {
-    if (is_help(arg)) {
-      std::cout << kDownHelp;
-      return kExitOk;
-    }
-    if (std::strcmp(arg, "--all") == 0) {
-      all = true;
-    } else if (arg[0] != '-' && !named) {
-      name = arg;
-      named = true;
-    } else {
-      report_error(std::string("down: unexpected argument '") + arg + "'\n" + kDownHelp);
-      return kExitUsage;
-    }
-  }
-  if (all && named) {
-    report_error("down: give a device name or --all, not both");
-    return kExitUsage;
-  }
+int command_down(const DownOptions& options) {
+  const std::string& name = options.name;
+  const bool all = options.all;
   DeviceRegistry registry(default_runtime_dir());
   std::vector<DeviceConfig> targets;
   if (all) {
@@ -322,19 +195,7 @@ int command_down(std::span<char*> args) {
   return kExitOk;
 }
 
-int command_status(std::span<char*> args) {
-  std::string only;
-  for (char* arg : args) {
-    if (is_help(arg)) {
-      std::cout << kStatusHelp;
-      return kExitOk;
-    }
-    if (arg[0] == '-' || !only.empty()) {
-      report_error(std::string("status: unexpected argument '") + arg + "'\n" + kStatusHelp);
-      return kExitUsage;
-    }
-    only = arg;
-  }
+int command_status(const std::string& only) {
   DeviceRegistry registry(default_runtime_dir());
   auto devices = registry.list();
   if (!only.empty()) {
@@ -380,15 +241,7 @@ int command_status(std::span<char*> args) {
   return kExitOk;
 }
 
-int command_env(std::span<char*> args) {
-  for (char* arg : args) {
-    if (is_help(arg)) {
-      std::cout << kEnvHelp;
-      return kExitOk;
-    }
-    report_error(std::string("env: unexpected argument '") + arg + "'\n" + kEnvHelp);
-    return kExitUsage;
-  }
+int command_env() {
   LibraryPaths libraries = locate_libraries();
   if (!libraries.found) {
     report_error("env: cannot find libsoftverbs-rdmav34.so and libsoftverbs-preload.so (build or install softverbs)");

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <optional>
-#include <span>
 #include <string>
+#include <vector>
 
 #include "host/device_config.h"
 #include "host/device_registry.h"
@@ -16,14 +16,44 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
 
-int command_up(std::span<char*> args);
-int command_down(std::span<char*> args);
-int command_status(std::span<char*> args);
-int command_env(std::span<char*> args);
-int command_run(std::span<char*> args);
-int command_stat(std::span<char*> args);
-int command_faults(std::span<char*> args);
-int command_capture(std::span<char*> args);
+// What each command was given, parsed and checked by the command line
+// (main.cpp, CLI11).
+struct UpOptions {
+  std::string name = "softverbs0";
+  std::string netdev = "lo";
+  std::optional<TransportChoice> transport;  // none: keep the device's
+  std::optional<std::string> faults;         // a checked SPEC; none: keep
+};
+struct DownOptions {
+  std::string name = "softverbs0";
+  bool all = false;
+};
+struct RunOptions {
+  bool use_namespace = true;
+  std::vector<std::string> command;
+};
+struct StatOptions {
+  std::string name;  // empty: every device
+  bool reset = false;
+};
+struct FaultsOptions {
+  std::string name = "softverbs0";
+  std::optional<std::string> spec;  // none: show the current settings
+};
+struct CaptureOptions {
+  std::string name = "softverbs0";
+  std::string file;
+  double seconds = 0;  // 0: until interrupted
+};
+
+int command_up(const UpOptions& options);
+int command_down(const DownOptions& options);
+int command_status(const std::string& name);  // empty: every device
+int command_env();
+int command_run(const RunOptions& options);
+int command_stat(const StatOptions& options);
+int command_faults(const FaultsOptions& options);
+int command_capture(const CaptureOptions& options);
 
 // Creates or refreshes a device: registry record, sysfs tree and, for root,
 // the /dev/infiniband entry. nullopt and a message on failure.

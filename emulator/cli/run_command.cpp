@@ -17,21 +17,6 @@ namespace softverbs::cli {
 
 namespace {
 
-constexpr const char* kRunHelp =
-    "usage: softverbs run [--no-namespace] [--] CMD [ARGS...]\n"
-    "\n"
-    "Runs CMD with the softverbs devices available (softverbs0 on lo is brought up\n"
-    "first if no device is up). CMD runs in a private mount namespace in which the\n"
-    "devices appear under /sys/class/infiniband and /dev/infiniband, so tools that read\n"
-    "/sys directly see them too; a non-root user gets a user namespace for that, and\n"
-    "keeps their own uid inside.\n"
-    "\n"
-    "  --no-namespace  use only environment variables (SYSFS_PATH, RDMAV_DRIVERS,\n"
-    "                  LD_PRELOAD); needs /dev/infiniband/uverbsN (`sudo softverbs up`).\n"
-    "\n"
-    "Exit status: CMD's; 127 if CMD cannot be found, 126 if it cannot be run,\n"
-    "1 if the devices cannot be provided, 2 on bad usage.\n";
-
 std::string missing_device_fix(const std::vector<DeviceConfig>& devices, const std::string& why) {
   std::string entries;
   for (const auto& config : devices)
@@ -43,34 +28,8 @@ std::string missing_device_fix(const std::vector<DeviceConfig>& devices, const s
 
 }  // namespace
 
-int command_run(std::span<char*> args) {
-  bool use_namespace = true;
-  size_t first = 0;
-  for (; first < args.size(); ++first) {
-    const char* arg = args[first];
-    if (std::strcmp(arg, "--") == 0) {
-      ++first;
-      break;
-    }
-    if (std::strcmp(arg, "--help") == 0 || std::strcmp(arg, "-h") == 0) {
-      std::cout << kRunHelp;
-      return kExitOk;
-    }
-    if (std::strcmp(arg, "--no-namespace") == 0) {
-      use_namespace = false;
-      continue;
-    }
-    if (arg[0] == '-') {
-      report_error(std::string("run: unknown option '") + arg + "'\n" + kRunHelp);
-      return kExitUsage;
-    }
-    break;  // the command starts here
-  }
-  if (first >= args.size()) {
-    report_error(std::string("run: no command given\n") + kRunHelp);
-    return kExitUsage;
-  }
-
+int command_run(const RunOptions& options) {
+  const bool use_namespace = options.use_namespace;
   LibraryPaths libraries = locate_libraries();
   if (!libraries.found) {
     report_error("run: cannot find libsoftverbs-rdmav34.so and libsoftverbs-preload.so (build or install softverbs)");
@@ -116,7 +75,8 @@ int command_run(std::span<char*> args) {
 
   for (const auto& [name, value] : sandbox_environment(registry, libraries, namespaced))
     setenv(name.c_str(), value.c_str(), 1);
-  std::vector<char*> argv(args.begin() + static_cast<std::ptrdiff_t>(first), args.end());
+  std::vector<char*> argv;
+  for (const std::string& word : options.command) argv.push_back(const_cast<char*>(word.c_str()));
   argv.push_back(nullptr);
   execvp(argv[0], argv.data());
   int saved = errno;

@@ -21,42 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kStatHelp =
-    "usage: softverbs stat [NAME] [--reset]\n"
-    "\n"
-    "Shows the UDP transport's counters of device NAME (default: every device), summed\n"
-    "over every process that used it: packets and bytes sent and received,\n"
-    "retransmissions, ACK timeouts, NAKs sent and received (PSN sequence, RNR, errors),\n"
-    "duplicates, drops (bad ICRC, malformed, unknown QP, wrong source) and injected\n"
-    "faults; then what the device holds: live processes, QPs, CQs, SRQs, MRs and the\n"
-    "bytes of device memory in use (after reclaiming what exited processes left).\n"
-    "--reset sets the counters to zero.\n";
-
-constexpr const char* kFaultsHelp =
-    "usage: softverbs faults [NAME] [SPEC]\n"
-    "\n"
-    "Shows or sets fault injection on the UDP transport of device NAME (default\n"
-    "softverbs0). Running processes follow a change at once. SPEC is a comma-separated\n"
-    "list of KEY=VALUE, or `none`:\n"
-    "  loss=R       drop a packet           duplicate=R  send a packet twice\n"
-    "  reorder=R    hold a packet back behind the next one of its QP\n"
-    "  delay=R      hold a packet for delay_us microseconds (default 1000)\n"
-    "  corrupt=R    flip a byte (the receiver's ICRC check drops it and counts it)\n"
-    "  seed=N       the generator's seed: the same seed and traffic, the same faults\n"
-    "Rates R are fractions (0.1) or percentages (10%) of the packets each QP sends.\n"
-    "SOFTVERBS_FAULTS=SPEC in a program's environment overrides the device's setting\n"
-    "for that program alone.\n";
-
-constexpr const char* kCaptureHelp =
-    "usage: softverbs capture [NAME] -w FILE [--duration SECONDS]\n"
-    "\n"
-    "Writes the RoCEv2 packets that device NAME (default softverbs0) sends and receives\n"
-    "over UDP, in every process that uses it, to FILE (pcap, raw IP frames) until\n"
-    "interrupted (Ctrl-C) or for SECONDS. tshark and Wireshark decode them as\n"
-    "InfiniBand over UDP port 4791. The shared-memory transport sends no packets.\n";
-
-bool is_help(const char* arg) { return std::strcmp(arg, "--help") == 0 || std::strcmp(arg, "-h") == 0; }
-
 std::shared_ptr<DeviceMemory> open_device_memory(const DeviceConfig& config, std::string* error) {
   return DeviceMemory::open(config.runtime_dir / (config.name + ".mem"), error);
 }
@@ -94,23 +58,9 @@ bool apply_faults(const DeviceRegistry& registry, DeviceConfig& config, const Fa
   return true;
 }
 
-int command_stat(std::span<char*> args) {
-  std::string only;
-  bool reset = false;
-  for (char* arg : args) {
-    if (is_help(arg)) {
-      std::cout << kStatHelp;
-      return kExitOk;
-    }
-    if (std::strcmp(arg, "--reset") == 0) {
-      reset = true;
-    } else if (arg[0] != '-' && only.empty()) {
-      only = arg;
-    } else {
-      report_error(std::string("stat: unexpected argument '") + arg + "'\n" + kStatHelp);
-      return kExitUsage;
-    }
-  }
+int command_stat(const StatOptions& options) {
+  const std::string& only = options.name;
+  const bool reset = options.reset;
   DeviceRegistry registry(default_runtime_dir());
   std::vector<DeviceConfig> devices;
   if (!only.empty()) {
@@ -157,27 +107,10 @@ int command_stat(std::span<char*> args) {
   return kExitOk;
 }
 
-int command_faults(std::span<char*> args) {
-  std::string name = "softverbs0", spec;
-  bool named = false, have_spec = false;
-  for (char* arg : args) {
-    if (is_help(arg)) {
-      std::cout << kFaultsHelp;
-      return kExitOk;
-    }
-    // A SPEC has '=' or is "none"; anything else names the device.
-    bool looks_like_spec = std::strchr(arg, '=') != nullptr || std::strcmp(arg, "none") == 0;
-    if (looks_like_spec && !have_spec) {
-      spec = arg;
-      have_spec = true;
-    } else if (!looks_like_spec && arg[0] != '-' && !named) {
-      name = arg;
-      named = true;
-    } else {
-      report_error(std::string("faults: unexpected argument '") + arg + "'\n" + kFaultsHelp);
-      return kExitUsage;
-    }
-  }
+int command_faults(const FaultsOptions& options) {
+  const std::string& name = options.name;
+  const bool have_spec = options.spec.has_value();
+  const std::string spec = options.spec.value_or("");
   DeviceRegistry registry(default_runtime_dir());
   auto config = find_device(registry, name, "faults");
   if (!config) return kExitFailure;
@@ -206,42 +139,10 @@ int command_faults(std::span<char*> args) {
   return kExitOk;
 }
 
-int command_capture(std::span<char*> args) {
-  std::string name = "softverbs0", file, duration_text;
-  bool named = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const char* arg = args[i];
-    if (is_help(arg)) {
-      std::cout << kCaptureHelp;
-      return kExitOk;
-    }
-    if ((std::strcmp(arg, "-w") == 0 || std::strcmp(arg, "--duration") == 0)) {
-      if (i + 1 >= args.size()) {
-        report_error(std::string("capture: ") + arg + " needs a value");
-        return kExitUsage;
-      }
-      (std::strcmp(arg, "-w") == 0 ? file : duration_text) = args[++i];
-    } else if (arg[0] != '-' && !named) {
-      name = arg;
-      named = true;
-    } else {
-      report_error(std::string("capture: unexpected argument '") + arg + "'\n" + kCaptureHelp);
-      return kExitUsage;
-    }
-  }
-  if (file.empty()) {
-    report_error(std::string("capture: say where to write with -w FILE\n") + kCaptureHelp);
-    return kExitUsage;
-  }
-  double seconds = 0;
-  if (!duration_text.empty()) {
-    char* end = nullptr;
-    seconds = std::strtod(duration_text.c_str(), &end);
-    if (end == duration_text.c_str() || *end != '\0' || !(seconds > 0)) {
-      report_error("capture: --duration '" + duration_text + "' is not a positive number of seconds");
-      return kExitUsage;
-    }
-  }
+int command_capture(const CaptureOptions& options) {
+  const std::string& name = options.name;
+  const std::string& file = options.file;
+  const double seconds = options.seconds;
   DeviceRegistry registry(default_runtime_dir());
   auto config = find_device(registry, name, "capture");
   if (!config) return kExitFailure;
