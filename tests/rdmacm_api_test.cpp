@@ -13,11 +13,12 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "task_state.h"
 
 namespace {
 
@@ -340,7 +341,6 @@ TEST_F(RdmaCm, PeerGoingAwayAfterIbvDestroyQpTouchesNoQp) {
   // The peer's process dies: its shim's connection closes under ours.
   kill(passive_, SIGKILL);
   EXPECT_EQ(passive_exit_code(), 128 + SIGKILL);
-  usleep(200 * 1000);  // the connection thread has seen the close by now
   EXPECT_EQ(rdma_destroy_id(id), 0);
   rdma_freeaddrinfo(info);
 }
@@ -374,15 +374,9 @@ TEST(RdmaCmAlone, AChannelDestroyedUnderAnotherThreadKeepsItBlocked) {
       rdma_get_cm_event(channel, &ignored);
       returned = true;
     });
-    // Asleep in futex(2) (syscall 202 on x86-64), as /proc shows it.
-    auto waiting_in_futex = [&] {
-      if (tid == 0) return false;
-      std::ifstream syscall("/proc/self/task/" + std::to_string(tid) + "/syscall");
-      std::string number;
-      return syscall >> number && number == "202";
-    };
-    for (int i = 0; i < 10000 && !returned && !waiting_in_futex(); ++i) usleep(1000);
-    const bool blocked = !returned && waiting_in_futex();
+    while (tid == 0) std::this_thread::yield();
+    const bool blocked =
+        softverbs::test::wait_until_sleeping_in_futex(tid, [&] { return returned.load(); }) && !returned;
     _exit(blocked ? 0 : 12);  // `late` ends with the process
   }
   int status = 0;
@@ -557,11 +551,15 @@ TEST(RdmaCmAlone, MigrateWaitsForTheEventsTakenToBeAcked) {
   rdma_cm_event* event = nullptr;
   ASSERT_EQ(rdma_get_cm_event(old_channel, &event), 0);  // taken, not acked
   std::atomic<bool> migrated{false};
+  std::atomic<pid_t> migrator_tid{0};
   std::thread migrator([&] {
+    migrator_tid = gettid();
     rdma_migrate_id(id, new_channel);
     migrated = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  while (migrator_tid == 0) std::this_thread::yield();
+  EXPECT_TRUE(softverbs::test::wait_until_sleeping_in_futex(migrator_tid, [&] { return migrated.load(); }))
+      << "rdma_migrate_id waits for the ack";
   EXPECT_FALSE(migrated) << "returned with an event of the id still being handled";
   rdma_ack_cm_event(event);
   migrator.join();

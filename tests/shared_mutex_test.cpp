@@ -15,6 +15,8 @@
 #include <new>
 #include <vector>
 
+#include "task_state.h"
+
 namespace softverbs {
 namespace {
 
@@ -179,7 +181,8 @@ TEST(SharedMutex, WaitersThatSleptAreAllWokenInTurn) {
     });
     ASSERT_GT(child, 0);
   }
-  usleep(100 * 1000);  // all three past their spins, asleep on the futex
+  for (pid_t child : children)
+    ASSERT_TRUE(test::wait_until_sleeping_in_futex(child, [] { return false; })) << "past its spin, asleep";
   EXPECT_EQ(page->counter, 0u);
   page->mutex.unlock();
   for (pid_t child : children) expect_clean_exit(child);
@@ -236,7 +239,8 @@ TEST(ReadMostlyMutex, AWriterKeepsEveryReaderOut) {
     page->entered.fetch_add(1);
   });
   ASSERT_GT(child, 0);
-  usleep(100 * 1000);
+  EXPECT_TRUE(test::wait_until_sleeping_in_futex(child, [&] { return page->entered.load() != 0; }))
+      << "the reader waits for the writer";
   EXPECT_EQ(page->entered.load(), 0u) << "a reader got in while the writer held the lock";
   page->mutex.unlock();
   expect_clean_exit(child);
