@@ -1,5 +1,5 @@
 // Micro-benchmarks of the UDP transport's per-packet work: building and
-// parsing transport headers, the ICRC (ISA-L's or zlib's CRC-32 underneath),
+// parsing transport headers, the ICRC (ISA-L's CRC-32 or the 256-bit fold underneath),
 // finding the packets of a coalesced read, and copying a payload out.
 #include <benchmark/benchmark.h>
 
@@ -79,7 +79,7 @@ void IcrcCheck(benchmark::State& state) {
 BENCHMARK(IcrcCheck)->Arg(2)->Arg(64)->Arg(4096);
 
 // The payload CRC alone (crc32: the 256-bit folding where the CPU has it,
-// else ISA-L or zlib), and the sender's pass that copies a payload into
+// else ISA-L), and the sender's pass that copies a payload into
 // its send batch: crc32_copy, against a CRC and then a memcpy.
 void Crc32(benchmark::State& state) {
   std::vector<uint8_t> bytes(static_cast<size_t>(state.range(0)), 0x5a);

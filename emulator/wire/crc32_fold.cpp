@@ -1,9 +1,9 @@
 #include "wire/crc32_fold.h"
 
+#include <isa-l/crc.h>
+
 #include <cstring>
 #include <span>
-
-#include "wire/icrc.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -155,7 +155,7 @@ template <bool kCopy>
   crc = reduce(v3);
   if (at < length) {
     if constexpr (kCopy) std::memcpy(copy_to + at, data + at, length - at);
-    crc = crc32(crc, std::span(data + at, length - at));
+    crc = ~crc32_gzip_refl(~crc, data + at, length - at);  // the tail, by ISA-L
   }
   return crc;
 }
@@ -177,7 +177,7 @@ bool crc32_fold_available() { return false; }
 
 uint32_t crc32_fold(uint32_t crc, const uint8_t* data, size_t length, uint8_t* copy_to) {
   if (copy_to != nullptr) std::memcpy(copy_to, data, length);
-  return crc32(crc, std::span(data, length));
+  return ~crc32_gzip_refl(~crc, data, length);
 }
 
 #endif

@@ -8,14 +8,9 @@
 #include <span>
 #include <vector>
 
-namespace softverbs::wire {
+#include "wire/crc32.h"
 
-// CRC-32 register update (reflected, polynomial 0xEDB88320), no pre- or
-// post-inversion: crc32(0xffffffff, data) is the inverse of the usual CRC-32.
-uint32_t crc32(uint32_t crc, std::span<const uint8_t> bytes);
-// The same, and copies `from` to `to` (which must not overlap it): in one
-// pass over the bytes where the CPU allows (crc32_fold.h).
-uint32_t crc32_copy(uint32_t crc, uint8_t* to, std::span<const uint8_t> from);
+namespace softverbs::wire {
 
 // The ICRC of a RoCEv2 packet given as its IP and UDP headers (`headers`,
 // IPv4 or IPv6) and the UDP payload up to, not including, the ICRC
