@@ -77,17 +77,27 @@ fs::path dev_entry(const DeviceConfig& config) { return fs::path("/dev/infiniban
 
 }  // namespace
 
+std::string device_name_problem(const std::string& name) {
+  if (is_valid_device_name(name)) return {};
+  return "invalid device name '" + name +
+         "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -, starting with a letter or digit";
+}
+
+std::string netdev_problem(const std::string& netdev) {
+  if (query_netdev(netdev)) return {};
+  return "no network device '" + netdev + "' (this namespace has: " + join(list_netdevs()) + ")";
+}
+
 std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::string& name,
                                      const std::string& netdev_name, std::optional<TransportChoice> transport,
                                      std::string* error, const std::optional<std::string>& faults) {
-  if (!is_valid_device_name(name)) {
-    *error = "invalid device name '" + name +
-             "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -, starting with a letter or digit";
+  if (std::string problem = device_name_problem(name); !problem.empty()) {
+    *error = problem;
     return std::nullopt;
   }
-  auto netdev = query_netdev(netdev_name);
+  const auto netdev = query_netdev(netdev_name);
   if (!netdev) {
-    *error = "no network device '" + netdev_name + "' (this namespace has: " + join(list_netdevs()) + ")";
+    *error = netdev_problem(netdev_name);
     return std::nullopt;
   }
   if (!registry.ensure_exists(error)) return std::nullopt;

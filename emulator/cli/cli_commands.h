@@ -71,6 +71,11 @@ bool apply_faults(const DeviceRegistry& registry, DeviceConfig& config, const Fa
 // The devices that are up; brings up the default device first if none is.
 std::optional<std::vector<DeviceConfig>> devices_or_default(const DeviceRegistry& registry, std::string* error);
 
+// Why `name` cannot name a device, or why there is no network device
+// `netdev` here (naming those there are); empty if it can, or there is.
+std::string device_name_problem(const std::string& name);
+std::string netdev_problem(const std::string& netdev);
+
 // Prints "softverbs: <message>" to stderr.
 void report_error(const std::string& message);
 

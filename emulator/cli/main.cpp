@@ -21,28 +21,8 @@ namespace {
 using namespace softverbs;
 using namespace softverbs::cli;
 
-std::string joined(const std::vector<std::string>& items) {
-  std::string text;
-  for (const auto& item : items) text += (text.empty() ? "" : ", ") + item;
-  return text;
-}
-
-const CLI::Validator kDeviceName(
-    [](std::string& name) {
-      return is_valid_device_name(name)
-                 ? std::string()
-                 : "invalid device name '" + name +
-                       "': use 1 to 63 of the characters A-Z a-z 0-9 _ . -, starting with a letter or digit";
-    },
-    "NAME");
-
-const CLI::Validator kNetdev(
-    [](std::string& netdev) {
-      return query_netdev(netdev)
-                 ? std::string()
-                 : "no network device '" + netdev + "' (this namespace has: " + joined(list_netdevs()) + ")";
-    },
-    "IF");
+const CLI::Validator kDeviceName(device_name_problem, "NAME");
+const CLI::Validator kNetdev(netdev_problem, "IF");
 
 const CLI::Validator kFaultSpec(
     [](std::string& spec) {
