@@ -203,8 +203,6 @@ std::vector<std::string> abstract_names_with_prefix(const std::string& prefix) {
   return names;
 }
 
-bool is_response(uint8_t opcode) { return opcode_info(opcode).response(); }
-
 }  // namespace
 
 // ---- the engine ------------------------------------------------------------------
@@ -1277,7 +1275,7 @@ void UdpTransport::Engine::handle_datagram(const FlowAddress& flow, std::span<co
               format_address(qp->path.remote).c_str());
     return;
   }
-  if (is_response(packet->bth.opcode)) {
+  if (opcode_info(packet->bth.opcode).response()) {
     udp::completer_receive(*this, *qp, *packet);
     touched_.push_back(qpn);
   } else {
@@ -2038,9 +2036,7 @@ void UdpTransport::Engine::leave_group_locked(std::map<IpAddress, GroupMembers>:
 // to the group it was sent to, as an HCA replicates it to every QP attached.
 void UdpTransport::Engine::deliver_to_group_locked(const FlowAddress& flow, const TransportPacket& packet) {
   auto group = groups_.find(flow.destination);
-  const uint8_t code = packet.bth.opcode;
-  if (group == groups_.end() ||
-      (code != opcode(Service::Ud, op::kSendOnly) && code != opcode(Service::Ud, op::kSendOnlyImm))) {
+  if (group == groups_.end() || (packet.bth.opcode & 0xe0) != static_cast<uint8_t>(Service::Ud)) {
     counters().add(Counter::UnknownQp);
     return;
   }
