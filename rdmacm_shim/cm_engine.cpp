@@ -285,9 +285,7 @@ class Engine {
     uint32_t local_comm_id;
     std::array<uint8_t, 16> local_gid, peer_gid;
     uint8_t tos;
-    std::array<uint8_t, wire::cm::kMadBytes> mad;
-    std::chrono::steady_clock::time_point resend_at;
-    int resends_left;
+    Resending dreq;
   };
   std::vector<Lingering> lingering;
 
@@ -354,7 +352,7 @@ class Engine {
     auto unanswered = [&engine] {
       if (!engine.lingering.empty()) return true;
       for (CmId* id : engine.ids)
-        if (id->awaiting_answer && carries_dreq(*id->awaiting_answer)) return true;
+        if (id->awaiting_answer && carries_dreq(id->awaiting_answer->mad)) return true;
       return false;
     };
     const auto deadline = std::chrono::steady_clock::now() + 2 * kResendAfter + std::chrono::milliseconds(100);
@@ -555,9 +553,7 @@ bool send_to_peer(CmId* id, const Message& message) {
   const bool expects_answer = message.type == MessageType::Req || message.type == MessageType::Rep ||
                               message.type == MessageType::Dreq || message.type == MessageType::SidrReq;
   if (expects_answer) {
-    id->awaiting_answer = bytes;
-    id->resend_at = Clock::now() + kResendAfter;
-    id->resends_left = kMaxCmRetries;
+    id->awaiting_answer = Resending{bytes, Clock::now() + kResendAfter, kMaxCmRetries};
   } else {
     id->last_answer = bytes;
   }
@@ -569,6 +565,16 @@ bool send_to_peer(CmId* id, const Message& message) {
 
 // Nothing more is resent on the id: the peer answered, or the connection ends.
 void stop_resending(CmId* id) { id->awaiting_answer.reset(); }
+
+// Where a MAD being resent stands at `now`: not due, due again (rescheduled
+// here; the caller sends it), or out of retries.
+enum class Due : uint8_t { Not, Resend, Exhausted };
+Due step(Resending& resending, Clock::time_point now) {
+  if (resending.at > now) return Due::Not;
+  if (resending.left-- <= 0) return Due::Exhausted;
+  resending.at = now + kResendAfter;
+  return Due::Resend;
+}
 
 void move_qp_to_error(CmId* id) {
   if (id->id.qp == nullptr) return;
@@ -969,7 +975,7 @@ void on_incoming_request(Engine& engine, CmAgent* agent, const ReceivedMad& rece
       mra.mra.service_timeout = kMraServiceTimeout;
       agent->send(id->local_gid, id->peer_gid, id->tos, mad::build_cm_mad(mra));
     } else if (id->awaiting_answer) {
-      agent->send(id->local_gid, id->peer_gid, id->tos, *id->awaiting_answer);
+      agent->send(id->local_gid, id->peer_gid, id->tos, id->awaiting_answer->mad);
     } else if (id->last_answer) {
       agent->send(id->local_gid, id->peer_gid, id->tos, *id->last_answer);
     }
@@ -1025,8 +1031,8 @@ void on_mad(Engine& engine, CmAgent* agent, const ReceivedMad& received) {
     case mad::Attribute::Mra:
       // The peer's application has yet to accept: wait as long as it asks.
       if (id->awaiting_answer) {
-        id->resend_at = now + kMraWait + kResendAfter;
-        id->resends_left = kMaxCmRetries;
+        id->awaiting_answer->at = now + kMraWait + kResendAfter;
+        id->awaiting_answer->left = kMaxCmRetries;
       }
       return;
     case mad::Attribute::Rep:
@@ -1043,8 +1049,10 @@ void on_mad(Engine& engine, CmAgent* agent, const ReceivedMad& received) {
       if (id->state == IdState::RequestSent && in.rej.reason == mad::reject::kInvalidServiceId &&
           now - id->request_sent_at < kListenerGrace) {
         // No listener yet: one may be a moment away (see kListenerGrace).
-        id->resend_at = now + kListenerRetry;
-        ++id->resends_left;
+        if (id->awaiting_answer) {
+          id->awaiting_answer->at = now + kListenerRetry;
+          ++id->awaiting_answer->left;
+        }
         return;
       }
       stop_resending(id);
@@ -1100,8 +1108,8 @@ void Engine::run() {
         timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
       };
       for (CmId* id : ids)
-        if (id->awaiting_answer) until(id->resend_at);
-      for (const Lingering& entry : lingering) until(entry.resend_at);
+        if (id->awaiting_answer) until(id->awaiting_answer->at);
+      for (const Lingering& entry : lingering) until(entry.dreq.at);
     }
     if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) continue;
     if (fds[0].revents) {
@@ -1120,20 +1128,16 @@ void Engine::run() {
     }
     const Clock::time_point now = Clock::now();
     for (CmId* id : std::vector<CmId*>(ids.begin(), ids.end())) {
-      if (!ids.count(id) || !id->awaiting_answer || id->resend_at > now) continue;
-      if (id->resends_left-- > 0) {
-        id->resend_at = now + kResendAfter;
-        if (id->agent) id->agent->send(id->local_gid, id->peer_gid, id->tos, *id->awaiting_answer);
-      } else {
-        on_no_answer(id);
-      }
+      if (!ids.count(id) || !id->awaiting_answer) continue;
+      const Due due = step(*id->awaiting_answer, now);
+      if (due == Due::Resend && id->agent)
+        id->agent->send(id->local_gid, id->peer_gid, id->tos, id->awaiting_answer->mad);
+      if (due == Due::Exhausted) on_no_answer(id);
     }
     std::erase_if(lingering, [&](Lingering& entry) {
-      if (entry.resend_at > now) return false;
-      if (entry.resends_left-- <= 0) return true;
-      entry.resend_at = now + kResendAfter;
-      entry.agent->send(entry.local_gid, entry.peer_gid, entry.tos, entry.mad);
-      return false;
+      const Due due = step(entry.dreq, now);
+      if (due == Due::Resend) entry.agent->send(entry.local_gid, entry.peer_gid, entry.tos, entry.dreq.mad);
+      return due == Due::Exhausted;
     });
     if (lingering.empty()) lingering_drained.notify_all();
   }
@@ -1259,10 +1263,9 @@ int destroy_id(rdma_cm_id* public_id) {
       rej.rej.reason = mad::reject::kConsumer;
       send_to_peer(id.get(), rej);
     }
-    if (id->awaiting_answer && id->agent != nullptr && carries_dreq(*id->awaiting_answer)) {
-      engine.lingering.push_back({id->agent, id->local_comm_id, id->local_gid, id->peer_gid, id->tos,
-                                  *id->awaiting_answer, id->resend_at, id->resends_left});
-    }
+    if (id->awaiting_answer && id->agent != nullptr && carries_dreq(id->awaiting_answer->mad))
+      engine.lingering.push_back(
+          {id->agent, id->local_comm_id, id->local_gid, id->peer_gid, id->tos, *id->awaiting_answer});
     stop_resending(id.get());
     const uint64_t service_id = mad::service_id(port_space_of(id.get()), port_of(id->id.route.addr.src_storage));
     for (const auto& [agent, address] : id->listening) agent->remove_listener(service_id, address);

@@ -52,6 +52,14 @@ enum class IdState : uint8_t {
   Disconnected,
 };
 
+// A CM MAD the peer must answer, resent until it does or its retries run
+// out (for an id, and for a DREQ that outlives its id).
+struct Resending {
+  std::array<uint8_t, wire::cm::kMadBytes> mad{};
+  std::chrono::steady_clock::time_point at{};  // the next resend
+  int left = 0;                                // resends still allowed
+};
+
 struct CmId {
   rdma_cm_id id{};  // first: the application holds a pointer to it
   EventChannel* channel = nullptr;
@@ -67,10 +75,8 @@ struct CmId {
   uint64_t transaction_id = 0;
   std::array<uint8_t, 16> local_gid{};
   std::array<uint8_t, 16> peer_gid{};
-  std::optional<std::array<uint8_t, wire::cm::kMadBytes>> awaiting_answer;
-  std::chrono::steady_clock::time_point resend_at{};
+  std::optional<Resending> awaiting_answer;
   std::chrono::steady_clock::time_point request_sent_at{};
-  int resends_left = 0;
   std::optional<std::array<uint8_t, wire::cm::kMadBytes>> last_answer;
   // A listener's registrations: the agents whose devices route its REQs here.
   std::vector<std::pair<CmAgent*, std::array<uint8_t, 16>>> listening;
