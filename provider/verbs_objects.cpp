@@ -691,8 +691,9 @@ struct DeferredSend {
   std::vector<Sge> sges;
   std::vector<uint8_t> inline_bytes;
   bool signaled = false;
-  bool attempted = false;    // the retry budgets below start at the first attempt
-  int rnr_retries_left = 0;  // -1: infinite (rnr_retry 7)
+  // The RNR budget starts at the first RNR, as the timeout's (give_up) at
+  // the first attempt that finds no responder: nullopt before; -1: infinite.
+  std::optional<int> rnr_retries_left;
   Clock::time_point next_attempt{};
   Clock::time_point give_up{Clock::time_point::max()};
 };
@@ -1186,21 +1187,19 @@ void bind_spans(DeferredSend& send) { send.request.sges = send.sges; }
 
 // Runs one send; false if it must wait (and `send` is updated for later).
 bool attempt_send(DeviceMemory& memory, ProviderQp* qp, DeferredSend& send) {
-  // A send queued behind another is attempted first from the queue: its
-  // budgets start then, whichever path tries it first.
-  const bool first_attempt = !send.attempted;
-  send.attempted = true;
   QpRecord& record = record_of(qp);
   Completion completion;
   SendOutcome outcome = execute_send(memory, record, send.request, completion);
   // Only a send that must wait reads the clock: a read on every post was
   // 12% of a shared-memory ib_send_bw sender's time on the 2-core VM.
   if (outcome == SendOutcome::ReceiverNotReady) {
-    if (first_attempt) send.rnr_retries_left = record.attributes.rnr_retry == 7 ? -1 : record.attributes.rnr_retry;
-    if (send.rnr_retries_left == 0) {
+    if (!send.rnr_retries_left)
+      send.rnr_retries_left = record.attributes.rnr_retry == 7 ? -1 : record.attributes.rnr_retry;
+    int& left = *send.rnr_retries_left;
+    if (left == 0) {
       completion.status = WcStatus::RnrRetryExceededError;
     } else {
-      if (send.rnr_retries_left > 0) --send.rnr_retries_left;
+      if (left > 0) --left;
       uint8_t timer = 1;
       if (QpRecord* target = memory.qp_by_number(record.attributes.dest_qpn)) timer = target->attributes.min_rnr_timer;
       send.next_attempt = Clock::now() + std::chrono::microseconds(rnr_timer_microseconds(timer));
