@@ -20,10 +20,10 @@
 #include "host/device_registry.h"
 #include "host/netdev.h"
 #include "host/sysfs_tree.h"
-#include "progress_thread.h"
 #include "provider_context.h"
 #include "shm/memory_copy.h"
 #include "support/file_util.h"
+#include "verbs_objects.h"
 
 namespace softverbs::provider {
 namespace {
@@ -115,7 +115,11 @@ const abi::verbs_context_ops kContextOps = [] {
   ops.async_event = sanitize_async_event;
   ops.query_device_ex = query_device_ex;
   ops.query_port = query_port;
-  add_verbs_object_ops(ops);
+  add_memory_ops(ops);
+  add_completion_queue_ops(ops);
+  add_address_handle_ops(ops);
+  add_shared_receive_queue_ops(ops);
+  add_queue_pair_ops(ops);
   return ops;
 }();
 
@@ -147,6 +151,7 @@ std::unique_ptr<ContextState> load_context_state(const ibv_device* device) {
   state->netdev_is_loopback = !netdev || netdev->is_loopback;
   state->device = device_attributes(*config);
   state->port = port_attributes(*config);
+  state->active_mtu = static_cast<uint8_t>(state->port.active_mtu);
   state->config = std::move(*config);
   return state;
 }
@@ -190,37 +195,14 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
   // kernel still requires the same user (see docs/shared-memory.md).
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   user_records().opened(context->state->config, address_to_text(context->state->async_address));
-  register_for_progress(context->state.get());
   register_handle(HandleKind::Context, &context->verbs.context);
   offer_validator_to_preload();
   return &context->verbs;
 }
 
-}  // namespace
-
-UdpTransport* udp_transport(ContextState& state) {
-  // Set once and kept for the context's life: every post over UDP asks.
-  if (UdpTransport* running = state.udp_running.load(std::memory_order_acquire)) return running;
-  std::lock_guard guard(state.udp_mutex);
-  if (!state.udp) {
-    std::string error;
-    state.udp = UdpTransport::acquire(state.memory, state.config, state.gids, &error);
-    if (!state.udp) {
-      std::fprintf(stderr, "softverbs: %s: the UDP transport cannot start: %s\n", state.config.name.c_str(),
-                   error.c_str());
-      return nullptr;
-    }
-    state.udp_running.store(state.udp.get(), std::memory_order_release);
-  }
-  return state.udp.get();
-}
-
-namespace {
-
 void free_context(ibv_context* ibv_context) {
   ProviderContext* context = to_provider(ibv_context);
   unregister_handle(HandleKind::Context, ibv_context);
-  unregister_from_progress(context->state.get());
   user_records().closed(context->state->config, address_to_text(context->state->async_address));
   std::destroy_at(&context->state);
   verbs_uninit_context(&context->verbs);  // closes cmd_fd and async_fd

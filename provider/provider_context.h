@@ -2,17 +2,14 @@
 // libibverbs' verbs_context and the emulator's device model.
 #pragma once
 
-#include <atomic>
 #include <memory>
-#include <mutex>
-#include <vector>
 
 #include "abi/verbs_private34.h"
 #include "device/device_attributes.h"
 #include "device/device_memory.h"
 #include "device/event_socket.h"
 #include "host/device_config.h"
-#include "udp/transport.h"
+#include "verbs/device_context.h"
 
 namespace softverbs::provider {
 
@@ -20,33 +17,13 @@ struct ProviderDevice {
   abi::verbs_device verbs;  // must be first: libibverbs owns this part
 };
 
-// Everything a context knows that is not libibverbs' business.
-struct ProviderQp;
-
-struct ContextState {
-  DeviceConfig config;
+// A context: the emulator's view of the device in this process, plus the
+// attributes libibverbs asks for and the socket its async events come to.
+struct ContextState : DeviceContext {
   DeviceAttributes device;
   PortAttributes port;
-  SocketAddress async_address;           // of context.async_fd, where events are sent
-  std::shared_ptr<DeviceMemory> memory;  // one mapping per process
-  // QPs of this context, swept for deferred sends (RNR, peer not ready).
-  std::mutex qps_mutex;
-  std::vector<ProviderQp*> qps;
-  std::atomic<int> deferred_sends{0};
-  std::atomic<bool> removal_handled{false};  // the device's removal was acted on
-  // The GID table (as the sysfs tree shows it) and whether the device's
-  // netdev is a loopback one, for the transport choice.
-  std::vector<GidEntry> gids;
-  bool netdev_is_loopback = true;
-  // The UDP transport, started by the first QP that needs it.
-  std::mutex udp_mutex;
-  std::shared_ptr<UdpTransport> udp;
-  std::atomic<UdpTransport*> udp_running{nullptr};  // for the polling fast path
+  SocketAddress async_address;  // of context.async_fd, where events are sent
 };
-
-// The context's UDP transport, started if need be; nullptr and a message
-// on stderr if it cannot start.
-UdpTransport* udp_transport(ContextState& state);
 
 struct ProviderContext {
   verbs_context verbs;
@@ -65,8 +42,5 @@ void fill_port_attr(const PortAttributes& attributes, ibv_port_attr& out);
 int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
                     size_t attr_size);
 int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr);
-
-// Fills the PD/MR/CQ/QP/AH entries of the ops table.
-void add_verbs_object_ops(abi::verbs_context_ops& ops);
 
 }  // namespace softverbs::provider

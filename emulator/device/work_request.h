@@ -100,6 +100,7 @@ struct SendRequest {
   uint64_t wr_id = 0;
   SendOpcode opcode = SendOpcode::Send;
   uint32_t flags = 0;
+  bool signaled = false;  // kSignaled, or the QP signals every send
   uint32_t imm_data = 0;  // network byte order, as posted
   // With kInline the SGEs are plain (address, length) in this process: their
   // lkeys are not looked at, as an HCA copies inline data at post time.
@@ -112,6 +113,7 @@ struct SendRequest {
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;
   bool has_grh = false;
+  uint8_t sgid_index = 0;
   bool roce_v2 = true;  // the source GID's type: a RoCE v2 packet (UDP/IP) or a v1 one (a GRH)
   std::array<uint8_t, 16> source_gid{};
   std::array<uint8_t, 16> destination_gid{};

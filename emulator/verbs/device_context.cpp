@@ -1,0 +1,89 @@
+#include "verbs/device_context.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "device/shared_mutex.h"
+#include "verbs/device_qp.h"
+
+namespace softverbs {
+
+DeviceContext::DeviceContext() : retry_timer_([this] { return retry_due_sends(); }) {}
+
+UdpTransport* DeviceContext::udp_transport() {
+  // Set once and kept for the context's life: every post over UDP asks.
+  if (UdpTransport* running = udp_if_running()) return running;
+  std::lock_guard guard(udp_mutex_);
+  if (!udp_) {
+    std::string error;
+    udp_ = UdpTransport::acquire(memory, config, gids, &error);
+    if (!udp_) {
+      std::fprintf(stderr, "softverbs: %s: the UDP transport cannot start: %s\n", config.name.c_str(), error.c_str());
+      return nullptr;
+    }
+    udp_running_.store(udp_.get(), std::memory_order_release);
+  }
+  return udp_.get();
+}
+
+bool DeviceContext::ud_over_udp() const {
+  const TransportChoice choice = config.transport;
+  return choice == TransportChoice::Udp || (choice == TransportChoice::Auto && !netdev_is_loopback);
+}
+
+void DeviceContext::handle_removal() {
+  if (!memory->removed() || removal_handled_.exchange(true)) return;
+  std::lock_guard guard(qps_mutex);
+  for (DeviceQp* qp : qps_) {
+    std::lock_guard qp_guard(qp->mutex_);
+    qp->fail_after_removal();
+  }
+}
+
+DeviceContext::Clock::time_point DeviceContext::retry_due_sends() {
+  handle_removal();
+  if (waiting_sends_.load(std::memory_order_acquire) == 0) return Clock::time_point::max();
+  // Holding qps_mutex keeps every QP alive (~DeviceQp takes it too).
+  std::lock_guard guard(qps_mutex);
+  if (waiting_sends_.load(std::memory_order_acquire) == 0) return Clock::time_point::max();
+  Clock::time_point earliest = Clock::time_point::max();
+  for (DeviceQp* qp : qps_) earliest = std::min(earliest, qp->retry_due());
+  return earliest;
+}
+
+void DeviceContext::progress() {
+  retry_due_sends();
+  if (UdpTransport* udp = udp_if_running()) udp->drive();
+}
+
+void DeviceContext::application_waits() {
+  if (UdpTransport* udp = udp_if_running()) udp->application_waits();
+}
+
+int DeviceContext::attach_multicast(const Gid& group, uint32_t qpn) {
+  MulticastTable::Gid raw = group.raw;
+  {
+    ExclusiveLock lock(memory->shared().memory_lock);
+    if (int error = memory->shared().multicast.attach(raw, qpn)) return error;
+  }
+  if (UdpTransport* udp = ud_over_udp() ? udp_transport() : nullptr) {
+    if (int error = udp->join_group(group, qpn)) {
+      ExclusiveLock lock(memory->shared().memory_lock);
+      memory->shared().multicast.detach(raw, qpn);
+      return error;
+    }
+  }
+  return 0;
+}
+
+int DeviceContext::detach_multicast(const Gid& group, uint32_t qpn) {
+  {
+    ExclusiveLock lock(memory->shared().memory_lock);
+    if (int error = memory->shared().multicast.detach(group.raw, qpn)) return error;
+  }
+  if (UdpTransport* udp = ud_over_udp() ? udp_transport() : nullptr) udp->leave_group(group, qpn);
+  return 0;
+}
+
+}  // namespace softverbs

@@ -1,0 +1,238 @@
+#include "verbs/device_qp.h"
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "device/device_limits.h"
+#include "device/event_socket.h"
+#include "device/queues.h"
+#include "device/receive_queue.h"
+#include "device/shared_mutex.h"
+#include "shm/requester.h"
+#include "support/debug_log.h"
+#include "verbs/device_context.h"
+#include "wire/roce_headers.h"
+
+namespace softverbs {
+
+// A send that could not run yet: the receiver had no WQE posted (RNR), or the
+// peer QP was not ready (RC retries until timeout x retry_cnt runs out). It
+// keeps its own copy of the SGE list, and of an inline send's bytes.
+struct DeviceQp::WaitingSend {
+  SendRequest request;
+  std::vector<Sge> sges;
+  std::vector<uint8_t> inline_bytes;
+  // The RNR budget starts at the first RNR, as the timeout's (give_up) at
+  // the first attempt that finds no responder: nullopt before; -1: infinite.
+  std::optional<int> rnr_retries_left;
+  Clock::time_point next_attempt{};
+  Clock::time_point give_up{Clock::time_point::max()};
+
+  explicit WaitingSend(const SendRequest& posted) : request(posted) {}
+  // Copies what the caller may reuse once ibv_post_send returns.
+  void take_ownership() {
+    if (request.flags & send_flag::kInline) {
+      for (const Sge& sge : request.sges) {
+        const auto* bytes = reinterpret_cast<const uint8_t*>(sge.address);
+        inline_bytes.insert(inline_bytes.end(), bytes, bytes + sge.length);
+      }
+      sges.assign(1,
+                  Sge{reinterpret_cast<uint64_t>(inline_bytes.data()), static_cast<uint32_t>(inline_bytes.size()), 0});
+    } else {
+      sges.assign(request.sges.begin(), request.sges.end());
+    }
+    bind();
+  }
+  // After a move, points the request at the storage it now owns (a moved
+  // vector keeps its buffer, so the inline SGE's address stays right).
+  void bind() { request.sges = sges; }
+};
+
+DeviceQp::DeviceQp(DeviceContext& context, int index, int send_cq, bool on_srq)
+    : context_(context),
+      memory_(*context.memory),
+      index_(index),
+      send_cq_(send_cq),
+      on_srq_(on_srq),
+      qpn_(memory_.shared().qps[index].qpn) {
+  std::lock_guard guard(context_.qps_mutex);
+  context_.qps_.push_back(this);
+}
+
+DeviceQp::~DeviceQp() {
+  {
+    std::lock_guard guard(context_.qps_mutex);  // waits out a retry pass
+    std::erase(context_.qps_, this);
+  }
+  if (over_udp_) context_.udp_transport()->forget_qp(qpn_);
+  QpRecord& qp = record();
+  uint64_t ring, bytes;
+  {
+    SharedLock lock(qp.lock);
+    qp.live = 0;
+    ring = qp.rq.ring_offset;
+    bytes = ring_bytes(qp.rq);
+  }
+  memory_.release(ring, bytes);
+  {
+    ExclusiveLock lock(memory_.shared().memory_lock);
+    memory_.shared().multicast.detach_everywhere(qpn_);
+  }
+  if (UdpTransport* udp = context_.udp_if_running(); udp && qp.type == QpType::Ud) udp->leave_groups(qpn_);
+  purge_completions(memory_, send_cq_, qpn_);
+  purge_completions(memory_, qp.recv_cq, qpn_);
+  std::lock_guard guard(mutex_);
+  drop_waiting_sends();
+}
+
+QpRecord& DeviceQp::record() const { return memory_.shared().qps[index_]; }
+
+void DeviceQp::complete(const Completion& completion) { deliver_completion(memory_, send_cq_, completion, false); }
+
+// Completes the waiting sends flushed (the QP is in ERR).
+void DeviceQp::flush_waiting_sends() {
+  while (!waiting_.empty()) {
+    Completion flushed;
+    flushed.wr_id = waiting_.front().request.wr_id;
+    flushed.status = WcStatus::WrFlushError;
+    flushed.opcode = WcOpcode::Send;
+    flushed.qp_num = qpn_;
+    complete(flushed);
+    waiting_.pop_front();
+    context_.waiting_sends_.fetch_sub(1, std::memory_order_release);
+  }
+}
+
+void DeviceQp::drop_waiting_sends() {
+  context_.waiting_sends_.fetch_sub(static_cast<int>(waiting_.size()), std::memory_order_release);
+  waiting_.clear();
+}
+
+// Takes the QP to ERR: waiting sends and queued receives complete flushed.
+void DeviceQp::enter_error_state() {
+  QpRecord& qp = record();
+  // A QP on an SRQ reports, once, that no more receives will complete on it.
+  if (move_to_error(qp, qpn_) && on_srq_)
+    send_async_event(qp.owner_async, qp.owner_handle, AsyncEventType::QpLastWqeReached);
+  flush_waiting_sends();
+  flush_receive_queue(memory_, qp);
+}
+
+// The device was removed (`softverbs down`): the QP goes to ERR, as on an
+// HCA that is gone, and what it had outstanding completes flushed, once.
+void DeviceQp::fail_after_removal() {
+  if (removal_handled_) return;
+  removal_handled_ = true;
+  enter_error_state();
+  if (over_udp_) context_.udp_transport()->sync_qp(index_);
+}
+
+// Runs one send; false if it must wait (and `send` is updated for later).
+bool DeviceQp::attempt(WaitingSend& send) {
+  QpRecord& qp = record();
+  Completion completion;
+  SendOutcome outcome = execute_send(memory_, qp, send.request, completion);
+  // Only a send that must wait reads the clock (see bench/NOTES.md).
+  if (outcome == SendOutcome::ReceiverNotReady) {
+    if (!send.rnr_retries_left) send.rnr_retries_left = qp.attributes.rnr_retry == 7 ? -1 : qp.attributes.rnr_retry;
+    int& left = *send.rnr_retries_left;
+    if (left == 0) {
+      completion.status = WcStatus::RnrRetryExceededError;
+    } else {
+      if (left > 0) --left;
+      uint8_t timer = 1;
+      if (QpRecord* target = memory_.qp_by_number(qp.attributes.dest_qpn)) timer = target->attributes.min_rnr_timer;
+      send.next_attempt = Clock::now() + std::chrono::microseconds(rnr_timer_microseconds(timer));
+      return false;
+    }
+  } else if (completion.status == WcStatus::RetryExceededError) {
+    // No responder yet: a real RC requester retransmits for
+    // 4.096 us * 2^timeout per try, retry_cnt + 1 tries (timeout 0: for ever).
+    const Clock::time_point attempted_at = Clock::now();
+    // The budget starts at the first attempt that found no responder.
+    if (send.give_up == Clock::time_point::max() && qp.attributes.timeout != 0) {
+      double per_try = 4.096e-6 * static_cast<double>(uint64_t{1} << qp.attributes.timeout);
+      send.give_up = attempted_at + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(per_try * (qp.attributes.retry_count + 1)));
+    }
+    if (attempted_at < send.give_up) {
+      send.next_attempt = attempted_at + std::chrono::microseconds(50);
+      return false;
+    }
+  }
+  if (completion.status != WcStatus::Success) {
+    complete(completion);
+    enter_error_state();
+    return true;
+  }
+  if (send.request.signaled) complete(completion);
+  return true;
+}
+
+// Retries this QP's waiting sends whose time has come, in order; returns
+// when the next one is due.
+DeviceQp::Clock::time_point DeviceQp::retry_due() {
+  std::lock_guard guard(mutex_);
+  const QpState state = load_state(record());
+  if (state == QpState::Sqd) return Clock::time_point::max();  // drained: waits for RTS
+  if (state == QpState::Error) {
+    // Moved to ERR by someone else (a peer's failed delivery, the device's
+    // removal): what waits completes flushed.
+    flush_waiting_sends();
+    return Clock::time_point::max();
+  }
+  while (!waiting_.empty()) {
+    if (Clock::now() < waiting_.front().next_attempt) return waiting_.front().next_attempt;
+    // Out of the queue while it runs: an error flushes what stays queued.
+    WaitingSend head = std::move(waiting_.front());
+    waiting_.pop_front();
+    context_.waiting_sends_.fetch_sub(1, std::memory_order_release);
+    head.bind();
+    if (!attempt(head)) {
+      waiting_.push_front(std::move(head));
+      context_.waiting_sends_.fetch_add(1, std::memory_order_release);
+      waiting_.front().bind();
+      return waiting_.front().next_attempt;
+    }
+  }
+  return Clock::time_point::max();
+}
+
+DeviceQp::PostBatch::PostBatch(DeviceQp& qp) : qp_(qp), lock_(qp.mutex_) {
+  if (qp_.memory_.removed()) qp_.fail_after_removal();
+}
+
+DeviceQp::PostBatch::~PostBatch() {
+  lock_.unlock();
+  if (due_ != Clock::time_point::max()) qp_.context_.retry_timer_.schedule(due_);
+}
+
+int DeviceQp::PostBatch::post(const SendRequest& request) {
+  QpRecord& record = qp_.record();
+  const QpState state = load_state(record);
+  if (!can_post_send(state)) return EINVAL;
+  if (state == QpState::Error) {
+    Completion flushed;
+    flushed.wr_id = request.wr_id;
+    flushed.status = WcStatus::WrFlushError;
+    flushed.qp_num = qp_.qpn_;
+    qp_.complete(flushed);
+    return 0;
+  }
+  if (qp_.over_udp_ && qp_.goes_over_udp(request)) {
+    qp_.build_udp_wqe(request);
+    return qp_.context_.udp_transport()->post_send(qp_.qpn_, qp_.udp_wqe_);
+  }
+  WaitingSend send(request);
+  if (state == QpState::Sqd || !qp_.waiting_.empty() || !qp_.attempt(send)) {
+    send.take_ownership();
+    qp_.waiting_.push_back(std::move(send));
+    qp_.context_.waiting_sends_.fetch_add(1, std::memory_order_release);
+    qp_.waiting_.back().bind();
+    due_ = std::min(due_, qp_.waiting_.front().next_attempt);
+  }
+  return 0;
+}
+
+}  // namespace softverbs

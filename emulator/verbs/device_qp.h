@@ -1,0 +1,91 @@
+// The part of a QP that lives in the process that made it: its send queue
+// on the shared-memory transport (a send that meets an RNR, or a peer not
+// ready yet, waits and is retried as an HCA's requester would), the choice
+// of transport at RTR, and what each state change does to queued work.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "device/device_memory.h"
+#include "device/work_request.h"
+#include "udp/qp.h"
+
+namespace softverbs {
+
+class DeviceContext;
+
+class DeviceQp {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // The QP record `index` is allocated and set up; `send_cq` is its index.
+  DeviceQp(DeviceContext& context, int index, int send_cq, bool on_srq);
+  // Destroys the QP as the device sees it: its UDP state, its multicast
+  // memberships, its completions still queued.
+  ~DeviceQp();
+  DeviceQp(const DeviceQp&) = delete;
+  DeviceQp& operator=(const DeviceQp&) = delete;
+
+  QpRecord& record() const;
+  uint32_t qpn() const { return qpn_; }
+  // Serializes the send queue and state changes.
+  std::mutex& mutex() { return mutex_; }
+
+  // Under mutex(): takes the QP from `current` to `target` with attributes
+  // `next` (already checked against the state machine). At INIT->RTR this
+  // picks the transport. 0, or an errno and nothing changed.
+  int change_state(QpState current, QpState target, const QpAttributes& next);
+
+  // Holds the QP's lock across one ibv_post_send chain and asks the retry
+  // timer once it is released (a retry pass takes QP locks).
+  class PostBatch {
+   public:
+    explicit PostBatch(DeviceQp& qp);
+    ~PostBatch();
+    PostBatch(const PostBatch&) = delete;
+    PostBatch& operator=(const PostBatch&) = delete;
+    // Checks the QP's state and starts `request`: 0, or the errno the post
+    // fails with. The request's SGEs need to live only through this call.
+    int post(const SendRequest& request);
+
+   private:
+    DeviceQp& qp_;
+    std::unique_lock<std::mutex> lock_;
+    Clock::time_point due_ = Clock::time_point::max();
+  };
+
+ private:
+  friend class DeviceContext;
+  struct WaitingSend;
+
+  int choose_transport(const QpAttributes& next, bool& over_udp) const;
+  bool goes_over_udp(const SendRequest& request) const;
+  void build_udp_wqe(const SendRequest& request);
+  bool attempt(WaitingSend& send);
+  void complete(const Completion& completion);
+  void enter_error_state();
+  void flush_waiting_sends();
+  void drop_waiting_sends();
+  void fail_after_removal();
+  Clock::time_point retry_due();
+
+  DeviceContext& context_;
+  DeviceMemory& memory_;
+  const int index_;
+  const int send_cq_;
+  const bool on_srq_;
+  const uint32_t qpn_;
+  std::mutex mutex_;
+  std::deque<WaitingSend> waiting_;
+  // RC/UC: connected over UDP (chosen at RTR). UD: also receives over UDP,
+  // and sends there to GIDs that are not this device's.
+  bool over_udp_ = false;
+  bool removal_handled_ = false;
+  udp::SendWqe udp_wqe_;  // scratch for posts over UDP, whose vectors keep their buffers
+};
+
+}  // namespace softverbs

@@ -1,0 +1,186 @@
+// Protection domains and memory regions.
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <memory>
+
+#include "device/device_limits.h"
+#include "provider_context.h"
+#include "shm/shared_regions.h"
+#include "support/debug_log.h"
+#include "udp/transport.h"
+#include "verbs_objects.h"
+
+namespace softverbs::provider {
+
+namespace {
+
+ibv_pd* alloc_pd(ibv_context* context) {
+  if (device_removed(context)) return nullptr;
+  auto pd = std::make_unique<ProviderPd>();
+  pd->ibv.context = context;
+  pd->ibv.handle = memory_of(context).allocate_pd_handle();
+  return &pd.release()->ibv;
+}
+
+int dealloc_pd(ibv_pd* pd) {
+  if (to_pd(pd)->users.load(std::memory_order_relaxed) > 0) return EBUSY;
+  std::unique_ptr<ProviderPd> owner(to_pd(pd));
+  return 0;
+}
+
+// The IB access rights that make an HCA pin pages for writing.
+constexpr int kWritableAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+
+// ---- memory regions -------------------------------------------------------
+
+ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access_flags) {
+  if (int error = validate_registration_access(static_cast<uint32_t>(access_flags))) {
+    errno = error;
+    return nullptr;
+  }
+  if (length > limits::kMaxMrSize || (addr == nullptr && length != 0)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (device_removed(pd->context)) return nullptr;
+  // Pages an HCA could not pin with the access asked for are refused now,
+  // not found out when a peer's WRITE lands on them.
+  if (int error = check_registrable(reinterpret_cast<uint64_t>(addr), length, access_flags & kWritableAccess)) {
+    errno = error;
+    return nullptr;
+  }
+  DeviceMemory& memory = memory_of(pd->context);
+  const int process = memory.process_slot();
+  if (process < 0) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  uint64_t iova = (access_flags & IBV_ACCESS_ZERO_BASED) ? 0 : hca_va;
+  // Memory that other processes write or read (receive buffers, remote
+  // access) becomes mappable by them, where it qualifies.
+  SharedBacking backing;
+  if (access_flags &
+      (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) {
+    const char* why = "";
+    if (auto shared = share_pages(reinterpret_cast<uint64_t>(addr), length, &why))
+      backing = *shared;
+    else
+      debug_log("MR at %p, %zu bytes: peers copy with system calls (%s)", addr, length, why);
+  }
+  std::optional<uint32_t> key;
+  {
+    ExclusiveLock lock(memory.shared().memory_lock);
+    key = memory.shared().mrs.register_region(pd->handle, getpid(), reinterpret_cast<uint64_t>(addr), iova, length,
+                                              static_cast<uint32_t>(access_flags), backing, process);
+  }
+  if (!key) {
+    release_pages(backing);
+    errno = ENOMEM;
+    return nullptr;
+  }
+  auto mr = std::make_unique<abi::verbs_mr>();
+  mr->ibv_mr.context = pd->context;
+  mr->ibv_mr.pd = pd;
+  mr->ibv_mr.addr = addr;
+  mr->ibv_mr.length = length;
+  mr->ibv_mr.handle = *key;
+  mr->ibv_mr.lkey = *key;
+  mr->ibv_mr.rkey = *key;
+  mr->mr_type = abi::kMrTypeMr;
+  mr->access = access_flags;
+  use_pd(pd);
+  return &mr.release()->ibv_mr;
+}
+
+int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, int access_flags) {
+  ibv_mr& mr = vmr->ibv_mr;
+  DeviceMemory& memory = memory_of(mr.context);
+  int error = 0;
+  if ((flags & IBV_REREG_MR_CHANGE_ACCESS) &&
+      (error = validate_registration_access(static_cast<uint32_t>(access_flags))) != 0) {
+    errno = error;
+    return error;
+  }
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && (pd == nullptr || pd->context != mr.context)) {
+    errno = EINVAL;
+    return EINVAL;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    const int access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access_flags : vmr->access;
+    if (length > limits::kMaxMrSize || (addr == nullptr && length != 0)) error = EINVAL;
+    if (error == 0) error = check_registrable(reinterpret_cast<uint64_t>(addr), length, access & kWritableAccess);
+    if (error != 0) {
+      errno = error;
+      return error;
+    }
+  }
+  SharedBacking dropped;
+  bool found = false;
+  // The UDP engines of this process use the old range without the table's
+  // lock: they are held off while it changes.
+  UdpTransport::hold_data_paths(memory, [&] {
+    ExclusiveLock lock(memory.shared().memory_lock);
+    std::optional<MemoryRegion> region = memory.shared().mrs.find(mr.lkey);
+    if (!region) return;
+    found = true;
+    if (flags & IBV_REREG_MR_CHANGE_PD) region->pd_handle = pd->handle;
+    if (flags & IBV_REREG_MR_CHANGE_ACCESS) region->access = static_cast<uint32_t>(access_flags);
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+      region->address = reinterpret_cast<uint64_t>(addr);
+      region->length = length;
+      // The new range is reached with system calls (not worth moving pages
+      // under the table's lock).
+      dropped = region->backing;
+      region->backing = SharedBacking{};
+    }
+    if (flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS))
+      region->iova = (region->access & IBV_ACCESS_ZERO_BASED) ? 0 : region->address;
+    memory.shared().mrs.reregister(mr.lkey, *region);
+  });
+  if (!found) {
+    errno = EINVAL;
+    return EINVAL;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access_flags;
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    unuse_pd(mr.pd);
+    use_pd(pd);
+  }
+  release_pages(dropped);
+  return 0;
+}
+
+int dereg_mr(abi::verbs_mr* vmr) {
+  DeviceMemory& memory = memory_of(vmr->ibv_mr.context);
+  SharedBacking backing;
+  bool removed = false;
+  // The UDP engines of this process use registered ranges without the
+  // table's lock: they are held off while one goes.
+  UdpTransport::hold_data_paths(memory, [&] {
+    ExclusiveLock lock(memory.shared().memory_lock);
+    auto region = memory.shared().mrs.find(vmr->ibv_mr.lkey);
+    if (!region || !memory.shared().mrs.deregister(vmr->ibv_mr.lkey)) return;
+    backing = region->backing;
+    removed = true;
+  });
+  if (!removed) return EINVAL;
+  release_pages(backing);
+  unuse_pd(vmr->ibv_mr.pd);
+  std::unique_ptr<abi::verbs_mr> owner(vmr);
+  return 0;
+}
+
+}  // namespace
+
+void add_memory_ops(abi::verbs_context_ops& ops) {
+  ops.alloc_pd = alloc_pd;
+  ops.dealloc_pd = dealloc_pd;
+  ops.reg_mr = reg_mr;
+  ops.dereg_mr = dereg_mr;
+  ops.rereg_mr = rereg_mr;
+}
+
+}  // namespace softverbs::provider

@@ -1,0 +1,375 @@
+// Queue pairs: creation, state changes and posts, translated for the
+// emulator's DeviceQp, which does the device's part.
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "device/device_limits.h"
+#include "device/qp_state_machine.h"
+#include "device/queues.h"
+#include "device/receive_queue.h"
+#include "handle_registry.h"
+#include "provider_context.h"
+#include "verbs/device_qp.h"
+#include "verbs_objects.h"
+
+namespace softverbs::provider {
+
+namespace {
+
+std::optional<QpType> emulator_qp_type(ibv_qp_type type) {
+  switch (type) {
+    case IBV_QPT_RC:
+      return QpType::Rc;
+    case IBV_QPT_UC:
+      return QpType::Uc;
+    case IBV_QPT_UD:
+      return QpType::Ud;
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace
+
+ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  ContextState& state = state_of(pd->context);
+  auto type = emulator_qp_type(attr->qp_type);
+  if (!type) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_qp_cap& cap = attr->cap;
+  if (attr->send_cq == nullptr || attr->recv_cq == nullptr || attr->send_cq->context != pd->context ||
+      attr->recv_cq->context != pd->context || cap.max_send_wr > static_cast<uint32_t>(state.device.max_qp_wr) ||
+      cap.max_recv_wr > static_cast<uint32_t>(state.device.max_qp_wr) ||
+      cap.max_send_sge > static_cast<uint32_t>(state.device.max_sge) ||
+      cap.max_recv_sge > static_cast<uint32_t>(state.device.max_sge) ||
+      cap.max_inline_data > static_cast<uint32_t>(state.device.max_inline_data)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (attr->srq != nullptr && (attr->srq->context != pd->context || *type == QpType::Ud)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (device_removed(pd->context)) return nullptr;
+  DeviceMemory& memory = *state.memory;
+  int index = memory.allocate_qp();
+  if (index < 0) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  QpRecord& record = memory.shared().qps[index];
+  // With an SRQ the QP has no receive queue of its own.
+  RecvQueue rq;
+  if (attr->srq == nullptr) {
+    rq = allocate_receive_queue(memory, cap.max_recv_wr, cap.max_recv_sge);
+    if (rq.ring_offset == 0) {
+      SharedLock lock(record.lock);
+      record.live = 0;
+      errno = ENOMEM;
+      return nullptr;
+    }
+  }
+  cap.max_send_wr = std::max<uint32_t>(cap.max_send_wr, 1);
+  cap.max_recv_wr = attr->srq ? 0 : rq.capacity;
+  cap.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
+  cap.max_recv_sge = attr->srq ? 0 : rq.max_sge;
+  {
+    SharedLock lock(record.lock);
+    record.type = *type;
+    record.pd_handle = pd->handle;
+    record.signal_all = attr->sq_sig_all ? 1 : 0;
+    record.send_cq = to_cq(attr->send_cq)->index;
+    record.recv_cq = to_cq(attr->recv_cq)->index;
+    record.srq = attr->srq ? to_srq(attr->srq)->index : -1;
+    record.caps = {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data};
+    record.rq = rq;
+    record.owner_async = state.async_address;
+    record.attributes.path_mtu = static_cast<uint8_t>(state.port.active_mtu);
+  }
+  auto qp = std::make_unique<ProviderQp>();
+  qp->index = index;
+  qp->send_cq = to_cq(attr->send_cq);
+  qp->recv_cq = to_cq(attr->recv_cq);
+  qp->srq = attr->srq ? to_srq(attr->srq) : nullptr;
+  ibv_qp& ibv = qp->verbs.qp;
+  ibv.context = pd->context;
+  ibv.qp_context = attr->qp_context;
+  ibv.pd = pd;
+  ibv.send_cq = attr->send_cq;
+  ibv.recv_cq = attr->recv_cq;
+  ibv.srq = attr->srq;
+  ibv.handle = static_cast<uint32_t>(index);
+  ibv.qp_num = record.qpn;
+  ibv.state = IBV_QPS_RESET;
+  ibv.qp_type = attr->qp_type;
+  pthread_mutex_init(&ibv.mutex, nullptr);
+  pthread_cond_init(&ibv.cond, nullptr);
+  ibv.events_completed = 0;
+  {
+    std::lock_guard guard(state.qps_mutex);
+    ++qp->send_cq->qp_references;
+    ++qp->recv_cq->qp_references;
+    if (qp->srq) ++qp->srq->qp_references;
+  }
+  use_pd(pd);
+  {
+    SharedLock lock(record.lock);
+    record.owner_handle = reinterpret_cast<uint64_t>(&qp->verbs.qp);
+  }
+  qp->device = std::make_unique<DeviceQp>(state, index, qp->send_cq->index, qp->srq != nullptr);
+  register_handle(HandleKind::Qp, &qp->verbs.qp);
+  return &qp.release()->verbs.qp;
+}
+
+namespace {
+
+int destroy_qp(ibv_qp* ibv) {
+  ProviderQp* qp = to_qp(ibv);
+  ContextState& state = state_of(ibv->context);
+  unregister_handle(HandleKind::Qp, ibv);
+  qp->device.reset();
+  {
+    std::lock_guard guard(state.qps_mutex);
+    --qp->send_cq->qp_references;
+    --qp->recv_cq->qp_references;
+    if (qp->srq) --qp->srq->qp_references;
+  }
+  unuse_pd(ibv->pd);
+  std::unique_ptr<ProviderQp> owner(qp);
+  return 0;
+}
+
+bool valid_attribute_values(const ContextState& state, const ibv_qp_attr& attr, int mask) {
+  if ((mask & IBV_QP_PORT) && attr.port_num != 1) return false;
+  if ((mask & IBV_QP_PKEY_INDEX) && attr.pkey_index >= limits::kPkeyTableLength) return false;
+  if ((mask & IBV_QP_ACCESS_FLAGS) &&
+      (attr.qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND)))
+    return false;
+  if ((mask & IBV_QP_PATH_MTU) && (attr.path_mtu < IBV_MTU_256 || attr.path_mtu > IBV_MTU_4096)) return false;
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > state.device.max_qp_init_rd_atomic) return false;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > state.device.max_qp_rd_atomic) return false;
+  if ((mask & IBV_QP_TIMEOUT) && attr.timeout > 31) return false;
+  if ((mask & IBV_QP_RETRY_CNT) && attr.retry_cnt > 7) return false;
+  if ((mask & IBV_QP_RNR_RETRY) && attr.rnr_retry > 7) return false;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && attr.min_rnr_timer > 31) return false;
+  if ((mask & IBV_QP_DEST_QPN) && attr.dest_qp_num > 0xffffff) return false;
+  if ((mask & (IBV_QP_RQ_PSN | IBV_QP_SQ_PSN)) &&
+      (((mask & IBV_QP_RQ_PSN) && attr.rq_psn > 0xffffff) || ((mask & IBV_QP_SQ_PSN) && attr.sq_psn > 0xffffff)))
+    return false;
+  if ((mask & IBV_QP_AV) &&
+      (attr.ah_attr.port_num > 1 || (attr.ah_attr.is_global && attr.ah_attr.grh.sgid_index >= limits::kGidTableLength)))
+    return false;
+  return true;
+}
+
+void apply_attributes(QpAttributes& a, const ibv_qp_attr& attr, int mask) {
+  if (mask & IBV_QP_QKEY) a.qkey = attr.qkey;
+  if (mask & IBV_QP_RQ_PSN) a.rq_psn = attr.rq_psn;
+  if (mask & IBV_QP_SQ_PSN) a.sq_psn = attr.sq_psn;
+  if (mask & IBV_QP_DEST_QPN) a.dest_qpn = attr.dest_qp_num;
+  if (mask & IBV_QP_ACCESS_FLAGS) a.access_flags = static_cast<uint32_t>(attr.qp_access_flags);
+  if (mask & IBV_QP_PKEY_INDEX) a.pkey_index = attr.pkey_index;
+  if (mask & IBV_QP_PORT) a.port = attr.port_num;
+  if (mask & IBV_QP_PATH_MTU) a.path_mtu = static_cast<uint8_t>(attr.path_mtu);
+  if (mask & IBV_QP_TIMEOUT) a.timeout = attr.timeout;
+  if (mask & IBV_QP_RETRY_CNT) a.retry_count = attr.retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) a.rnr_retry = attr.rnr_retry;
+  if (mask & IBV_QP_MIN_RNR_TIMER) a.min_rnr_timer = attr.min_rnr_timer;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) a.max_rd_atomic = attr.max_rd_atomic;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+  if (mask & IBV_QP_AV) {
+    const ibv_ah_attr& ah = attr.ah_attr;
+    a.dlid = ah.dlid;
+    a.service_level = ah.sl;
+    a.is_global = ah.is_global;
+    a.sgid_index = ah.grh.sgid_index;
+    a.hop_limit = ah.grh.hop_limit;
+    a.traffic_class = ah.grh.traffic_class;
+    a.flow_label = ah.grh.flow_label;
+    std::memcpy(a.dgid, ah.grh.dgid.raw, 16);
+  }
+}
+
+int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
+  ProviderQp* qp = to_qp(ibv);
+  ContextState& state = state_of(ibv->context);
+  QpRecord& record = record_of(qp);
+  std::lock_guard guard(qp->device->mutex());
+  QpState current, target;
+  QpAttributes next;
+  {
+    SharedLock lock(record.lock);
+    current = record.state;
+    if ((mask & IBV_QP_CUR_STATE) && static_cast<int>(attr->cur_qp_state) != static_cast<int>(current)) return EINVAL;
+    target = (mask & IBV_QP_STATE) ? static_cast<QpState>(attr->qp_state) : current;
+    if ((mask & IBV_QP_STATE) && attr->qp_state > IBV_QPS_ERR) return EINVAL;
+    if (check_transition(current, target, record.type, static_cast<uint32_t>(mask)) != TransitionVerdict::Allowed)
+      return EINVAL;
+    if (!valid_attribute_values(state, *attr, mask)) return EINVAL;
+    next = record.attributes;
+    apply_attributes(next, *attr, mask);
+  }
+  return qp->device->change_state(current, target, next);
+}
+
+int query_qp(ibv_qp* ibv, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) {
+  ProviderQp* qp = to_qp(ibv);
+  QpRecord& record = record_of(qp);
+  SharedLock lock(record.lock);
+  const QpAttributes& a = record.attributes;
+  *attr = {};
+  attr->qp_state = static_cast<ibv_qp_state>(record.state);
+  attr->cur_qp_state = attr->qp_state;
+  attr->path_mtu = static_cast<ibv_mtu>(a.path_mtu);
+  attr->qkey = a.qkey;
+  attr->rq_psn = a.rq_psn;
+  attr->sq_psn = a.sq_psn;
+  attr->dest_qp_num = a.dest_qpn;
+  attr->qp_access_flags = static_cast<int>(a.access_flags);
+  attr->cap = {record.caps.max_send_wr, record.caps.max_recv_wr, record.caps.max_send_sge, record.caps.max_recv_sge,
+               record.caps.max_inline_data};
+  attr->ah_attr.dlid = a.dlid;
+  attr->ah_attr.sl = a.service_level;
+  attr->ah_attr.is_global = a.is_global;
+  attr->ah_attr.port_num = a.port;
+  attr->ah_attr.grh.sgid_index = a.sgid_index;
+  attr->ah_attr.grh.hop_limit = a.hop_limit;
+  attr->ah_attr.grh.traffic_class = a.traffic_class;
+  attr->ah_attr.grh.flow_label = a.flow_label;
+  std::memcpy(attr->ah_attr.grh.dgid.raw, a.dgid, 16);
+  attr->pkey_index = a.pkey_index;
+  attr->sq_draining = 0;
+  attr->max_rd_atomic = a.max_rd_atomic;
+  attr->max_dest_rd_atomic = a.max_dest_rd_atomic;
+  attr->min_rnr_timer = a.min_rnr_timer;
+  attr->port_num = a.port;
+  attr->timeout = a.timeout;
+  attr->retry_cnt = a.retry_count;
+  attr->rnr_retry = a.rnr_retry;
+  *init_attr = {};
+  init_attr->qp_context = ibv->qp_context;
+  init_attr->send_cq = ibv->send_cq;
+  init_attr->recv_cq = ibv->recv_cq;
+  init_attr->srq = ibv->srq;
+  init_attr->cap = attr->cap;
+  init_attr->qp_type = ibv->qp_type;
+  init_attr->sq_sig_all = record.signal_all;
+  return 0;
+}
+
+int post_recv(ibv_qp* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  QpRecord& record = record_of(to_qp(ibv));
+  DeviceMemory& memory = memory_of(ibv->context);
+  return post_receive_chain(ibv->context, wr, bad_wr, [&](uint64_t wr_id, std::span<const Sge> sges) {
+    return post_receive(memory, record, wr_id, sges);
+  });
+}
+static_assert(sizeof(Sge) == sizeof(ibv_sge) && offsetof(Sge, lkey) == offsetof(ibv_sge, lkey));
+
+// Builds the emulator's request over the caller's work request (no copy: the
+// immediate path allocates nothing; a send that waits copies what it keeps).
+int translate_send(const QpRecord& record, const ibv_send_wr* wr, SendRequest& r) {
+  const SendOpcodeInfo& info = send_opcode_info(wr->opcode);
+  if (!info.valid_for(record.type) || wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > record.caps.max_send_sge)
+    return EINVAL;
+  r.wr_id = wr->wr_id;
+  r.opcode = static_cast<SendOpcode>(wr->opcode);
+  r.flags = wr->send_flags;
+  r.imm_data = wr->imm_data;
+  r.sges = std::span(reinterpret_cast<const Sge*>(wr->sg_list), static_cast<size_t>(wr->num_sge));
+  if (wr->send_flags & IBV_SEND_INLINE) {
+    if (info.is(wr_mask::kIntoLocal)) return EINVAL;
+    size_t total = 0;
+    for (const Sge& sge : r.sges) total += sge.length;
+    if (total > record.caps.max_inline_data) return EINVAL;
+  }
+  if (info.is(wr_mask::kAtomic)) {
+    r.remote_address = wr->wr.atomic.remote_addr;
+    r.rkey = wr->wr.atomic.rkey;
+    r.compare_add = wr->wr.atomic.compare_add;
+    r.swap = wr->wr.atomic.swap;
+  } else if (info.is(wr_mask::kRemoteRange)) {
+    r.remote_address = wr->wr.rdma.remote_addr;
+    r.rkey = wr->wr.rdma.rkey;
+  }
+  if (record.type == QpType::Ud) {
+    if (wr->wr.ud.ah == nullptr) return EINVAL;
+    auto* ah = reinterpret_cast<ProviderAh*>(wr->wr.ud.ah);
+    r.remote_qpn = wr->wr.ud.remote_qpn;
+    r.remote_qkey = wr->wr.ud.remote_qkey;
+    r.has_grh = ah->attr.is_global;
+    r.sgid_index = ah->attr.grh.sgid_index;
+    const ContextState& state = state_of(ah->ibv.context);
+    r.roce_v2 = !ah->attr.is_global || ah->attr.grh.sgid_index >= state.gids.size() ||
+                state.gids[ah->attr.grh.sgid_index].type == GidType::RoceV2;
+    std::memcpy(r.source_gid.data(), ah->source_gid.raw, 16);
+    std::memcpy(r.destination_gid.data(), ah->attr.grh.dgid.raw, 16);
+    r.hop_limit = ah->attr.grh.hop_limit;
+    r.traffic_class = ah->attr.grh.traffic_class;
+    r.flow_label = ah->attr.grh.flow_label;
+  }
+  r.signaled = (wr->send_flags & IBV_SEND_SIGNALED) || record.signal_all;
+  return 0;
+}
+
+}  // namespace
+
+int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  ProviderQp* qp = to_qp(ibv);
+  QpRecord& record = record_of(qp);
+  DeviceQp::PostBatch batch(*qp->device);
+  for (; wr != nullptr; wr = wr->next) {
+    SendRequest request;
+    int error = translate_send(record, wr, request);
+    if (error == 0) error = batch.post(request);
+    if (error != 0) {
+      *bad_wr = wr;
+      return error;
+    }
+  }
+  return 0;
+}
+
+namespace {
+
+// ---- multicast ----------------------------------------------------------------
+
+Gid to_gid(const ibv_gid* gid) {
+  Gid out;
+  std::memcpy(out.raw.data(), gid->raw, 16);
+  return out;
+}
+
+int attach_mcast(ibv_qp* ibv, const ibv_gid* gid, uint16_t) {
+  if (gid == nullptr || ibv->qp_type != IBV_QPT_UD) return EINVAL;
+  return state_of(ibv->context).attach_multicast(to_gid(gid), ibv->qp_num);
+}
+
+int detach_mcast(ibv_qp* ibv, const ibv_gid* gid, uint16_t) {
+  if (gid == nullptr) return EINVAL;
+  return state_of(ibv->context).detach_multicast(to_gid(gid), ibv->qp_num);
+}
+
+}  // namespace
+
+void add_queue_pair_ops(abi::verbs_context_ops& ops) {
+  ops.create_qp = create_qp;
+  ops.create_qp_ex = create_qp_ex;
+  ops.modify_qp = modify_qp;
+  ops.query_qp = query_qp;
+  ops.destroy_qp = destroy_qp;
+  ops.post_send = post_send;
+  ops.post_recv = post_recv;
+  ops.attach_mcast = attach_mcast;
+  ops.detach_mcast = detach_mcast;
+}
+
+}  // namespace softverbs::provider

@@ -1,0 +1,147 @@
+// The provider's verbs objects: libibverbs' structures with what the
+// provider keeps beside them. Each op translates them into the emulator's
+// and back; the device's semantics live in emulator/.
+#pragma once
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "device/work_request.h"
+#include "provider_context.h"
+#include "verbs/device_qp.h"
+
+namespace softverbs::provider {
+
+// The verbs ABI's values and the emulator's are the same numbers; say so.
+static_assert(IBV_QP_STATE == qp_attr::kState && IBV_QP_DEST_QPN == qp_attr::kDestQpn &&
+              IBV_QP_MAX_DEST_RD_ATOMIC == qp_attr::kMaxDestRdAtomic && IBV_QP_CAP == qp_attr::kCapabilities);
+static_assert(IBV_ACCESS_LOCAL_WRITE == access::kLocalWrite && IBV_ACCESS_REMOTE_ATOMIC == access::kRemoteAtomic &&
+              IBV_ACCESS_ZERO_BASED == access::kZeroBased && IBV_ACCESS_RELAXED_ORDERING == access::kRelaxedOrdering);
+static_assert(IBV_WC_RNR_RETRY_EXC_ERR == static_cast<int>(WcStatus::RnrRetryExceededError) &&
+              IBV_WC_GENERAL_ERR == static_cast<int>(WcStatus::GeneralError));
+static_assert(IBV_WC_RECV_RDMA_WITH_IMM == static_cast<int>(WcOpcode::ReceiveRdmaWithImm));
+static_assert(IBV_WR_ATOMIC_FETCH_AND_ADD == static_cast<int>(SendOpcode::AtomicFetchAdd));
+static_assert(IBV_SEND_INLINE == send_flag::kInline && IBV_WC_WITH_IMM == wc_flag::kWithImm);
+static_assert(IBV_QPS_ERR == static_cast<int>(QpState::Error) && IBV_QPT_RC == 2 && IBV_QPT_UD == 4);
+
+inline ContextState& state_of(ibv_context* context) { return *to_provider(context)->state; }
+inline DeviceMemory& memory_of(ibv_context* context) { return *state_of(context).memory; }
+
+template <typename T, typename Member>
+inline T* container_of(Member* member, Member T::*field) {
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(member) -
+                              reinterpret_cast<std::ptrdiff_t>(&(static_cast<T*>(nullptr)->*field)));
+}
+
+// ---- protection domains
+
+struct ProviderPd {
+  ibv_pd ibv{};
+  // MRs, QPs, SRQs and AHs made in it: an HCA refuses to free a PD that
+  // still has any (EBUSY), and the PD stays usable.
+  std::atomic<int> users{0};
+};
+
+inline ProviderPd* to_pd(ibv_pd* pd) { return reinterpret_cast<ProviderPd*>(pd); }
+inline void use_pd(ibv_pd* pd) { to_pd(pd)->users.fetch_add(1, std::memory_order_relaxed); }
+inline void unuse_pd(ibv_pd* pd) { to_pd(pd)->users.fetch_sub(1, std::memory_order_relaxed); }
+
+// Verbs that create objects fail with EIO once the device is gone, as
+// those of a removed HCA do.
+inline bool device_removed(ibv_context* context) {
+  if (!memory_of(context).removed()) return false;
+  errno = EIO;
+  return true;
+}
+
+// ---- completion queues
+
+struct ProviderCq {
+  abi::verbs_cq verbs{};
+  int index = -1;
+  int qp_references = 0;  // under the context's qps_mutex
+  Completion current;     // the entry an extended poll is positioned on
+  // Where the ring's slots are, for polls: the record's copy is on the
+  // producers' cache line. Under the ring's poll lock.
+  uint64_t slots_offset = 0;
+};
+
+inline ProviderCq* to_cq(ibv_cq* cq) { return reinterpret_cast<ProviderCq*>(cq); }
+inline ProviderCq* to_cq(ibv_cq_ex* cq) { return reinterpret_cast<ProviderCq*>(cq); }
+
+// ---- address handles
+
+struct ProviderAh {
+  ibv_ah ibv{};
+  ibv_ah_attr attr{};
+  ibv_gid source_gid{};
+};
+
+// ---- shared receive queues
+
+struct ProviderSrq {
+  abi::verbs_srq verbs{};
+  int index = -1;
+  int qp_references = 0;  // under the context's qps_mutex
+};
+
+inline ProviderSrq* to_srq(ibv_srq* srq) { return reinterpret_cast<ProviderSrq*>(srq); }
+inline SrqRecord& record_of(ProviderSrq* srq) { return memory_of(srq->verbs.srq.context).shared().srqs[srq->index]; }
+
+// Posts each receive of the chain with `post_one` (a QP's or an SRQ's), up
+// to the first it refuses (*bad_wr); then, over UDP, a SEND may be waiting
+// for one of them.
+template <typename PostOne>
+int post_receive_chain(ibv_context* context, ibv_recv_wr* wr, ibv_recv_wr** bad_wr, PostOne post_one) {
+  int error = 0;
+  for (; wr != nullptr && error == 0; wr = wr->next) {
+    error = wr->num_sge < 0 ? EINVAL
+                            : post_one(wr->wr_id, std::span(reinterpret_cast<const Sge*>(wr->sg_list),
+                                                            static_cast<size_t>(wr->num_sge)));
+    if (error) *bad_wr = wr;
+  }
+  if (UdpTransport* udp = state_of(context).udp_if_running()) udp->receive_posted();
+  return error;
+}
+
+// ---- queue pairs
+
+// A work request built with the ibv_wr_* calls, posted at ibv_wr_complete.
+struct BuiltRequest {
+  ibv_send_wr wr{};
+  std::vector<ibv_sge> sges;
+  std::vector<uint8_t> inline_bytes;
+};
+
+struct ProviderQp {
+  abi::verbs_qp verbs{};
+  int index = -1;
+  ProviderCq* send_cq = nullptr;
+  ProviderCq* recv_cq = nullptr;
+  ProviderSrq* srq = nullptr;
+  std::vector<BuiltRequest> batch;  // between ibv_wr_start and ibv_wr_complete
+  int batch_error = 0;
+  std::unique_ptr<DeviceQp> device;  // made once the QP's record is set up
+};
+
+inline ProviderQp* to_qp(ibv_qp* qp) { return reinterpret_cast<ProviderQp*>(qp); }
+
+inline QpRecord& record_of(ProviderQp* qp) { return memory_of(qp->verbs.qp.context).shared().qps[qp->index]; }
+
+ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr);
+int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr);
+// The ibv_wr_* entries of a QP made with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.
+ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
+
+// Each unit fills its entries of the ops table.
+void add_memory_ops(abi::verbs_context_ops& ops);
+void add_completion_queue_ops(abi::verbs_context_ops& ops);
+void add_address_handle_ops(abi::verbs_context_ops& ops);
+void add_shared_receive_queue_ops(abi::verbs_context_ops& ops);
+void add_queue_pair_ops(abi::verbs_context_ops& ops);
+
+}  // namespace softverbs::provider
