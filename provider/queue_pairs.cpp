@@ -34,6 +34,36 @@ std::optional<QpType> emulator_qp_type(ibv_qp_type type) {
   }
 }
 
+// Whether the QP asked for fits the device and the PD's context.
+bool valid_qp_request(const ContextState& state, ibv_pd* pd, const ibv_qp_init_attr& attr, QpType type) {
+  const ibv_qp_cap& cap = attr.cap;
+  const auto within = [](uint32_t asked, int limit) { return asked <= static_cast<uint32_t>(limit); };
+  if (attr.send_cq == nullptr || attr.recv_cq == nullptr || attr.send_cq->context != pd->context ||
+      attr.recv_cq->context != pd->context)
+    return false;
+  if (!within(cap.max_send_wr, state.device.max_qp_wr) || !within(cap.max_recv_wr, state.device.max_qp_wr) ||
+      !within(cap.max_send_sge, state.device.max_sge) || !within(cap.max_recv_sge, state.device.max_sge) ||
+      !within(cap.max_inline_data, state.device.max_inline_data))
+    return false;
+  return attr.srq == nullptr || (attr.srq->context == pd->context && type != QpType::Ud);
+}
+
+void init_ibv_qp(ibv_qp& ibv, ibv_pd* pd, const ibv_qp_init_attr& attr, const DeviceQp& device) {
+  ibv.context = pd->context;
+  ibv.qp_context = attr.qp_context;
+  ibv.pd = pd;
+  ibv.send_cq = attr.send_cq;
+  ibv.recv_cq = attr.recv_cq;
+  ibv.srq = attr.srq;
+  ibv.handle = static_cast<uint32_t>(device.index());
+  ibv.qp_num = device.qpn();
+  ibv.state = IBV_QPS_RESET;
+  ibv.qp_type = attr.qp_type;
+  pthread_mutex_init(&ibv.mutex, nullptr);
+  pthread_cond_init(&ibv.cond, nullptr);
+  ibv.events_completed = 0;
+}
+
 }  // namespace
 
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
@@ -43,75 +73,30 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
-  ibv_qp_cap& cap = attr->cap;
-  if (attr->send_cq == nullptr || attr->recv_cq == nullptr || attr->send_cq->context != pd->context ||
-      attr->recv_cq->context != pd->context || cap.max_send_wr > static_cast<uint32_t>(state.device.max_qp_wr) ||
-      cap.max_recv_wr > static_cast<uint32_t>(state.device.max_qp_wr) ||
-      cap.max_send_sge > static_cast<uint32_t>(state.device.max_sge) ||
-      cap.max_recv_sge > static_cast<uint32_t>(state.device.max_sge) ||
-      cap.max_inline_data > static_cast<uint32_t>(state.device.max_inline_data)) {
-    errno = EINVAL;
-    return nullptr;
-  }
-  if (attr->srq != nullptr && (attr->srq->context != pd->context || *type == QpType::Ud)) {
+  if (!valid_qp_request(state, pd, *attr, *type)) {
     errno = EINVAL;
     return nullptr;
   }
   if (device_removed(pd->context)) return nullptr;
-  DeviceMemory& memory = *state.memory;
-  int index = memory.allocate_qp();
-  if (index < 0) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  QpRecord& record = memory.shared().qps[index];
-  // With an SRQ the QP has no receive queue of its own.
-  RecvQueue rq;
-  if (attr->srq == nullptr) {
-    rq = allocate_receive_queue(memory, cap.max_recv_wr, cap.max_recv_sge);
-    if (rq.ring_offset == 0) {
-      SharedLock lock(record.lock);
-      record.live = 0;
-      errno = ENOMEM;
-      return nullptr;
-    }
-  }
-  cap.max_send_wr = std::max<uint32_t>(cap.max_send_wr, 1);
-  cap.max_recv_wr = attr->srq ? 0 : rq.capacity;
-  cap.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
-  cap.max_recv_sge = attr->srq ? 0 : rq.max_sge;
-  {
-    SharedLock lock(record.lock);
-    record.type = *type;
-    record.pd_handle = pd->handle;
-    record.signal_all = attr->sq_sig_all ? 1 : 0;
-    record.send_cq = to_cq(attr->send_cq)->index;
-    record.recv_cq = to_cq(attr->recv_cq)->index;
-    record.srq = attr->srq ? to_srq(attr->srq)->index : -1;
-    record.caps = {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data};
-    record.rq = rq;
-    record.owner_async = state.async_address;
-    record.attributes.path_mtu = static_cast<uint8_t>(state.port.active_mtu);
-  }
+  ibv_qp_cap& cap = attr->cap;
+  QpSetup setup{*type,
+                pd->handle,
+                attr->sq_sig_all != 0,
+                to_cq(attr->send_cq)->index,
+                to_cq(attr->recv_cq)->index,
+                attr->srq ? to_srq(attr->srq)->index : -1,
+                {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data},
+                state.async_address};
   auto qp = std::make_unique<ProviderQp>();
-  qp->index = index;
+  qp->device = DeviceQp::create(state, setup);
+  if (!qp->device) return nullptr;
+  cap = {setup.caps.max_send_wr, setup.caps.max_recv_wr, setup.caps.max_send_sge, setup.caps.max_recv_sge,
+         setup.caps.max_inline_data};
+  qp->index = qp->device->index();
   qp->send_cq = to_cq(attr->send_cq);
   qp->recv_cq = to_cq(attr->recv_cq);
   qp->srq = attr->srq ? to_srq(attr->srq) : nullptr;
-  ibv_qp& ibv = qp->verbs.qp;
-  ibv.context = pd->context;
-  ibv.qp_context = attr->qp_context;
-  ibv.pd = pd;
-  ibv.send_cq = attr->send_cq;
-  ibv.recv_cq = attr->recv_cq;
-  ibv.srq = attr->srq;
-  ibv.handle = static_cast<uint32_t>(index);
-  ibv.qp_num = record.qpn;
-  ibv.state = IBV_QPS_RESET;
-  ibv.qp_type = attr->qp_type;
-  pthread_mutex_init(&ibv.mutex, nullptr);
-  pthread_cond_init(&ibv.cond, nullptr);
-  ibv.events_completed = 0;
+  init_ibv_qp(qp->verbs.qp, pd, *attr, *qp->device);
   {
     std::lock_guard guard(state.qps_mutex);
     ++qp->send_cq->qp_references;
@@ -119,11 +104,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     if (qp->srq) ++qp->srq->qp_references;
   }
   use_pd(pd);
-  {
-    SharedLock lock(record.lock);
-    record.owner_handle = reinterpret_cast<uint64_t>(&qp->verbs.qp);
-  }
-  qp->device = std::make_unique<DeviceQp>(state, index, qp->send_cq->index, qp->srq != nullptr);
+  qp->device->set_owner_handle(reinterpret_cast<uint64_t>(&qp->verbs.qp));
   register_handle(HandleKind::Qp, &qp->verbs.qp);
   return &qp.release()->verbs.qp;
 }

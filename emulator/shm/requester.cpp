@@ -225,6 +225,163 @@ uint32_t route_to_cm_agent(DeviceMemory& memory, QpRecord& qp, const SendRequest
   return delivery.agent_qpn;
 }
 
+// One send's execution against its target QP: what every one-sided
+// operation shares (the outcome of a target that answers nothing, of a copy
+// that failed, the remote key check), and each operation's own steps.
+class Execution {
+ public:
+  Execution(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, const LocalBuffers& local,
+            Completion& completion, QpRecord& target)
+      : memory_(memory), qp_(qp), request_(request), local_(local), completion_(completion), target_(target) {}
+
+  SendOutcome write();
+  SendOutcome read();
+  SendOutcome atomic();
+
+ private:
+  bool reliable() const { return qp_.type == QpType::Rc; }
+  SendOutcome fail(WcStatus status) {
+    completion_.status = status;
+    return SendOutcome::Completed;
+  }
+  // Where nobody answers: RC retries until retry_cnt runs out; UC packets
+  // are lost silently and the sender completes successfully.
+  SendOutcome unreachable() {
+    if (reliable()) completion_.status = WcStatus::RetryExceededError;
+    return SendOutcome::Completed;
+  }
+  // A copy that failed: the target's process died while the bytes moved
+  // (nothing answers, as for a QP that is gone), or the range could not be
+  // reached after all (an error the requester reports).
+  SendOutcome copy_failed(int error) {
+    if (target_gone(memory_, target_, error)) return unreachable();
+    return fail(WcStatus::RemoteAccessError);
+  }
+  // One-sided operations are checked against the target's registration and
+  // the target QP's remote access rights.
+  bool check_remote(uint32_t needed, uint64_t length, ResolvedRange& where) const {
+    if ((target_.attributes.access_flags & needed) != needed) return false;
+    // A zero-length RDMA READ or WRITE touches no memory, so no key is
+    // checked (IBA C9-88): UCX flushes with one that names rkey 0.
+    if (length == 0 && needed != access::kRemoteAtomic) return true;
+    return memory_.shared().mrs.check_remote(request_.rkey, target_.pd_handle, request_.remote_address, length, needed,
+                                             &where) == KeyCheck::Ok &&
+           where.owner_pid == target_.owner_pid;
+  }
+  void deliver_write_immediate(const ReceivePlacement& receive);
+
+  DeviceMemory& memory_;
+  QpRecord& qp_;
+  const SendRequest& request_;
+  const LocalBuffers& local_;
+  Completion& completion_;
+  QpRecord& target_;
+};
+
+void Execution::deliver_write_immediate(const ReceivePlacement& receive) {
+  Completion received;
+  received.wr_id = receive.wr_id;
+  received.opcode = WcOpcode::ReceiveRdmaWithImm;
+  received.byte_len = static_cast<uint32_t>(local_.length);
+  received.imm_data = request_.imm_data;
+  received.flags = wc_flag::kWithImm;
+  received.qp_num = target_.qpn;
+  received.src_qp = qp_.qpn;
+  deliver_completion(memory_, target_.recv_cq, received, request_.flags & send_flag::kSolicited);
+}
+
+SendOutcome Execution::write() {
+  ResolvedRange where;
+  if (!check_remote(access::kRemoteWrite, local_.length, where)) return fail(WcStatus::RemoteAccessError);
+  const bool immediate = send_opcode_info(request_.opcode).is(wr_mask::kImmediate);
+  ReceivePlacement receive;
+  if (immediate && !take_receive(memory_, target_, receive))
+    return reliable() ? SendOutcome::ReceiverNotReady : SendOutcome::Completed;
+  RemoteRange remote{where.address, local_.length, request_.rkey, access::kRemoteWrite};
+  if (local_.length > 0)
+    if (int error = copy_to_process(memory_, where.owner_pid, local_.vectors, std::span(&remote, 1)))
+      return copy_failed(error);
+  if (immediate) deliver_write_immediate(receive);
+  return SendOutcome::Completed;
+}
+
+SendOutcome Execution::read() {
+  ResolvedRange where;
+  if (!check_remote(access::kRemoteRead, local_.length, where)) return fail(WcStatus::RemoteAccessError);
+  RemoteRange remote{where.address, local_.length, request_.rkey, access::kRemoteRead};
+  if (local_.length > 0)
+    if (int error = copy_from_process(memory_, where.owner_pid, local_.vectors, std::span(&remote, 1)))
+      return copy_failed(error);
+  return SendOutcome::Completed;
+}
+
+SendOutcome Execution::atomic() {
+  if (local_.length != 8) return fail(WcStatus::LocalLengthError);
+  if (request_.remote_address % 8 != 0) return fail(WcStatus::RemoteInvalidRequestError);
+  ResolvedRange where;
+  if (!check_remote(access::kRemoteAtomic, 8, where)) return fail(WcStatus::RemoteAccessError);
+  SharedLock atomics(memory_.shared().atomics_lock);
+  uint64_t original = 0;
+  iovec value{&original, 8};
+  RemoteRange remote{where.address, 8, request_.rkey, access::kRemoteAtomic};
+  if (int error = copy_from_process(memory_, where.owner_pid, std::span(&value, 1), std::span(&remote, 1)))
+    return copy_failed(error);
+  uint64_t updated = original;
+  if (request_.opcode == SendOpcode::AtomicFetchAdd)
+    updated = original + request_.compare_add;
+  else if (original == request_.compare_add)
+    updated = request_.swap;
+  if (updated != original) {
+    iovec next{&updated, 8};
+    if (int error = copy_to_process(memory_, where.owner_pid, std::span(&next, 1), std::span(&remote, 1)))
+      return copy_failed(error);
+  }
+  copy_within_process(local_.vectors, std::span(&value, 1));
+  return SendOutcome::Completed;
+}
+
+// A qkey with the high bit set means "use the QP's own qkey".
+uint32_t effective_qkey(const QpRecord& qp, const SendRequest& request) {
+  return (request.remote_qkey & 0x80000000u) ? qp.attributes.qkey : request.remote_qkey;
+}
+
+// A UD send to a multicast group: a copy to every QP attached to it, the
+// sender's own included.
+SendOutcome send_to_group(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, const LocalBuffers& local,
+                          Completion& completion) {
+  if (local.length > ud_mtu_bytes(qp)) {
+    completion.status = WcStatus::LocalLengthError;
+    return SendOutcome::Completed;
+  }
+  for (uint32_t member : memory.shared().multicast.members(request.destination_gid)) {
+    QpRecord* target = memory.qp_by_number(member);
+    if (target == nullptr) continue;
+    SharedLock target_lock(target->lock);
+    if (!target->live || target->qpn != member || target->type != QpType::Ud || !receive_capable(target->state) ||
+        target->attributes.qkey != effective_qkey(qp, request) || !memory.owner_alive(target->owner_process))
+      continue;
+    place_send(memory, qp, *target, request, local, completion);
+  }
+  return SendOutcome::Completed;
+}
+
+// Whether `target` (locked) takes packets from `qp`: live, of the same type,
+// able to receive, its process alive (a QP whose process has died answers
+// nothing, as one whose host died), and for RC and UC connected to `qp`.
+bool answers(DeviceMemory& memory, const QpRecord& qp, const QpRecord& target, uint32_t target_qpn) {
+  if (!target.live || target.qpn != target_qpn || target.type != qp.type || !receive_capable(target.state))
+    return false;
+  if (!memory.owner_alive(target.owner_process)) return false;
+  return qp.type == QpType::Ud || target.attributes.dest_qpn == qp.qpn;
+}
+
+// The QP number a send goes to; 0 where the device took a MAD to QP1 itself.
+uint32_t target_of(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, const LocalBuffers& local) {
+  if (qp.type != QpType::Ud) return qp.attributes.dest_qpn;
+  if (request.remote_qpn == kGsiQpn) return route_to_cm_agent(memory, qp, request, local);
+  return request.remote_qpn;
+}
+
 }  // namespace
 
 SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, Completion& completion) {
@@ -233,168 +390,41 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& 
   completion.opcode = completion_opcode(request.opcode);
   completion.qp_num = qp.qpn;
 
-  DeviceShared& device = memory.shared();
   MemoryReadLock memory_lock(memory);  // keeps every key valid while bytes move
-
   LocalBuffers local;
   completion.status = resolve_local(memory, qp, request, local);
   if (completion.status != WcStatus::Success) return SendOutcome::Completed;
   completion.byte_len = static_cast<uint32_t>(local.length);
 
-  const bool reliable = qp.type == QpType::Rc;
-  if (qp.type == QpType::Ud && request.remote_qpn == kMulticastQpn) {
-    // A copy to every QP attached to the group, the sender's own included.
-    if (local.length > ud_mtu_bytes(qp)) {
-      completion.status = WcStatus::LocalLengthError;
-      return SendOutcome::Completed;
-    }
-    std::vector<uint32_t> members = device.multicast.members(request.destination_gid);
-    for (uint32_t member : members) {
-      QpRecord* target = memory.qp_by_number(member);
-      if (target == nullptr) continue;
-      SharedLock target_lock(target->lock);
-      uint32_t qkey = (request.remote_qkey & 0x80000000u) ? qp.attributes.qkey : request.remote_qkey;
-      if (!target->live || target->qpn != member || target->type != QpType::Ud || !receive_capable(target->state) ||
-          target->attributes.qkey != qkey || !memory.owner_alive(target->owner_process))
-        continue;
-      place_send(memory, qp, *target, request, local, completion);
-    }
-    return SendOutcome::Completed;
-  }
-  uint32_t target_qpn = qp.type == QpType::Ud ? request.remote_qpn : qp.attributes.dest_qpn;
-  if (qp.type == QpType::Ud && target_qpn == kGsiQpn) {
-    target_qpn = route_to_cm_agent(memory, qp, request, local);
-    if (target_qpn == 0) return SendOutcome::Completed;  // taken by the device, or dropped
-  }
+  if (qp.type == QpType::Ud && request.remote_qpn == kMulticastQpn)
+    return send_to_group(memory, qp, request, local, completion);
+  const uint32_t target_qpn = target_of(memory, qp, request, local);
+  if (target_qpn == 0) return SendOutcome::Completed;  // taken by the device, or dropped
   QpRecord* target = memory.qp_by_number(target_qpn);
-
   // Where nobody answers: RC retries until retry_cnt runs out; UC and UD
   // packets are lost silently and the sender completes successfully.
-  auto unreachable = [&]() {
-    if (reliable) completion.status = WcStatus::RetryExceededError;
+  if (target == nullptr) {
+    if (qp.type == QpType::Rc) completion.status = WcStatus::RetryExceededError;
     return SendOutcome::Completed;
-  };
-  if (target == nullptr) return unreachable();
-
+  }
   SharedLock target_lock(target->lock);
-  if (!target->live || target->qpn != target_qpn || target->type != qp.type || !receive_capable(target->state))
-    return unreachable();
-  // A QP whose process has died answers nothing, as a QP whose host died
-  // (its memory may still be mapped here, but nothing may land in it).
-  if (!memory.owner_alive(target->owner_process)) return unreachable();
-  if (qp.type != QpType::Ud && target->attributes.dest_qpn != qp.qpn) return unreachable();
+  if (!answers(memory, qp, *target, target_qpn)) {
+    if (qp.type == QpType::Rc) completion.status = WcStatus::RetryExceededError;
+    return SendOutcome::Completed;
+  }
   if (qp.type == QpType::Ud) {
-    // A qkey with the high bit set means "use the QP's own qkey".
-    uint32_t qkey = (request.remote_qkey & 0x80000000u) ? qp.attributes.qkey : request.remote_qkey;
-    if (qkey != target->attributes.qkey) return SendOutcome::Completed;  // dropped, as on the wire
+    if (effective_qkey(qp, request) != target->attributes.qkey)
+      return SendOutcome::Completed;  // dropped, as on the wire
     if (local.length > ud_mtu_bytes(qp)) {
       completion.status = WcStatus::LocalLengthError;
       return SendOutcome::Completed;
     }
   }
-
-  // A copy that failed: the target's process died while the bytes moved
-  // (nothing answers, as for a QP that is gone), or the range could not be
-  // reached after all (an error the requester reports).
-  auto copy_failed = [&](int error) {
-    if (target_gone(memory, *target, error)) return unreachable();
-    completion.status = WcStatus::RemoteAccessError;
-    return SendOutcome::Completed;
-  };
-
-  // One-sided operations: checked against the target's registration and the
-  // target QP's remote access rights.
-  auto check_remote = [&](uint32_t needed, uint64_t length, ResolvedRange& where) {
-    if ((target->attributes.access_flags & needed) != needed) return false;
-    // A zero-length RDMA READ or WRITE touches no memory, so no key is
-    // checked (IBA C9-88): UCX flushes with one that names rkey 0.
-    if (length == 0 && needed != access::kRemoteAtomic) return true;
-    return device.mrs.check_remote(request.rkey, target->pd_handle, request.remote_address, length, needed, &where) ==
-               KeyCheck::Ok &&
-           where.owner_pid == target->owner_pid;
-  };
-
-  switch (request.opcode) {
-    case SendOpcode::RdmaWrite:
-    case SendOpcode::RdmaWriteWithImm: {
-      ResolvedRange where;
-      if (!check_remote(access::kRemoteWrite, local.length, where)) {
-        completion.status = WcStatus::RemoteAccessError;
-        return SendOutcome::Completed;
-      }
-      ReceivePlacement receive;
-      if (request.opcode == SendOpcode::RdmaWriteWithImm && !take_receive(memory, *target, receive)) {
-        if (reliable) return SendOutcome::ReceiverNotReady;
-        return SendOutcome::Completed;
-      }
-      RemoteRange remote{where.address, local.length, request.rkey, access::kRemoteWrite};
-      if (local.length > 0)
-        if (int error = copy_to_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)))
-          return copy_failed(error);
-      if (request.opcode == SendOpcode::RdmaWriteWithImm) {
-        Completion received;
-        received.wr_id = receive.wr_id;
-        received.opcode = WcOpcode::ReceiveRdmaWithImm;
-        received.byte_len = static_cast<uint32_t>(local.length);
-        received.imm_data = request.imm_data;
-        received.flags = wc_flag::kWithImm;
-        received.qp_num = target->qpn;
-        received.src_qp = qp.qpn;
-        deliver_completion(memory, target->recv_cq, received, request.flags & send_flag::kSolicited);
-      }
-      return SendOutcome::Completed;
-    }
-    case SendOpcode::RdmaRead: {
-      ResolvedRange where;
-      if (!check_remote(access::kRemoteRead, local.length, where)) {
-        completion.status = WcStatus::RemoteAccessError;
-        return SendOutcome::Completed;
-      }
-      RemoteRange remote{where.address, local.length, request.rkey, access::kRemoteRead};
-      if (local.length > 0)
-        if (int error = copy_from_process(memory, where.owner_pid, local.vectors, std::span(&remote, 1)))
-          return copy_failed(error);
-      return SendOutcome::Completed;
-    }
-    case SendOpcode::AtomicCompareSwap:
-    case SendOpcode::AtomicFetchAdd: {
-      if (local.length != 8) {
-        completion.status = WcStatus::LocalLengthError;
-        return SendOutcome::Completed;
-      }
-      ResolvedRange where;
-      if (request.remote_address % 8 != 0) {
-        completion.status = WcStatus::RemoteInvalidRequestError;
-        return SendOutcome::Completed;
-      }
-      if (!check_remote(access::kRemoteAtomic, 8, where)) {
-        completion.status = WcStatus::RemoteAccessError;
-        return SendOutcome::Completed;
-      }
-      SharedLock atomics(device.atomics_lock);
-      uint64_t original = 0;
-      iovec value{&original, 8};
-      RemoteRange remote{where.address, 8, request.rkey, access::kRemoteAtomic};
-      if (int error = copy_from_process(memory, where.owner_pid, std::span(&value, 1), std::span(&remote, 1)))
-        return copy_failed(error);
-      uint64_t updated = original;
-      if (request.opcode == SendOpcode::AtomicFetchAdd)
-        updated = original + request.compare_add;
-      else if (original == request.compare_add)
-        updated = request.swap;
-      if (updated != original) {
-        iovec next{&updated, 8};
-        if (int error = copy_to_process(memory, where.owner_pid, std::span(&next, 1), std::span(&remote, 1)))
-          return copy_failed(error);
-      }
-      copy_within_process(local.vectors, std::span(&value, 1));
-      return SendOutcome::Completed;
-    }
-    case SendOpcode::Send:
-    case SendOpcode::SendWithImm:
-      break;
-  }
-
+  Execution execution(memory, qp, request, local, completion, *target);
+  const SendOpcodeInfo& info = send_opcode_info(request.opcode);
+  if (info.is(wr_mask::kWrite)) return execution.write();
+  if (info.is(wr_mask::kRead)) return execution.read();
+  if (info.is(wr_mask::kAtomic)) return execution.atomic();
   return place_send(memory, qp, *target, request, local, completion);
 }
 

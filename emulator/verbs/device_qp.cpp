@@ -1,5 +1,7 @@
 #include "verbs/device_qp.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -48,6 +50,52 @@ struct DeviceQp::WaitingSend {
   // vector keeps its buffer, so the inline SGE's address stays right).
   void bind() { request.sges = sges; }
 };
+
+std::unique_ptr<DeviceQp> DeviceQp::create(DeviceContext& context, QpSetup& setup) {
+  DeviceMemory& memory = *context.memory;
+  const int index = memory.allocate_qp();
+  if (index < 0) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  QpRecord& record = memory.shared().qps[index];
+  QpCapacities& caps = setup.caps;
+  // With an SRQ the QP has no receive queue of its own.
+  RecvQueue rq;
+  if (setup.srq < 0) {
+    rq = allocate_receive_queue(memory, caps.max_recv_wr, caps.max_recv_sge);
+    if (rq.ring_offset == 0) {
+      SharedLock lock(record.lock);
+      record.live = 0;
+      errno = ENOMEM;
+      return nullptr;
+    }
+  }
+  caps.max_send_wr = std::max<uint32_t>(caps.max_send_wr, 1);
+  caps.max_recv_wr = setup.srq >= 0 ? 0 : rq.capacity;
+  caps.max_send_sge = std::max<uint32_t>(caps.max_send_sge, 1);
+  caps.max_recv_sge = setup.srq >= 0 ? 0 : rq.max_sge;
+  {
+    SharedLock lock(record.lock);
+    record.type = setup.type;
+    record.pd_handle = setup.pd_handle;
+    record.signal_all = setup.signal_all ? 1 : 0;
+    record.send_cq = setup.send_cq;
+    record.recv_cq = setup.recv_cq;
+    record.srq = setup.srq;
+    record.caps = caps;
+    record.rq = rq;
+    record.owner_async = setup.owner_async;
+    record.attributes.path_mtu = context.active_mtu;
+  }
+  return std::make_unique<DeviceQp>(context, index, setup.send_cq, setup.srq >= 0);
+}
+
+void DeviceQp::set_owner_handle(uint64_t handle) {
+  QpRecord& qp = record();
+  SharedLock lock(qp.lock);
+  qp.owner_handle = handle;
+}
 
 DeviceQp::DeviceQp(DeviceContext& context, int index, int send_cq, bool on_srq)
     : context_(context),

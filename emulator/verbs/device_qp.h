@@ -6,11 +6,13 @@
 
 #include <chrono>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 
 #include "device/device_memory.h"
+#include "device/event_socket.h"
 #include "device/work_request.h"
 #include "udp/qp.h"
 
@@ -18,11 +20,25 @@ namespace softverbs {
 
 class DeviceContext;
 
+// What a QP is created with, checked by the caller against the device's
+// limits.
+struct QpSetup {
+  QpType type = QpType::Rc;
+  uint32_t pd_handle = 0;
+  bool signal_all = false;
+  int send_cq = -1, recv_cq = -1;
+  int srq = -1;  // none: the QP has a receive queue of its own
+  QpCapacities caps;
+  SocketAddress owner_async;  // where its async events go
+};
+
 class DeviceQp {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // The QP record `index` is allocated and set up; `send_cq` is its index.
+  // Makes the QP in the device: its record and receive queue. `caps` comes
+  // back as the QP has them; nullptr and errno ENOMEM when full.
+  static std::unique_ptr<DeviceQp> create(DeviceContext& context, QpSetup& setup);
   DeviceQp(DeviceContext& context, int index, int send_cq, bool on_srq);
   // Destroys the QP as the device sees it: its UDP state, its multicast
   // memberships, its completions still queued.
@@ -31,7 +47,10 @@ class DeviceQp {
   DeviceQp& operator=(const DeviceQp&) = delete;
 
   QpRecord& record() const;
+  int index() const { return index_; }
   uint32_t qpn() const { return qpn_; }
+  // The provider's handle for the QP, which its async events name.
+  void set_owner_handle(uint64_t handle);
   // Serializes the send queue and state changes.
   std::mutex& mutex() { return mutex_; }
 
