@@ -94,9 +94,9 @@ class LoopbackPair {
   // their pages, so an offset of 1 to 31 makes the string copy's slow case.
   void write(size_t length, size_t offset) {
     Sge sge{reinterpret_cast<uint64_t>(source_.get()), static_cast<uint32_t>(length), source_key_};
-    SendRequest request;
+    SendWqe request;
     request.opcode = SendOpcode::RdmaWrite;
-    request.sges = std::span(&sge, 1);
+    request.sges.assign(1, sge);
     request.remote_address = reinterpret_cast<uint64_t>(sink_.get() + offset);
     request.rkey = sink_key_;
     Completion completion;
@@ -107,9 +107,9 @@ class LoopbackPair {
     Sge recv_sge{reinterpret_cast<uint64_t>(sink_.get()), static_cast<uint32_t>(length), sink_key_};
     post_receive(*memory_, *b_, 1, std::span(&recv_sge, 1));
     Sge sge{reinterpret_cast<uint64_t>(source_.get()), static_cast<uint32_t>(length), source_key_};
-    SendRequest request;
+    SendWqe request;
     request.opcode = SendOpcode::Send;
-    request.sges = std::span(&sge, 1);
+    request.sges.assign(1, sge);
     Completion completion, drained;
     execute_send(*memory_, *a_, request, completion);
     CompletionRing ring = memory_->completion_ring(memory_->shared().cqs[cq_]);

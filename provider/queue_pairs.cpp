@@ -255,9 +255,9 @@ int post_recv(ibv_qp* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 static_assert(sizeof(Sge) == sizeof(ibv_sge) && offsetof(Sge, lkey) == offsetof(ibv_sge, lkey));
 
-// Builds the emulator's request over the caller's work request (no copy: the
-// immediate path allocates nothing; a send that waits copies what it keeps).
-int translate_send(const QpRecord& record, const ibv_send_wr* wr, SendRequest& r) {
+// Fills the QP's scratch WQE from the caller's work request (its SGE list is
+// copied; an inline send's bytes are read where they are, at post time).
+int translate_send(const QpRecord& record, const ibv_send_wr* wr, SendWqe& r) {
   const SendOpcodeInfo& info = send_opcode_info(wr->opcode);
   if (!info.valid_for(record.type) || wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > record.caps.max_send_sge)
     return EINVAL;
@@ -265,13 +265,11 @@ int translate_send(const QpRecord& record, const ibv_send_wr* wr, SendRequest& r
   r.opcode = static_cast<SendOpcode>(wr->opcode);
   r.flags = wr->send_flags;
   r.imm_data = wr->imm_data;
-  r.sges = std::span(reinterpret_cast<const Sge*>(wr->sg_list), static_cast<size_t>(wr->num_sge));
-  if (wr->send_flags & IBV_SEND_INLINE) {
-    if (info.is(wr_mask::kIntoLocal)) return EINVAL;
-    size_t total = 0;
-    for (const Sge& sge : r.sges) total += sge.length;
-    if (total > record.caps.max_inline_data) return EINVAL;
-  }
+  const auto* sges = reinterpret_cast<const Sge*>(wr->sg_list);
+  r.sges.assign(sges, sges + wr->num_sge);
+  for (const Sge& sge : r.sges) r.length += sge.length;
+  if ((wr->send_flags & IBV_SEND_INLINE) && (info.is(wr_mask::kIntoLocal) || r.length > record.caps.max_inline_data))
+    return EINVAL;
   if (info.is(wr_mask::kAtomic)) {
     r.remote_address = wr->wr.atomic.remote_addr;
     r.rkey = wr->wr.atomic.rkey;
@@ -308,9 +306,9 @@ int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   QpRecord& record = record_of(qp);
   DeviceQp::PostBatch batch(*qp->device);
   for (; wr != nullptr; wr = wr->next) {
-    SendRequest request;
-    int error = translate_send(record, wr, request);
-    if (error == 0) error = batch.post(request);
+    SendWqe& wqe = batch.blank_wqe();
+    int error = translate_send(record, wr, wqe);
+    if (error == 0) error = batch.post(wqe);
     if (error != 0) {
       *bad_wr = wr;
       return error;

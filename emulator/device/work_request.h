@@ -3,8 +3,11 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <vector>
 
 #include "device/completion_ring.h"
 #include "device/qp_state_machine.h"
@@ -95,21 +98,39 @@ struct RecvWqe {
   // Sge sges[max_sge] follow.
 };
 
-// A send work request as the provider hands it to the device.
-struct SendRequest {
+// Where a UDP transport's packets for a QP or a UD datagram go: a peer
+// address (UDP port 4791) and the local address they leave from.
+struct NetworkPath {
+  std::array<uint8_t, 16> local{};  // IPv6, or IPv4-mapped
+  std::array<uint8_t, 16> remote{};
+  uint32_t scope_id = 0;  // IPv6 link-local peers: the netdev's ifindex
+  uint8_t traffic_class = 0;
+  uint8_t hop_limit = 64;
+  uint32_t flow_label = 0;
+};
+
+// A send work request as the device holds it from post to completion, on
+// either transport (as rxe's rxe_send_wqe): what was posted, and each
+// transport's progress on it.
+struct SendWqe {
   uint64_t wr_id = 0;
   SendOpcode opcode = SendOpcode::Send;
   uint32_t flags = 0;
   bool signaled = false;  // kSignaled, or the QP signals every send
   uint32_t imm_data = 0;  // network byte order, as posted
-  // With kInline the SGEs are plain (address, length) in this process: their
-  // lkeys are not looked at, as an HCA copies inline data at post time.
-  std::span<const Sge> sges;
+  // lkey SGEs. With kInline they are plain (address, length) in the poster's
+  // memory, read at post time as an HCA does, until keep_inline() copies
+  // the bytes into inline_bytes and leaves one SGE over them (which a move
+  // keeps valid, a copy does not). The UDP requester sends an inline WQE's
+  // inline_bytes and has no SGEs.
+  std::vector<Sge> sges;
+  std::vector<uint8_t> inline_bytes;
+  uint64_t length = 0;  // of all SGEs
   uint64_t remote_address = 0;
   uint32_t rkey = 0;
   uint64_t compare_add = 0;
   uint64_t swap = 0;
-  // UD only
+  // UD: the address handle's part.
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;
   bool has_grh = false;
@@ -120,6 +141,41 @@ struct SendRequest {
   uint8_t hop_limit = 0;
   uint8_t traffic_class = 0;
   uint32_t flow_label = 0;
+  NetworkPath ud_path;  // over UDP, resolved at post
+
+  // An error found while executing (a length, an unroutable address): it
+  // completes in order, as an HCA reports it.
+  WcStatus error = WcStatus::Success;
+
+  // Shared memory: waiting for a receive (RNR) or for the peer. The RNR
+  // budget starts at the first RNR, as the timeout's (give_up) at the first
+  // attempt that finds no responder: nullopt before; -1: infinite.
+  std::optional<int> rnr_retries_left;
+  std::chrono::steady_clock::time_point next_attempt{};
+  std::chrono::steady_clock::time_point give_up{std::chrono::steady_clock::time_point::max()};
+
+  // UDP: the requester's and completer's progress.
+  bool assigned = false;  // first_psn is valid
+  uint32_t first_psn = 0;
+  uint32_t psn_count = 0;        // PSNs the WQE uses (a READ: one per response packet)
+  uint32_t packets_sent = 0;     // SEND/WRITE: next packet to send; READ/atomic: request sent (0/1)
+  uint32_t read_next_psn = 0;    // READ: PSN of the next response expected
+  uint64_t read_done = 0;        // READ: bytes placed
+  bool finished = false;         // READ/atomic: the response is in
+  bool holds_rd_atomic = false;  // counted in the requester's rd_atomic_in_flight
+
+  uint32_t last_psn() const { return (first_psn + psn_count - 1) & 0xffffff; }
+  bool is_read() const { return send_opcode_info(opcode).is(wr_mask::kRead); }
+  bool is_atomic() const { return send_opcode_info(opcode).is(wr_mask::kAtomic); }
+  bool expects_response() const { return send_opcode_info(opcode).expects_response(); }
+  bool fully_sent() const { return expects_response() ? packets_sent >= 1 : packets_sent >= psn_count; }
+
+  // Back to a blank request, keeping the vectors' buffers (a per-QP scratch
+  // WQE makes no heap allocation from post to post).
+  void reset();
+  // Copies an inline send's bytes out of the poster's memory, for a WQE that
+  // outlives its post.
+  void keep_inline();
 };
 
 }  // namespace softverbs

@@ -43,7 +43,7 @@ struct LocalBuffers {
   uint64_t length = 0;
 };
 
-WcStatus resolve_local(DeviceMemory& memory, const QpRecord& qp, const SendRequest& request, LocalBuffers& out) {
+WcStatus resolve_local(DeviceMemory& memory, const QpRecord& qp, const SendWqe& request, LocalBuffers& out) {
   if (request.flags & send_flag::kInline) {
     for (const Sge& sge : request.sges) {
       if (sge.length == 0) continue;
@@ -88,12 +88,12 @@ RemoteRanges first_bytes(const RemoteRanges& ranges, uint64_t length) {
 // IPv4 addresses a RoCE NIC puts the packet's IPv4 header in the last 20
 // (which is how ibv_init_ah_from_wc tells the kinds apart); otherwise a GRH
 // (RoCE v1, or the IPv6 header of RoCE v2, which has the GRH's layout).
-bool ipv4_packet(const SendRequest& request) {
+bool ipv4_packet(const SendWqe& request) {
   return request.has_grh && request.roce_v2 && wire::is_ipv4_mapped(request.source_gid) &&
          wire::is_ipv4_mapped(request.destination_gid);
 }
 
-std::array<uint8_t, kGrhBytes> build_grh(const SendRequest& request, uint64_t payload) {
+std::array<uint8_t, kGrhBytes> build_grh(const SendWqe& request, uint64_t payload) {
   std::array<uint8_t, kGrhBytes> grh{};
   if (ipv4_packet(request)) {
     wire::FlowAddress flow;
@@ -135,7 +135,7 @@ bool target_gone(DeviceMemory& memory, const QpRecord& target, int error) {
 
 // A SEND (with or without immediate) into `target`'s next receive WQE; the
 // target's lock is held by the caller.
-SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_record, const SendRequest& request,
+SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_record, const SendWqe& request,
                        const LocalBuffers& local, Completion& completion) {
   QpRecord* target = &target_record;
   const bool reliable = qp.type == QpType::Rc;
@@ -201,7 +201,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
 // A UD SEND to QP1 of this device: the CM agent the MAD belongs to, or 0
 // where the device answers it (into the sender, as from the peer's QP1) or
 // drops it.
-uint32_t route_to_cm_agent(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, const LocalBuffers& local) {
+uint32_t route_to_cm_agent(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, const LocalBuffers& local) {
   std::array<uint8_t, wire::cm::kMadBytes> mad;
   if (local.length != mad.size()) return 0;
   size_t at = 0;
@@ -211,7 +211,7 @@ uint32_t route_to_cm_agent(DeviceMemory& memory, QpRecord& qp, const SendRequest
   }
   CmDelivery delivery = route_cm_mad(memory, mad);
   if (delivery.answer && qp.gsi_agent) {
-    SendRequest reply = request;
+    SendWqe reply = request;
     std::swap(reply.source_gid, reply.destination_gid);
     reply.opcode = SendOpcode::Send;
     reply.flags = 0;
@@ -230,7 +230,7 @@ uint32_t route_to_cm_agent(DeviceMemory& memory, QpRecord& qp, const SendRequest
 // that failed, the remote key check), and each operation's own steps.
 class Execution {
  public:
-  Execution(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, const LocalBuffers& local,
+  Execution(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, const LocalBuffers& local,
             Completion& completion, QpRecord& target)
       : memory_(memory), qp_(qp), request_(request), local_(local), completion_(completion), target_(target) {}
 
@@ -272,7 +272,7 @@ class Execution {
 
   DeviceMemory& memory_;
   QpRecord& qp_;
-  const SendRequest& request_;
+  const SendWqe& request_;
   const LocalBuffers& local_;
   Completion& completion_;
   QpRecord& target_;
@@ -341,13 +341,13 @@ SendOutcome Execution::atomic() {
 }
 
 // A qkey with the high bit set means "use the QP's own qkey".
-uint32_t effective_qkey(const QpRecord& qp, const SendRequest& request) {
+uint32_t effective_qkey(const QpRecord& qp, const SendWqe& request) {
   return (request.remote_qkey & 0x80000000u) ? qp.attributes.qkey : request.remote_qkey;
 }
 
 // A UD send to a multicast group: a copy to every QP attached to it, the
 // sender's own included.
-SendOutcome send_to_group(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, const LocalBuffers& local,
+SendOutcome send_to_group(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, const LocalBuffers& local,
                           Completion& completion) {
   if (local.length > ud_mtu_bytes(qp)) {
     completion.status = WcStatus::LocalLengthError;
@@ -376,7 +376,7 @@ bool answers(DeviceMemory& memory, const QpRecord& qp, const QpRecord& target, u
 }
 
 // The QP number a send goes to; 0 where the device took a MAD to QP1 itself.
-uint32_t target_of(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, const LocalBuffers& local) {
+uint32_t target_of(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, const LocalBuffers& local) {
   if (qp.type != QpType::Ud) return qp.attributes.dest_qpn;
   if (request.remote_qpn == kGsiQpn) return route_to_cm_agent(memory, qp, request, local);
   return request.remote_qpn;
@@ -384,7 +384,7 @@ uint32_t target_of(DeviceMemory& memory, QpRecord& qp, const SendRequest& reques
 
 }  // namespace
 
-SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, Completion& completion) {
+SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, Completion& completion) {
   completion = {};
   completion.wr_id = request.wr_id;
   completion.opcode = completion_opcode(request.opcode);

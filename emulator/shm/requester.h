@@ -19,6 +19,6 @@ enum class SendOutcome : uint8_t {
 
 // Executes `request` on `qp` (a QP of this process). On an error status the
 // caller moves an RC QP to ERR (the IB spec's requester behaviour).
-SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendRequest& request, Completion& completion);
+SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, Completion& completion);
 
 }  // namespace softverbs

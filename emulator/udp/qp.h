@@ -55,53 +55,10 @@ inline uint8_t kind(uint8_t syndrome) { return syndrome & 0x60; }
 inline uint8_t value(uint8_t syndrome) { return syndrome & 0x1f; }
 }  // namespace aeth
 
-// Where a QP's packets go: a peer address (UDP port 4791) and the local
-// address they leave from.
-struct Path {
-  wire::IpAddress local{};
-  wire::IpAddress remote{};
-  uint32_t scope_id = 0;  // IPv6 link-local peers: the netdev's ifindex
-  uint8_t traffic_class = 0;
-  uint8_t hop_limit = 64;
-  uint32_t flow_label = 0;
-};
-
-// A send work request as the requester and completer track it.
-struct SendWqe {
-  uint64_t wr_id = 0;
-  SendOpcode opcode = SendOpcode::Send;
-  uint32_t flags = 0;
-  bool signaled = false;
-  uint32_t imm_data = 0;  // network byte order, as posted
-  std::vector<Sge> sges;  // lkey SGEs; for an inline send, one SGE over inline_bytes
-  std::vector<uint8_t> inline_bytes;
-  uint64_t length = 0;
-  uint64_t remote_address = 0;
-  uint32_t rkey = 0;
-  uint64_t compare_add = 0;
-  uint64_t swap = 0;
-  // UD
-  uint32_t remote_qpn = 0;
-  uint32_t remote_qkey = 0;
-  Path ud_path;
-
-  // Protocol progress.
-  WcStatus error = WcStatus::Success;  // found while sending; reported in order
-  bool assigned = false;               // first_psn is valid
-  uint32_t first_psn = 0;
-  uint32_t psn_count = 0;        // PSNs the WQE uses (a READ: one per response packet)
-  uint32_t packets_sent = 0;     // SEND/WRITE: next packet to send; READ/atomic: request sent (0/1)
-  uint32_t read_next_psn = 0;    // READ: PSN of the next response expected
-  uint64_t read_done = 0;        // READ: bytes placed
-  bool finished = false;         // READ/atomic: the response is in
-  bool holds_rd_atomic = false;  // counted in RequesterState::rd_atomic_in_flight
-
-  uint32_t last_psn() const { return psn_add(first_psn, psn_count - 1); }
-  bool is_read() const { return send_opcode_info(opcode).is(wr_mask::kRead); }
-  bool is_atomic() const { return send_opcode_info(opcode).is(wr_mask::kAtomic); }
-  bool expects_response() const { return send_opcode_info(opcode).expects_response(); }
-  bool fully_sent() const { return expects_response() ? packets_sent >= 1 : packets_sent >= psn_count; }
-};
+// A QP's or a datagram's path, and the send work request the requester and
+// completer track: the device's own (device/work_request.h).
+using Path = NetworkPath;
+using SendWqe = softverbs::SendWqe;
 
 // A FIFO of work requests whose slots outlive their entries: a new entry is
 // copied into a retired slot, whose vectors (SGEs, inline bytes) keep their

@@ -18,39 +18,6 @@
 
 namespace softverbs {
 
-// A send that could not run yet: the receiver had no WQE posted (RNR), or the
-// peer QP was not ready (RC retries until timeout x retry_cnt runs out). It
-// keeps its own copy of the SGE list, and of an inline send's bytes.
-struct DeviceQp::WaitingSend {
-  SendRequest request;
-  std::vector<Sge> sges;
-  std::vector<uint8_t> inline_bytes;
-  // The RNR budget starts at the first RNR, as the timeout's (give_up) at
-  // the first attempt that finds no responder: nullopt before; -1: infinite.
-  std::optional<int> rnr_retries_left;
-  Clock::time_point next_attempt{};
-  Clock::time_point give_up{Clock::time_point::max()};
-
-  explicit WaitingSend(const SendRequest& posted) : request(posted) {}
-  // Copies what the caller may reuse once ibv_post_send returns.
-  void take_ownership() {
-    if (request.flags & send_flag::kInline) {
-      for (const Sge& sge : request.sges) {
-        const auto* bytes = reinterpret_cast<const uint8_t*>(sge.address);
-        inline_bytes.insert(inline_bytes.end(), bytes, bytes + sge.length);
-      }
-      sges.assign(1,
-                  Sge{reinterpret_cast<uint64_t>(inline_bytes.data()), static_cast<uint32_t>(inline_bytes.size()), 0});
-    } else {
-      sges.assign(request.sges.begin(), request.sges.end());
-    }
-    bind();
-  }
-  // After a move, points the request at the storage it now owns (a moved
-  // vector keeps its buffer, so the inline SGE's address stays right).
-  void bind() { request.sges = sges; }
-};
-
 std::unique_ptr<DeviceQp> DeviceQp::create(DeviceContext& context, QpSetup& setup) {
   DeviceMemory& memory = *context.memory;
   const int index = memory.allocate_qp();
@@ -142,7 +109,7 @@ void DeviceQp::complete(const Completion& completion) { deliver_completion(memor
 void DeviceQp::flush_waiting_sends() {
   while (!waiting_.empty()) {
     Completion flushed;
-    flushed.wr_id = waiting_.front().request.wr_id;
+    flushed.wr_id = waiting_.front().wr_id;
     flushed.status = WcStatus::WrFlushError;
     flushed.opcode = WcOpcode::Send;
     flushed.qp_num = qpn_;
@@ -177,10 +144,10 @@ void DeviceQp::fail_after_removal() {
 }
 
 // Runs one send; false if it must wait (and `send` is updated for later).
-bool DeviceQp::attempt(WaitingSend& send) {
+bool DeviceQp::attempt(SendWqe& send) {
   QpRecord& qp = record();
   Completion completion;
-  SendOutcome outcome = execute_send(memory_, qp, send.request, completion);
+  SendOutcome outcome = execute_send(memory_, qp, send, completion);
   // Only a send that must wait reads the clock (see bench/NOTES.md).
   if (outcome == SendOutcome::ReceiverNotReady) {
     if (!send.rnr_retries_left) send.rnr_retries_left = qp.attributes.rnr_retry == 7 ? -1 : qp.attributes.rnr_retry;
@@ -214,7 +181,7 @@ bool DeviceQp::attempt(WaitingSend& send) {
     enter_error_state();
     return true;
   }
-  if (send.request.signaled) complete(completion);
+  if (send.signaled) complete(completion);
   return true;
 }
 
@@ -233,14 +200,12 @@ DeviceQp::Clock::time_point DeviceQp::retry_due() {
   while (!waiting_.empty()) {
     if (Clock::now() < waiting_.front().next_attempt) return waiting_.front().next_attempt;
     // Out of the queue while it runs: an error flushes what stays queued.
-    WaitingSend head = std::move(waiting_.front());
+    SendWqe head = std::move(waiting_.front());
     waiting_.pop_front();
     context_.waiting_sends_.fetch_sub(1, std::memory_order_release);
-    head.bind();
     if (!attempt(head)) {
       waiting_.push_front(std::move(head));
       context_.waiting_sends_.fetch_add(1, std::memory_order_release);
-      waiting_.front().bind();
       return waiting_.front().next_attempt;
     }
   }
@@ -256,28 +221,32 @@ DeviceQp::PostBatch::~PostBatch() {
   if (due_ != Clock::time_point::max()) qp_.context_.retry_timer_.schedule(due_);
 }
 
-int DeviceQp::PostBatch::post(const SendRequest& request) {
+SendWqe& DeviceQp::PostBatch::blank_wqe() {
+  qp_.scratch_.reset();
+  return qp_.scratch_;
+}
+
+int DeviceQp::PostBatch::post(SendWqe& wqe) {
   QpRecord& record = qp_.record();
   const QpState state = load_state(record);
   if (!can_post_send(state)) return EINVAL;
   if (state == QpState::Error) {
     Completion flushed;
-    flushed.wr_id = request.wr_id;
+    flushed.wr_id = wqe.wr_id;
     flushed.status = WcStatus::WrFlushError;
     flushed.qp_num = qp_.qpn_;
     qp_.complete(flushed);
     return 0;
   }
-  if (qp_.over_udp_ && qp_.goes_over_udp(request)) {
-    qp_.build_udp_wqe(request);
-    return qp_.context_.udp_transport()->post_send(qp_.qpn_, qp_.udp_wqe_);
+  if (qp_.over_udp_ && qp_.goes_over_udp(wqe)) {
+    qp_.prepare_for_udp(wqe);
+    return qp_.context_.udp_transport()->post_send(qp_.qpn_, wqe);
   }
-  WaitingSend send(request);
-  if (state == QpState::Sqd || !qp_.waiting_.empty() || !qp_.attempt(send)) {
-    send.take_ownership();
-    qp_.waiting_.push_back(std::move(send));
+  if (state == QpState::Sqd || !qp_.waiting_.empty() || !qp_.attempt(wqe)) {
+    // A move keeps the vectors' buffers, so keep_inline's SGE stays right.
+    SendWqe& kept = qp_.waiting_.emplace_back(std::move(wqe));
+    kept.keep_inline();
     qp_.context_.waiting_sends_.fetch_add(1, std::memory_order_release);
-    qp_.waiting_.back().bind();
     due_ = std::min(due_, qp_.waiting_.front().next_attempt);
   }
   return 0;

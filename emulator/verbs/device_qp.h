@@ -14,7 +14,6 @@
 #include "device/device_memory.h"
 #include "device/event_socket.h"
 #include "device/work_request.h"
-#include "udp/qp.h"
 
 namespace softverbs {
 
@@ -67,9 +66,13 @@ class DeviceQp {
     ~PostBatch();
     PostBatch(const PostBatch&) = delete;
     PostBatch& operator=(const PostBatch&) = delete;
-    // Checks the QP's state and starts `request`: 0, or the errno the post
-    // fails with. The request's SGEs need to live only through this call.
-    int post(const SendRequest& request);
+    // The QP's scratch WQE, blank, for the caller to fill and post (its
+    // vectors keep their buffers from post to post).
+    SendWqe& blank_wqe();
+    // Checks the QP's state and starts `wqe` (the scratch WQE, filled): 0, or
+    // the errno the post fails with. An inline send's bytes need to live
+    // only through this call.
+    int post(SendWqe& wqe);
 
    private:
     DeviceQp& qp_;
@@ -79,12 +82,10 @@ class DeviceQp {
 
  private:
   friend class DeviceContext;
-  struct WaitingSend;
-
   int choose_transport(const QpAttributes& next, bool& over_udp) const;
-  bool goes_over_udp(const SendRequest& request) const;
-  void build_udp_wqe(const SendRequest& request);
-  bool attempt(WaitingSend& send);
+  bool goes_over_udp(const SendWqe& wqe) const;
+  void prepare_for_udp(SendWqe& wqe);
+  bool attempt(SendWqe& wqe);
   void complete(const Completion& completion);
   void enter_error_state();
   void flush_waiting_sends();
@@ -99,12 +100,15 @@ class DeviceQp {
   const bool on_srq_;
   const uint32_t qpn_;
   std::mutex mutex_;
-  std::deque<WaitingSend> waiting_;
+  // Sends that could not run yet on shared memory: the receiver had no WQE
+  // posted (RNR), or the peer QP was not ready (RC retries until timeout x
+  // retry_cnt runs out).
+  std::deque<SendWqe> waiting_;
   // RC/UC: connected over UDP (chosen at RTR). UD: also receives over UDP,
   // and sends there to GIDs that are not this device's.
   bool over_udp_ = false;
   bool removal_handled_ = false;
-  udp::SendWqe udp_wqe_;  // scratch for posts over UDP, whose vectors keep their buffers
+  SendWqe scratch_;  // see PostBatch::blank_wqe
 };
 
 }  // namespace softverbs

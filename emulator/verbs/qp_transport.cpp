@@ -91,7 +91,7 @@ int DeviceQp::change_state(QpState current, QpState target, const QpAttributes& 
 
 // RC and UC QPs on UDP send everything there; a UD QP sends to GIDs that
 // are not this device's (or to all, with --transport udp).
-bool DeviceQp::goes_over_udp(const SendRequest& request) const {
+bool DeviceQp::goes_over_udp(const SendWqe& request) const {
   if (record().type != QpType::Ud) return true;
   if (!request.has_grh) return false;
   Gid dgid{request.destination_gid};
@@ -107,50 +107,28 @@ bool DeviceQp::goes_over_udp(const SendRequest& request) const {
   return true;
 }
 
-// The UDP requester's copy of a work request, built in the QP's scratch
-// WQE. Errors an HCA finds while executing (lengths, an unroutable
-// address) ride along and complete in order.
-void DeviceQp::build_udp_wqe(const SendRequest& r) {
-  udp::SendWqe& wqe = udp_wqe_;
-  std::vector<Sge> sges = std::move(wqe.sges);
-  std::vector<uint8_t> inline_bytes = std::move(wqe.inline_bytes);
-  sges.clear();
-  inline_bytes.clear();
-  wqe = udp::SendWqe{};
-  wqe.sges = std::move(sges);
-  wqe.inline_bytes = std::move(inline_bytes);
-  wqe.wr_id = r.wr_id;
-  wqe.opcode = r.opcode;
-  wqe.flags = r.flags;
-  wqe.signaled = r.signaled;
-  wqe.imm_data = r.imm_data;
-  if (r.flags & send_flag::kInline) {
-    for (const Sge& sge : r.sges) {
+// Readies a WQE for the UDP requester, which keeps it past the post: an
+// inline send's bytes are copied, and errors an HCA finds while executing
+// (lengths, an unroutable address) ride along and complete in order.
+void DeviceQp::prepare_for_udp(SendWqe& wqe) {
+  if (wqe.flags & send_flag::kInline) {
+    for (const Sge& sge : wqe.sges) {
       const auto* bytes = reinterpret_cast<const uint8_t*>(sge.address);
       wqe.inline_bytes.insert(wqe.inline_bytes.end(), bytes, bytes + sge.length);
     }
-    wqe.length = wqe.inline_bytes.size();
-  } else {
-    wqe.sges.assign(r.sges.begin(), r.sges.end());
-    for (const Sge& sge : r.sges) wqe.length += sge.length;
+    wqe.sges.clear();
   }
-  wqe.remote_address = r.remote_address;
-  wqe.rkey = r.rkey;
-  wqe.compare_add = r.compare_add;
-  wqe.swap = r.swap;
   if (wqe.length > limits::kMaxMessageSize) wqe.error = WcStatus::LocalLengthError;
-  if (send_opcode_info(r.opcode).is(wr_mask::kAtomic) && wqe.length != 8) wqe.error = WcStatus::LocalLengthError;
+  if (send_opcode_info(wqe.opcode).is(wr_mask::kAtomic) && wqe.length != 8) wqe.error = WcStatus::LocalLengthError;
   const QpRecord& qp = record();
   if (qp.type != QpType::Ud) return;
-  wqe.remote_qpn = r.remote_qpn;
-  wqe.remote_qkey = r.remote_qkey;
   std::string error;
-  auto path = context_.udp_transport()->resolve_path(r.sgid_index, Gid{r.destination_gid}, r.traffic_class, r.hop_limit,
-                                                     r.flow_label, &error);
+  auto path = context_.udp_transport()->resolve_path(wqe.sgid_index, Gid{wqe.destination_gid}, wqe.traffic_class,
+                                                     wqe.hop_limit, wqe.flow_label, &error);
   if (path) {
     wqe.ud_path = *path;
   } else {
-    debug_log("UD QP %#x wr_id %#llx: %s", qpn_, static_cast<unsigned long long>(r.wr_id), error.c_str());
+    debug_log("UD QP %#x wr_id %#llx: %s", qpn_, static_cast<unsigned long long>(wqe.wr_id), error.c_str());
     wqe.error = WcStatus::LocalQpOperationError;
   }
   uint32_t mtu = qp.attributes.path_mtu != 0 ? mtu_bytes(static_cast<Mtu>(qp.attributes.path_mtu)) : 4096;
