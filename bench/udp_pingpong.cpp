@@ -205,7 +205,7 @@ void throughput(int a, int b, char* buffer, const std::vector<Send>& pattern, co
 }
 
 // Prints the median and 99th percentile of one-way times as `name`.
-void print_one_way(const char* name, std::vector<double>& samples) {
+void print_one_way(const char* name, std::vector<double> samples) {
   std::sort(samples.begin(), samples.end());
   std::printf("%s median=%.3f p99=%.3f\n", name, samples[samples.size() / 2], samples[samples.size() * 99 / 100]);
 }
@@ -260,6 +260,30 @@ bool parse_parts(const char* list, std::set<std::string>& parts, std::string& un
   return true;
 }
 
+// A busy-polling ping-pong: a forked child echoes on `b` what `a` sends,
+// each side sending with `send_one`; the one-way times `a` saw, in us.
+template <typename SendOne>
+std::vector<double> ping_pong(int a, int b, int iterations, char* buffer, size_t size, SendOne send_one) {
+  std::fflush(stdout);  // before fork: the child must not repeat it
+  pid_t child = fork();
+  if (child == 0) {
+    for (int i = 0; i < iterations; ++i) {
+      spin_recv(b, buffer, size);
+      send_one(b, buffer);
+    }
+    _exit(0);
+  }
+  std::vector<double> samples;
+  for (int i = 0; i < iterations; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    send_one(a, buffer);
+    spin_recv(a, buffer, size);
+    samples.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / 2);
+  }
+  waitpid(child, nullptr, 0);
+  return samples;
+}
+
 int main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::atoi(argv[1]) : 50000;
   std::set<std::string> parts;
@@ -277,27 +301,9 @@ int main(int argc, char** argv) {
   connect_to(a, port_b);
   connect_to(b, port_a);
   static char buffer[kMessagesPerRound * kWritePackets * kWriteOnlyPacket] = {};  // 15 64 KiB WRITEs' packets
-  if (wanted("busy")) {
-    std::fflush(stdout);  // before fork: the child must not repeat it
-    pid_t child = fork();
-    if (child == 0) {
-      for (int i = 0; i < iterations; ++i) {
-        spin_recv(b, buffer, sizeof buffer);
-        send(b, buffer, 2, 0);
-      }
-      _exit(0);
-    }
-    std::vector<double> samples;
-    for (int i = 0; i < iterations; ++i) {
-      auto start = std::chrono::steady_clock::now();
-      send(a, buffer, 2, 0);
-      spin_recv(a, buffer, sizeof buffer);
-      samples.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
-                        2);
-    }
-    waitpid(child, nullptr, 0);
-    print_one_way("udp_pingpong_one_way_us", samples);
-  }
+  if (wanted("busy"))
+    print_one_way("udp_pingpong_one_way_us", ping_pong(a, b, iterations, buffer, sizeof buffer,
+                                                       [](int fd, char* bytes) { send(fd, bytes, 2, 0); }));
 
   if (wanted("woken")) {
     std::fflush(stdout);
@@ -316,28 +322,12 @@ int main(int argc, char** argv) {
     // ib_write_lat's packets over RoCEv2: a 2-byte WRITE (BTH + RETH + 2 +
     // pad 2 + ICRC = 36 bytes) and an ACK (BTH + AETH + ICRC = 20 bytes).
     const Send write_and_ack{36, 1, 20};
-    int on = 1;
+    int on = 1, off = 0;
     setsockopt(a, SOL_UDP, UDP_GRO, &on, sizeof on);
     setsockopt(b, SOL_UDP, UDP_GRO, &on, sizeof on);
-    std::fflush(stdout);
-    pid_t child = fork();
-    if (child == 0) {
-      for (int i = 0; i < iterations; ++i) {
-        spin_recv(b, buffer, sizeof buffer);
-        send_datagrams(b, buffer, write_and_ack);
-      }
-      _exit(0);
-    }
-    std::vector<double> framed;
-    for (int i = 0; i < iterations; ++i) {
-      auto start = std::chrono::steady_clock::now();
-      send_datagrams(a, buffer, write_and_ack);
-      spin_recv(a, buffer, sizeof buffer);
-      framed.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / 2);
-    }
-    waitpid(child, nullptr, 0);
-    print_one_way("udp_pingpong_roce_one_way_us", framed);
-    int off = 0;
+    print_one_way("udp_pingpong_roce_one_way_us",
+                  ping_pong(a, b, iterations, buffer, sizeof buffer,
+                            [&](int fd, char* bytes) { send_datagrams(fd, bytes, write_and_ack); }));
     setsockopt(a, SOL_UDP, UDP_GRO, &off, sizeof off);
     setsockopt(b, SOL_UDP, UDP_GRO, &off, sizeof off);
   }
