@@ -67,7 +67,6 @@ void send_request(Engine& engine, CmId* id, const rdma_conn_param* param) {
   const Message message = connect_message(id, param);
   id->state = IdState::RequestSent;
   id->request_sent_at = Clock::now();
-  engine.start_thread();
   if (!send_to_peer(id, message)) {
     stop_resending(id);
     id->state = IdState::Disconnected;
@@ -97,7 +96,6 @@ int connect(rdma_cm_id* public_id, const rdma_conn_param* param) {
     clamp_depths(id);
     send_request(engine, id, param);
   }
-  engine.wake();
   if (!id->own_channel) return 0;
   auto event = wait_for(id, {RDMA_CM_EVENT_ESTABLISHED, RDMA_CM_EVENT_CONNECT_RESPONSE, RDMA_CM_EVENT_REJECTED,
                              RDMA_CM_EVENT_UNREACHABLE, RDMA_CM_EVENT_CONNECT_ERROR});
@@ -171,9 +169,7 @@ int listen(rdma_cm_id* public_id, int) {
     }
     id->listed = true;
     id->state = IdState::Listening;
-    engine.start_thread();
   }
-  engine.wake();
   return 0;
 }
 

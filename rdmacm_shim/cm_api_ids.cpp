@@ -14,7 +14,6 @@ int create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context, rdma
   if (out == nullptr) return fail(EINVAL);
   Engine& engine = Engine::instance();
   std::lock_guard guard(engine.mutex);
-  engine.start_thread();
   CmId* id = new_id(channel ? priv(channel) : nullptr, context, ps, qp_type);
   if (id == nullptr) return fail(ENOMEM);
   *out = &id->id;
@@ -60,6 +59,7 @@ void end_connection(Engine& engine, CmId* id) {
     engine.lingering.push_back(
         {id->agent, id->local_comm_id, id->local_gid, id->peer_gid, id->tos, *id->awaiting_answer});
   stop_resending(id);
+  engine.schedule_resends();  // for a lingering DREQ: the id has left the engine's set
 }
 
 }  // namespace
@@ -83,7 +83,6 @@ int destroy_id(rdma_cm_id* public_id) {
     for (CmId* other : engine.ids)
       if (other->listener == id.get()) other->listener = nullptr;
   }
-  engine.wake();
   if (id->own_channel) {
     close(id->own_channel->channel.fd);
     close(id->own_channel->signal_write);

@@ -1,39 +1,54 @@
-// The engine: the process's ids and QP1 agents, and the thread that takes
-// MADs off the agents and resends what the peer has not answered.
-#include <fcntl.h>
-#include <poll.h>
+// The engine: the process's ids and QP1 agents, served by the process's
+// background runtime (support/background.h), which takes MADs off the
+// agents and resends what the peer has not answered.
 #include <pthread.h>
-#include <unistd.h>
 
-#include <algorithm>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 
 #include "cm_internal.h"
+#include "support/background.h"
 #include "support/debug_log.h"
 #include "support/random_bits.h"
 
 namespace softverbs::cm {
 
+using boost::asio::posix::stream_descriptor;
+
+// Made on the runtime's io_context of `generation`. A forked child's are
+// its parent's: it abandons them (see waits()).
+struct Engine::Waits {
+  uint64_t generation = 0;
+  boost::asio::io_context* io = nullptr;
+  // Each agent's event descriptor, waited on for reading. It never closes
+  // the fd, which is the agent's: the agents outlive it (a parent's are
+  // never destroyed, a child abandons them).
+  std::map<CmAgent*, std::unique_ptr<stream_descriptor>> descriptors;
+  std::unique_ptr<boost::asio::steady_timer> timer;
+  std::optional<Clock::time_point> armed_for;  // the timer's pending wait
+};
+
 Engine& Engine::instance() {
-  static Engine* engine = new Engine;  // lives as long as the process: the CM thread uses it
+  static Engine* engine = new Engine;  // lives as long as the process: the runtime's handlers use it
   return *engine;
 }
 
-Engine::Engine() {
-  open_wake_pipe();
+Engine::Engine() : waits_(std::make_unique<Waits>()) {
+  // The runtime registers its fork handlers first, so that fork() takes
+  // the engine's lock before the runtime's, the order in which the
+  // engine's handlers (which hold the engine's lock) reach the runtime.
+  (void)background::io_context();
   std::atexit(wait_for_lingering_at_exit);
-  // A forked child has no CM thread and shares the wake pipe: it starts
-  // its own of each when it needs them. The lock is held across fork()
-  // so that the child never inherits it mid-update.
+  // The lock is held across fork() so that the child never inherits it
+  // mid-update. The child's runtime is a fresh one: waits() abandons the
+  // parent's descriptors and timer when the child next needs them.
   pthread_atfork([] { instance().mutex.lock(); }, [] { instance().mutex.unlock(); },
                  [] {
                    Engine& engine = instance();
-                   close(engine.wake_read_);
-                   close(engine.wake_write_);
-                   engine.open_wake_pipe();
-                   engine.thread_started_ = false;
                    // The parent's QP1 agents are the parent's: REQs for
                    // them go to it. The child makes its own (the verbs
                    // objects are left alone: they belong to the parent).
@@ -51,6 +66,27 @@ Engine::Engine() {
                  });
 }
 
+Engine::~Engine() = default;
+
+Engine::Waits& Engine::waits() {
+  Waits& w = *waits_;
+  const uint64_t generation = background::generation();
+  if (w.io != nullptr && w.generation == generation) return w;
+  // Destroying them would touch the parent's io_context: they are abandoned.
+  for (auto& [agent, descriptor] : w.descriptors) background::abandon(std::move(descriptor));
+  w.descriptors.clear();
+  background::abandon(std::move(w.timer));
+  w.io = &background::io_context();
+  w.generation = generation;
+  w.timer = std::make_unique<boost::asio::steady_timer>(*w.io);
+  w.armed_for.reset();
+  return w;
+}
+
+// Whether the runtime serves this process's engine (not, in a forked child,
+// until it has made its own waits).
+bool Engine::served() const { return waits_->io != nullptr && waits_->generation == background::generation(); }
+
 CmAgent* Engine::agent_for(ibv_context* context) {
   if (context == nullptr) return nullptr;
   auto& agent = agents[context];
@@ -61,31 +97,67 @@ CmAgent* Engine::agent_for(ibv_context* context) {
       agents.erase(context);
       return nullptr;
     }
-    start_thread();
-    wake();  // the CM thread polls the new agent's descriptor
+    watch(agent.get());
   }
   return agent.get();
 }
 
-void Engine::wake() {
-  char byte = 1;
-  [[maybe_unused]] ssize_t n = write(wake_write_, &byte, 1);
-}
-
-void Engine::start_thread() {
-  if (thread_started_) return;
-  thread_started_ = true;
-  std::thread([this] { run(); }).detach();
-}
-
 uint32_t Engine::random_psn() { return static_cast<uint32_t>(random_u64()) & 0xffffff; }
 
-void Engine::open_wake_pipe() {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0) {
-    wake_read_ = fds[0];
-    wake_write_ = fds[1];
+// Waits for the agent's descriptor to be readable, and again after each
+// time. asio's epoll is edge-triggered: each datagram on the descriptor
+// (a completion socket) is an edge, and the wait is queued again before
+// the runtime's thread polls again, so none goes unseen.
+void Engine::watch(CmAgent* agent) {
+  Waits& w = waits();
+  auto& descriptor = w.descriptors[agent];
+  if (!descriptor) descriptor = std::make_unique<stream_descriptor>(*w.io, agent->event_fd());
+  descriptor->async_wait(stream_descriptor::wait_read, [this, agent](const boost::system::error_code& error) {
+    if (error == boost::asio::error::operation_aborted) return;
+    std::lock_guard guard(mutex);
+    if (error) {
+      debug_log("rdma_cm: waiting on a QP1 agent: %s", error.message().c_str());
+      return;
+    }
+    on_readable(agent);
+    watch(agent);
+  });
+}
+
+void Engine::on_readable(CmAgent* agent) {
+  for (const ReceivedMad& received : agent->take()) on_mad(*this, agent, received);
+  // A MAD may have answered (or, an MRA or a REJ for want of a listener,
+  // rescheduled) what was being resent.
+  schedule_resends();
+  if (lingering.empty()) lingering_drained.notify_all();
+}
+
+void Engine::schedule_resends() {
+  std::optional<Clock::time_point> earliest;
+  auto consider = [&earliest](Clock::time_point at) {
+    if (!earliest || at < *earliest) earliest = at;
+  };
+  for (CmId* id : ids)
+    if (id->awaiting_answer) consider(id->awaiting_answer->at);
+  for (const Lingering& entry : lingering) consider(entry.dreq.at);
+  Waits& w = waits();
+  if (!earliest) {
+    // Idle, as the CM is between connections: no wake-ups.
+    if (w.armed_for) w.timer->cancel();
+    w.armed_for.reset();
+    return;
   }
+  // A wait that fires sooner finds nothing due and re-arms.
+  if (w.armed_for && *w.armed_for <= *earliest) return;
+  w.armed_for = earliest;
+  w.timer->expires_at(*earliest);  // cancels the pending wait
+  w.timer->async_wait([this](const boost::system::error_code& error) {
+    if (error) return;  // cancelled: re-armed for another time
+    std::lock_guard guard(mutex);
+    waits_->armed_for.reset();
+    resend_due();
+    schedule_resends();
+  });
 }
 
 Due step(Resending& resending, Clock::time_point now) {
@@ -113,53 +185,6 @@ void Engine::resend_due() {
   if (lingering.empty()) lingering_drained.notify_all();
 }
 
-void Engine::run() {
-  // Allocated and freed only under the engine's lock, which fork() holds
-  // (see the constructor): a child forked while this thread sat in the
-  // allocator could find the allocator's lock taken for ever (a suspect
-  // for one hang of a forked rdmacm_api_test child in the sanitizer build).
-  std::vector<pollfd> fds;
-  std::vector<CmAgent*> polled;
-  for (;;) {
-    int timeout_ms = -1;
-    {
-      std::lock_guard guard(mutex);
-      fds.clear();
-      polled.clear();
-      fds.push_back({wake_read_, POLLIN, 0});
-      for (auto& [context, agent] : agents) {
-        fds.push_back({agent->event_fd(), POLLIN, 0});
-        polled.push_back(agent.get());
-      }
-      const Clock::time_point now = Clock::now();
-      auto until = [&](Clock::time_point when) {
-        const auto wait = std::chrono::ceil<std::chrono::milliseconds>(when - now).count();
-        const int ms = static_cast<int>(std::clamp<int64_t>(wait, 0, 60000));
-        timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
-      };
-      for (CmId* id : ids)
-        if (id->awaiting_answer) until(id->awaiting_answer->at);
-      for (const Lingering& entry : lingering) until(entry.dreq.at);
-    }
-    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) continue;
-    if (fds[0].revents) {
-      char drain[64];
-      while (read(wake_read_, drain, sizeof drain) > 0) {
-      }
-    }
-    std::lock_guard guard(mutex);
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (!fds[i].revents) continue;
-      CmAgent* agent = polled[i - 1];
-      const bool still_there =
-          std::any_of(agents.begin(), agents.end(), [agent](const auto& entry) { return entry.second.get() == agent; });
-      if (!still_there) continue;
-      for (const ReceivedMad& received : agent->take()) on_mad(*this, agent, received);
-    }
-    resend_due();
-  }
-}
-
 // A program that ends right after its disconnect (rping's client does)
 // would take its DREQ's retries along; the kernel's CM keeps them. So exit
 // waits, up to two retries (~2.2 s, and only while a DREQ is unanswered: a
@@ -174,7 +199,7 @@ void Engine::wait_for_lingering_at_exit() {
     return false;
   };
   const auto deadline = Clock::now() + 2 * kResendAfter + std::chrono::milliseconds(100);
-  while (unanswered() && engine.thread_started_ && Clock::now() < deadline)
+  while (unanswered() && engine.served() && Clock::now() < deadline)
     engine.lingering_drained.wait_for(guard, std::chrono::milliseconds(20));
 }
 

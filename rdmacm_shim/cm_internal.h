@@ -121,8 +121,9 @@ class Engine {
   };
   std::vector<Lingering> lingering;
 
-  void wake();
-  void start_thread();
+  // Arms the resend timer for the earliest MAD awaiting its answer (an
+  // id's or a lingering DREQ); where one is sent, added or due sooner.
+  void schedule_resends();
 
   // From the kernel's generator: a peer that saw one connection's PSNs
   // cannot predict the next one's (a forged packet needs the PSN).
@@ -130,13 +131,18 @@ class Engine {
 
  private:
   Engine();
-  void open_wake_pipe();
-  void run();
+  ~Engine();  // never runs: the engine lives as long as the process
+  struct Waits;
+  Waits& waits();
+  bool served() const;
+  void watch(CmAgent* agent);
+  void on_readable(CmAgent* agent);
   void resend_due();
   static void wait_for_lingering_at_exit();
 
-  int wake_read_ = -1, wake_write_ = -1;
-  bool thread_started_ = false;
+  // The agents' descriptors and the resend timer, on the process's
+  // background runtime (support/background.h).
+  std::unique_ptr<Waits> waits_;
 };
 
 // Where a MAD being resent stands at `now`: not due, due again (rescheduled

@@ -37,7 +37,7 @@ bool send_to_peer(CmId* id, const Message& message) {
   }
   const bool sent = id->agent->send(id->local_gid, id->peer_gid, id->tos, bytes);
   if (!sent) debug_log("rdma_cm: a CM MAD to QP1 could not be posted");
-  if (expects_answer) Engine::instance().wake();  // the CM thread's timer
+  if (expects_answer) Engine::instance().schedule_resends();
   return sent;
 }
 
@@ -185,8 +185,8 @@ void on_message(CmId* id, const Message& message) {
       stop_resending(id);
       // The QP stays as it is, as with librdmacm, whose DISCONNECTED leaves
       // it alone: the application moves it (rdma_disconnect) or destroys it,
-      // maybe with ibv_destroy_qp behind the shim's back, so this thread
-      // must not touch it.
+      // maybe with ibv_destroy_qp behind the shim's back, so the runtime's
+      // handler must not touch it.
       if (id->state == IdState::Connected || id->state == IdState::ReplySent) {
         id->state = IdState::Disconnected;
         deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
