@@ -177,7 +177,8 @@ std::vector<ReceivedMad> CmAgent::take() {
   std::vector<ReceivedMad> out;
   ibv_cq* cq = nullptr;
   void* ignored = nullptr;
-  // The channel is non-blocking only where the caller polled it readable.
+  // Called when the channel polled readable; asio's wait on it made it
+  // non-blocking too.
   if (ibv_get_cq_event(channel_, &cq, &ignored) == 0) ibv_ack_cq_events(cq, 1);
   ibv_req_notify_cq(cq_, 0);
   ibv_wc wcs[16];

@@ -1,6 +1,6 @@
 // The rdma_cm emulation: event channels, ids and their connection state
-// machine, and the thread that takes connection requests and replies off
-// the wire. The exported C API (rdma_cma_api.cpp) is a thin layer over this.
+// machine, whose MADs the process's background runtime takes off the wire
+// and resends. The exported C API (rdma_cma_api.cpp) is a thin layer over this.
 #pragma once
 
 #include <infiniband/verbs.h>

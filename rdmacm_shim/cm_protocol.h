@@ -1,7 +1,7 @@
 // The connection-management messages as the engine handles them (IB CM's
 // REQ/REP/RTU/REJ/DREQ/DREP, SIDR for UD), with the private-data sizes that
 // rdma_cm presents on RoCE. On the wire they travel as CM MADs (cm_mad.h);
-// cm_engine.cpp converts.
+// cm_mads.cpp converts.
 #pragma once
 
 #include <cstddef>
