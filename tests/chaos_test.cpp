@@ -30,6 +30,7 @@
 
 #include "device_status.h"
 #include "process_runner.h"
+#include "qp_setup.h"
 #include "rc_peer.h"
 
 namespace {
@@ -47,6 +48,7 @@ constexpr uint32_t kSendBytes = 64;   // a SEND carries its sequence number
 constexpr int kSendDepth = 8;         // outstanding send work requests per QP
 constexpr int kReceiveDepth = 32;     // receives posted per QP
 constexpr double kBoundMargin = 1.0;  // seconds: 6 busy processes on 2 cores
+constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
@@ -133,8 +135,7 @@ class Worker {
     cq_ = ibv_create_cq(context_, kWorkers * (kSendDepth + kReceiveDepth) * 2, nullptr, nullptr, 0);
     buffer_.assign(kWorkers * kSlot + kWorkers * kReceiveDepth * kSendBytes + kWorkers * kSlot, 0);
     if (!pd_ || !cq_ || gid_index_ < 0) return false;
-    mr_ = ibv_reg_mr(pd_, buffer_.data(), buffer_.size(),
-                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    mr_ = ibv_reg_mr(pd_, buffer_.data(), buffer_.size(), kAccess);
     if (!mr_) return false;
     for (int j = 0; j < kWorkers; ++j) {
       if (j == me_) continue;
@@ -153,37 +154,16 @@ class Worker {
     for (int j = 0; j < kWorkers; ++j) {
       if (j == me_) continue;
       const QpInfo& peer = board_.info[j][me_];
-      ibv_qp_attr attr{};
-      attr.qp_state = IBV_QPS_INIT;
-      attr.port_num = 1;
-      attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-      if (ibv_modify_qp(qps_[j], &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        return false;
-      attr = {};
-      attr.qp_state = IBV_QPS_RTR;
-      attr.path_mtu = IBV_MTU_4096;
-      attr.dest_qp_num = peer.qpn;
-      attr.rq_psn = 0;
-      attr.max_dest_rd_atomic = 4;
-      attr.min_rnr_timer = 1;
-      attr.ah_attr.is_global = 1;
-      attr.ah_attr.grh.dgid = peer.gid;
-      attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index_);
-      attr.ah_attr.grh.hop_limit = 64;
-      attr.ah_attr.port_num = 1;
-      if (ibv_modify_qp(qps_[j], &attr,
-                        IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        return false;
-      attr = {};
-      attr.qp_state = IBV_QPS_RTS;
-      attr.timeout = kTimeout;
-      attr.retry_cnt = kRetries;
-      attr.rnr_retry = 7;
-      attr.max_rd_atomic = 4;
-      if (ibv_modify_qp(qps_[j], &attr,
-                        IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                            IBV_QP_MAX_QP_RD_ATOMIC))
+      softverbs::test::PeerPath path;
+      path.qpn = peer.qpn;
+      path.gid = peer.gid;
+      path.sgid_index = static_cast<uint8_t>(gid_index_);
+      softverbs::test::RcTiming timing;
+      timing.timeout = kTimeout;
+      timing.retry_count = kRetries;
+      if (softverbs::test::to_init(qps_[j], IBV_QPT_RC, kAccess) != 0 ||
+          softverbs::test::to_rtr(qps_[j], IBV_QPT_RC, path) != 0 ||
+          softverbs::test::to_rts(qps_[j], IBV_QPT_RC, 0, timing) != 0)
         return false;
       for (int r = 0; r < kReceiveDepth; ++r) post_receive(j, static_cast<uint32_t>(r));
     }

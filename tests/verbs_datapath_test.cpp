@@ -19,22 +19,17 @@
 #include <thread>
 #include <vector>
 
+#include "qp_setup.h"
+#include "rc_endpoint.h"
+
 namespace {
+
+using namespace softverbs::test;
 
 std::string describe_exit(int status) {
   if (WIFEXITED(status)) return "exited with " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return std::string("killed by ") + strsignal(WTERMSIG(status));
   return "status " + std::to_string(status);
-}
-
-ibv_context* open_softverbs() {
-  int count = 0;
-  ibv_device** list = ibv_get_device_list(&count);
-  ibv_context* context = nullptr;
-  for (int i = 0; list && i < count; ++i)
-    if (std::strcmp(ibv_get_device_name(list[i]), "softverbs0") == 0) context = ibv_open_device(list[i]);
-  if (list) ibv_free_device_list(list);
-  return context;
 }
 
 // Polls until `n` completions arrived or `patience` passed. The data path
@@ -51,81 +46,10 @@ std::vector<ibv_wc> poll_n(ibv_cq* cq, int n, std::chrono::milliseconds patience
   return out;
 }
 
-int to_init(ibv_qp* qp, ibv_qp_type type, int access) {
-  ibv_qp_attr attr{};
-  attr.qp_state = IBV_QPS_INIT;
-  attr.pkey_index = 0;
-  attr.port_num = 1;
-  int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
-  if (type == IBV_QPT_UD) {
-    attr.qkey = 0x11111111;
-    mask |= IBV_QP_QKEY;
-  } else {
-    attr.qp_access_flags = access;
-    mask |= IBV_QP_ACCESS_FLAGS;
-  }
-  return ibv_modify_qp(qp, &attr, mask);
-}
-
-// The RoCE v2 GID of the device's IPv4 address (::ffff:127.0.0.1 on lo): the
-// address both QPs use, which a device on the UDP transport sends to.
-int ipv4_gid_index(ibv_context* context, ibv_gid* gid = nullptr) {
-  for (int index = 0; index < 32; ++index) {
-    ibv_gid_entry entry{};
-    if (ibv_query_gid_ex(context, 1, static_cast<uint32_t>(index), &entry, 0) != 0) continue;
-    static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    if (entry.gid_type == IBV_GID_TYPE_ROCE_V2 && std::memcmp(entry.gid.raw, kMapped, 12) == 0) {
-      if (gid) *gid = entry.gid;
-      return index;
-    }
-  }
-  return -1;
-}
-
-int to_rtr(ibv_qp* qp, ibv_qp_type type, uint32_t dest_qpn) {
-  ibv_qp_attr attr{};
-  attr.qp_state = IBV_QPS_RTR;
-  if (type == IBV_QPT_UD) return ibv_modify_qp(qp, &attr, IBV_QP_STATE);
-  attr.path_mtu = IBV_MTU_4096;
-  attr.dest_qp_num = dest_qpn;
-  attr.rq_psn = 0;
-  attr.ah_attr.port_num = 1;
-  attr.ah_attr.is_global = 1;
-  int gid_index = ipv4_gid_index(qp->context, &attr.ah_attr.grh.dgid);
-  if (gid_index < 0) return ENOENT;
-  attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index);
-  attr.ah_attr.grh.hop_limit = 1;
-  int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-  if (type == IBV_QPT_RC) {
-    attr.max_dest_rd_atomic = 4;
-    attr.min_rnr_timer = 1;
-    mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-  }
-  return ibv_modify_qp(qp, &attr, mask);
-}
-
-int to_rts(ibv_qp* qp, ibv_qp_type type, uint8_t rnr_retry = 7) {
-  ibv_qp_attr attr{};
-  attr.qp_state = IBV_QPS_RTS;
-  attr.sq_psn = 0;
-  int mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-  if (type == IBV_QPT_RC) {
-    attr.timeout = 14;
-    attr.retry_cnt = 7;
-    attr.rnr_retry = rnr_retry;
-    attr.max_rd_atomic = 4;
-    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-  }
-  return ibv_modify_qp(qp, &attr, mask);
-}
-
-constexpr int kAllAccess =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-
 class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
  protected:
   void SetUp() override {
-    context_ = open_softverbs();
+    context_ = open_softverbs0();
     ASSERT_NE(context_, nullptr);
     pd_ = ibv_alloc_pd(context_);
     ASSERT_NE(pd_, nullptr);
@@ -177,8 +101,10 @@ class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
     ASSERT_EQ(to_init(qp_b_, type, access_b), 0);
     ASSERT_EQ(to_rtr(qp_a_, type, qp_b_->qp_num), 0);
     ASSERT_EQ(to_rtr(qp_b_, type, qp_a_->qp_num), 0);
-    ASSERT_EQ(to_rts(qp_a_, type, rnr_retry), 0);
-    ASSERT_EQ(to_rts(qp_b_, type, rnr_retry), 0);
+    RcTiming timing;
+    timing.rnr_retry = rnr_retry;
+    ASSERT_EQ(to_rts(qp_a_, type, 0, timing), 0);
+    ASSERT_EQ(to_rts(qp_b_, type, 0, timing), 0);
   }
 
   // An RC pair whose B side is created from `b_init` (its own CQs or SRQ).
@@ -232,7 +158,7 @@ class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
     if (qp_a_->qp_type == IBV_QPT_UD) {
       wr.wr.ud.ah = ah_;
       wr.wr.ud.remote_qpn = qp_b_->qp_num;
-      wr.wr.ud.remote_qkey = 0x11111111;
+      wr.wr.ud.remote_qkey = kTestQkey;
     }
     ibv_send_wr* bad = nullptr;
     return ibv_post_send(qp_a_, &wr, &bad);
@@ -313,7 +239,7 @@ TEST_P(DataPath, ZeroLengthSend) {
   if (GetParam() == IBV_QPT_UD) {
     wr.wr.ud.ah = ah_;
     wr.wr.ud.remote_qpn = qp_b_->qp_num;
-    wr.wr.ud.remote_qkey = 0x11111111;
+    wr.wr.ud.remote_qkey = kTestQkey;
   }
   ibv_send_wr* bad = nullptr;
   ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
@@ -361,7 +287,7 @@ TEST_P(DataPath, LocalSgeOutsideItsRegionIsALocalProtectionError) {
   if (GetParam() == IBV_QPT_UD) {
     wr.wr.ud.ah = ah_;
     wr.wr.ud.remote_qpn = qp_b_->qp_num;
-    wr.wr.ud.remote_qkey = 0x11111111;
+    wr.wr.ud.remote_qkey = kTestQkey;
   }
   ibv_send_wr* bad = nullptr;
   ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
@@ -1300,7 +1226,7 @@ TEST_F(DataPath, AddressHandleFromAWorkCompletion) {
 // deregistration (when the allocator hands the memory out again) may see
 // anything else.
 TEST(Fork, RegisteredAndDeregisteredMemoryIsAForkedChildsOwnCopy) {
-  ibv_context* context = open_softverbs();
+  ibv_context* context = open_softverbs0();
   ASSERT_NE(context, nullptr);
   ibv_pd* pd = ibv_alloc_pd(context);
   ASSERT_NE(pd, nullptr);
@@ -1341,68 +1267,35 @@ TEST(Fork, RegisteredAndDeregisteredMemoryIsAForkedChildsOwnCopy) {
   EXPECT_EQ(ibv_close_device(context), 0);
 }
 
-// One side of a cross-process connection: an RC QP with one CQ and `bytes`
-// of registered memory at `memory`.
-struct Endpoint {
-  struct Info {
-    uint32_t qpn;
-    uint32_t rkey;
-    uint64_t address;
-  };
-  ibv_context* context = nullptr;
-  ibv_pd* pd = nullptr;
-  ibv_cq* cq = nullptr;
-  ibv_mr* mr = nullptr;
-  ibv_qp* qp = nullptr;
+// The endpoints of the cross-process tests: an RC QP with a CQ of 8 and
+// the caller's memory registered.
+constexpr int kCrossProcessDepth = 4;
+constexpr uint8_t kCrossProcessTimeout = 14;
+constexpr uint8_t kCrossProcessRetries = 7;
 
-  Endpoint(void* memory, size_t bytes) {
-    context = open_softverbs();
-    pd = context ? ibv_alloc_pd(context) : nullptr;
-    cq = pd ? ibv_create_cq(context, 8, nullptr, nullptr, 0) : nullptr;
-    mr = cq ? ibv_reg_mr(pd, memory, bytes, kAllAccess) : nullptr;
-    ibv_qp_init_attr init{};
-    init.send_cq = init.recv_cq = cq;
-    init.qp_type = IBV_QPT_RC;
-    init.cap = {4, 4, 1, 1, 0};
-    qp = mr ? ibv_create_qp(pd, &init) : nullptr;
+// Posts one signaled work request of `length` bytes at `sink` (in the
+// endpoint's memory) and waits for it.
+ibv_wc_status run(Endpoint& endpoint, ibv_wr_opcode opcode, void* sink, uint32_t length, uint64_t remote, uint32_t rkey,
+                  uint64_t compare_add = 0, uint64_t swap = 0) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(sink), length, endpoint.mr()->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = opcode;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+    wr.wr.atomic = {remote, compare_add, swap, rkey};
+  } else {
+    wr.wr.rdma = {remote, rkey};
   }
-  ~Endpoint() {
-    if (qp) ibv_destroy_qp(qp);
-    if (mr) ibv_dereg_mr(mr);
-    if (cq) ibv_destroy_cq(cq);
-    if (pd) ibv_dealloc_pd(pd);
-    if (context) ibv_close_device(context);
-  }
-  bool ok() const { return qp != nullptr; }
-  Info info() const { return {qp->qp_num, mr->rkey, reinterpret_cast<uint64_t>(mr->addr)}; }
-  bool connect(uint32_t peer_qpn) {
-    return to_init(qp, IBV_QPT_RC, kAllAccess) == 0 && to_rtr(qp, IBV_QPT_RC, peer_qpn) == 0 &&
-           to_rts(qp, IBV_QPT_RC) == 0;
-  }
-  // Posts one signaled work request of `length` bytes at `sink` and waits
-  // for it.
-  ibv_wc_status run(ibv_wr_opcode opcode, void* sink, uint32_t length, uint64_t remote, uint32_t rkey,
-                    uint64_t compare_add = 0, uint64_t swap = 0) {
-    ibv_sge sge{reinterpret_cast<uint64_t>(sink), length, mr->lkey};
-    ibv_send_wr wr{};
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = opcode;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
-      wr.wr.atomic = {remote, compare_add, swap, rkey};
-    } else {
-      wr.wr.rdma = {remote, rkey};
-    }
-    ibv_send_wr* bad = nullptr;
-    if (ibv_post_send(qp, &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
-    auto done = poll_n(cq, 1);
-    return done.empty() ? IBV_WC_GENERAL_ERR : done[0].status;
-  }
-};
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(endpoint.qp(), &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
+  auto done = poll_n(endpoint.cq(), 1);
+  return done.empty() ? IBV_WC_GENERAL_ERR : done[0].status;
+}
 
-// A child process with an Endpoint over `memory`: it sends its Info, takes
-// the parent's, connects, says 'r', then runs `body` (an exit code) once
+// A child process with an Endpoint over `memory`: it sends its ConnectInfo,
+// takes the parent's, connects, says 'r', then runs `body` (an exit code) once
 // the parent's 'd' is readable or right away, as `body` wants (it gets the
 // pipe to read from). Each side closes the pipe ends it does not use, so
 // that a child that exits early is an end of file for the parent, not a
@@ -1420,13 +1313,13 @@ class ChildEndpoint {
       alarm(60);
       int code;
       {
-        Endpoint self(memory, bytes);
-        if (!self.ok()) _exit(10);
-        Endpoint::Info mine = self.info(), theirs{};
+        Endpoint self;
+        if (!self.open(memory, bytes, kCrossProcessDepth)) _exit(10);
+        ConnectInfo mine = self.info(), theirs{};
         if (write(to_parent[1], &mine, sizeof mine) != sizeof mine ||
             read(to_child[0], &theirs, sizeof theirs) != sizeof theirs)
           _exit(11);
-        if (!self.connect(theirs.qpn)) _exit(12);
+        if (!self.connect(theirs, kCrossProcessTimeout, kCrossProcessRetries)) _exit(12);
         char ready = 'r';
         if (write(to_parent[1], &ready, 1) != 1) _exit(13);
         code = body(self, to_child[0]);
@@ -1446,13 +1339,13 @@ class ChildEndpoint {
     int status = 0;
     if (waitpid(pid_, &status, 0) == pid_) ADD_FAILURE() << "child ended early: " << describe_exit(status);
   }
-  // Exchanges Infos and connects `parent`; true once the child is ready.
-  bool connect(Endpoint& parent, Endpoint::Info& child) {
-    Endpoint::Info mine = parent.info();
+  // Exchanges ConnectInfos and connects `parent`; true once the child is ready.
+  bool connect(Endpoint& parent, ConnectInfo& child) {
+    ConnectInfo mine = parent.info();
     char ready;
     return pid_ > 0 && read(from_child_, &child, sizeof child) == sizeof child &&
-           write(to_child_, &mine, sizeof mine) == sizeof mine && parent.connect(child.qpn) &&
-           read(from_child_, &ready, 1) == 1;
+           write(to_child_, &mine, sizeof mine) == sizeof mine &&
+           parent.connect(child, kCrossProcessTimeout, kCrossProcessRetries) && read(from_child_, &ready, 1) == 1;
   }
   // Tells the child it may finish, and returns how it exited.
   int finish() {
@@ -1481,20 +1374,20 @@ TEST(CrossProcess, OneSidedOperationsNeedNothingFromTheTarget) {
     return memory[0] == 0x1122334455667788ull && memory[1] == 7 + 5 && memory[2] == 99 ? 0 : 20;
   });
   std::vector<uint64_t> local(8, 0);
-  Endpoint parent(local.data(), local.size() * 8);
-  ASSERT_TRUE(parent.ok());
-  Endpoint::Info theirs{};
+  Endpoint parent;
+  ASSERT_TRUE(parent.open(local.data(), local.size() * 8, kCrossProcessDepth));
+  ConnectInfo theirs{};
   ASSERT_TRUE(child.connect(parent, theirs));
 
   local[0] = 0x1122334455667788ull;
-  EXPECT_EQ(parent.run(IBV_WR_RDMA_WRITE, &local[0], 8, theirs.address, theirs.rkey), IBV_WC_SUCCESS);
-  EXPECT_EQ(parent.run(IBV_WR_RDMA_READ, &local[1], 8, theirs.address + 8 * 3, theirs.rkey), IBV_WC_SUCCESS);
+  EXPECT_EQ(run(parent, IBV_WR_RDMA_WRITE, &local[0], 8, theirs.address, theirs.rkey), IBV_WC_SUCCESS);
+  EXPECT_EQ(run(parent, IBV_WR_RDMA_READ, &local[1], 8, theirs.address + 8 * 3, theirs.rkey), IBV_WC_SUCCESS);
   EXPECT_EQ(local[1], 7u) << "read the child's memory";
-  EXPECT_EQ(parent.run(IBV_WR_ATOMIC_FETCH_AND_ADD, &local[2], 8, theirs.address + 8, theirs.rkey, 5), IBV_WC_SUCCESS);
+  EXPECT_EQ(run(parent, IBV_WR_ATOMIC_FETCH_AND_ADD, &local[2], 8, theirs.address + 8, theirs.rkey, 5), IBV_WC_SUCCESS);
   EXPECT_EQ(local[2], 7u);
-  EXPECT_EQ(parent.run(IBV_WR_ATOMIC_CMP_AND_SWP, &local[3], 8, theirs.address + 16, theirs.rkey, 7, 99),
+  EXPECT_EQ(run(parent, IBV_WR_ATOMIC_CMP_AND_SWP, &local[3], 8, theirs.address + 16, theirs.rkey, 7, 99),
             IBV_WC_SUCCESS);
-  EXPECT_EQ(parent.run(IBV_WR_RDMA_WRITE, &local[0], 8, theirs.address + 64 * 8, theirs.rkey), IBV_WC_REM_ACCESS_ERR)
+  EXPECT_EQ(run(parent, IBV_WR_RDMA_WRITE, &local[0], 8, theirs.address + 64 * 8, theirs.rkey), IBV_WC_REM_ACCESS_ERR)
       << "one past the child's region";
   const int status = child.finish();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child " << describe_exit(status);
@@ -1522,7 +1415,7 @@ TEST(CrossProcess, WritesFlowWhileBothProcessesRegisterAndDeregister) {
   ChildEndpoint child(target.data(), target.size(), [&](Endpoint& self, int from_parent) {
     std::atomic<bool> stop{false};
     int registrations = 0;
-    std::thread registering([&] { registrations = churn(self.pd, stop); });
+    std::thread registering([&] { registrations = churn(self.pd(), stop); });
     char done;
     const bool told = read(from_parent, &done, 1) == 1;
     stop = true;
@@ -1535,17 +1428,17 @@ TEST(CrossProcess, WritesFlowWhileBothProcessesRegisterAndDeregister) {
     return 0;
   });
   std::vector<uint8_t> source(kBytes);
-  Endpoint parent(source.data(), source.size());
-  ASSERT_TRUE(parent.ok());
-  Endpoint::Info theirs{};
+  Endpoint parent;
+  ASSERT_TRUE(parent.open(source.data(), source.size(), kCrossProcessDepth));
+  ConnectInfo theirs{};
   ASSERT_TRUE(child.connect(parent, theirs));
   std::atomic<bool> stop{false};
   int registrations = 0;
-  std::thread registering([&] { registrations = churn(parent.pd, stop); });
+  std::thread registering([&] { registrations = churn(parent.pd(), stop); });
   int failed = 0;
   for (int write = 0; write < kWrites; ++write) {
     for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<uint8_t>(write * 7 + i % 251);
-    if (parent.run(IBV_WR_RDMA_WRITE, source.data(), kBytes, theirs.address, theirs.rkey) != IBV_WC_SUCCESS) ++failed;
+    if (run(parent, IBV_WR_RDMA_WRITE, source.data(), kBytes, theirs.address, theirs.rkey) != IBV_WC_SUCCESS) ++failed;
   }
   stop = true;
   registering.join();
