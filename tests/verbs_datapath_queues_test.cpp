@@ -63,16 +63,35 @@ TEST_F(RcDataPath, CqInUseCannotBeDestroyed) {
 }
 
 TEST_F(RcDataPath, ResizeCqKeepsWaitingCompletions) {
-  connect(IBV_QPT_RC);
-  for (uint64_t i = 0; i < 5; ++i) ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, i, 0, 8, addr_b(0), mr_b_->rkey), 0);
-  // Over UDP the completions come with the ACKs, from the background thread.
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_EQ(ibv_resize_cq(cq_a_, 4), EINVAL) << "5 completions wait: they would not fit";
-  ASSERT_EQ(ibv_resize_cq(cq_a_, 1000), 0);
-  EXPECT_GE(cq_a_->cqe, 1000);
-  auto done = poll_n(cq_a_, 5);
+  // A CQ with a channel, so that each completion can be awaited as an event
+  // and left in the CQ.
+  ibv_comp_channel* channel = ibv_create_comp_channel(context_);
+  ASSERT_NE(channel, nullptr);
+  ibv_cq* cq = ibv_create_cq(context_, 64, nullptr, channel, 0);
+  ASSERT_NE(cq, nullptr);
+  qp_a_ = make_qp(IBV_QPT_RC, cq);
+  qp_b_ = make_qp(IBV_QPT_RC, cq_b_);
+  bring_up(IBV_QPT_RC);
+  // Over UDP the completions come with the ACKs, from the background
+  // thread: one WRITE at a time, each until its completion's event.
+  for (uint64_t i = 0; i < 5; ++i) {
+    ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
+    ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, i, 0, 8, addr_b(0), mr_b_->rkey), 0);
+    ibv_cq* event_cq = nullptr;
+    void* event_context = nullptr;
+    ASSERT_EQ(ibv_get_cq_event(channel, &event_cq, &event_context), 0);
+    ibv_ack_cq_events(cq, 1);
+  }
+  ASSERT_EQ(ibv_resize_cq(cq, 4), EINVAL) << "5 completions wait: they would not fit";
+  ASSERT_EQ(ibv_resize_cq(cq, 1000), 0);
+  EXPECT_GE(cq->cqe, 1000);
+  auto done = poll_n(cq, 5);
   ASSERT_EQ(done.size(), 5u);
   for (uint64_t i = 0; i < 5; ++i) EXPECT_EQ(done[i].wr_id, i);
+  EXPECT_EQ(ibv_destroy_qp(qp_a_), 0);
+  qp_a_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
 }
 
 TEST_F(RcDataPath, CqOverrunRaisesACqErrorEvent) {

@@ -9,6 +9,8 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -16,6 +18,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "task_state.h"
 
 namespace {
 
@@ -387,9 +391,11 @@ TEST_F(RcDataPath, RnrDelayedSendCompletesWhileTheSenderSleepsOnItsChannel) {
   bring_up(IBV_QPT_RC);
   ASSERT_EQ(ibv_req_notify_cq(evented, 0), 0);
   ASSERT_EQ(post_a(IBV_WR_SEND, 9, 0, 8), 0);  // no receive yet: RNR
-  // The receive arrives later, from another thread; this one only sleeps.
+  // The receive arrives later, from another thread, once this one sleeps
+  // on its channel (ibv_get_cq_event reads it with recvmsg).
+  const pid_t sender = gettid();
   std::thread late_receiver([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(wait_until_sleeping_in(sender, SYS_recvmsg, [] { return false; }));
     EXPECT_EQ(post_recv_b(1, 0, 8), 0);
   });
   ibv_cq* event_cq = nullptr;
