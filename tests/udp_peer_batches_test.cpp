@@ -451,7 +451,7 @@ TEST(UdpPeer, AnswerToASendWaitsForTheReceivePostedOnceTheSendCompletes) {
       }
       fill(client.data(), kBytes, 2 * static_cast<uint64_t>(round));
       if (client.post_send(1, 0, kBytes) != 0) return 20;
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      std::this_thread::sleep_for(std::chrono::microseconds(100));  // the scenario: a client that sleeps a little
       auto sent = poll_for(client, 1, std::chrono::seconds(5));
       if (sent.size() != 1 || sent[0].status != IBV_WC_SUCCESS || sent[0].opcode != IBV_WC_SEND) return 21;
       if (client.post_recv(2, kAnswerAt, kBytes) != 0) return 22;

@@ -255,7 +255,8 @@ TEST(UdpPeer, TakesInWhatArrivesAfterALongPollingRunStops) {
     for (uint64_t i = 0; ok && i < kPolledWrites; ++i) ok = written(++sequence);
     char token = 'S';
     ok = ok && write_all(sockets[0], &token, 1) && read_all(sockets[0], &token, 1);
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the peer's background thread takes over
+    // The scenario, not a wait: the peer idles, so that its background thread has taken over.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
     ok = ok && written(++sequence);
     ok = ok && write_all(sockets[0], &token, 1) && read_all(sockets[0], &token, 1);
     EXPECT_TRUE(ok) << "round " << round;
@@ -300,11 +301,12 @@ TEST(UdpPeer, RetransmitsALostRequestWhileTheApplicationMakesNoVerbsCall) {
   ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 16, kTimeout, kRetries, peer));
   char token = 'D';
   ASSERT_EQ(std::system((faults + "loss=1 >/dev/null").c_str()), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // no verbs call: the io thread watches
+  // The scenario, not a wait: no verbs call for a while, so that the io thread watches.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_EQ(self.post_send(7, 0, 4096), 0);
   // The post sent the SEND, which was dropped (loss=1 drops every packet).
   ASSERT_EQ(std::system((faults + "none >/dev/null").c_str()), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(168));  // 2.5 timeouts
+  std::this_thread::sleep_for(std::chrono::milliseconds(168));  // under test: 2.5 timeouts with no verbs call
   ibv_wc wc{};
   const int got = self.poll(&wc, 1);
   EXPECT_EQ(got, 1) << "the retransmission went out and was acknowledged with no verbs call";
@@ -341,7 +343,7 @@ TEST(UdpPeer, AnswersReadsAndAtomicsForAnIdleTargetAndThenSleeps) {
     read_all(fd, &token, 1);  // the parent's requests are done
     rusage before{}, after{};
     getrusage(RUSAGE_SELF, &before);
-    std::this_thread::sleep_for(kIdle);
+    std::this_thread::sleep_for(kIdle);  // under test: the CPU an idle target uses
     getrusage(RUSAGE_SELF, &after);
     auto micros = [](const timeval& t) { return uint64_t(t.tv_sec) * 1'000'000 + uint64_t(t.tv_usec); };
     const uint64_t busy =
