@@ -305,6 +305,73 @@ TEST(UdpPeer, MultiPacketWritesLandWholeThroughFaultsInEitherFraming) {
   }
 }
 
+// The ping-pong's rounds, message areas and byte patterns.
+namespace ping_pong {
+
+// Runs of 10 rounds of one length: the 8th GSO send of a run sets its
+// size on the socket.
+constexpr uint32_t kLengths[] = {2, 1000, 3000, 36, 4096, 200, 8000, 64, 0, 20};
+constexpr int kRounds = 320;
+constexpr size_t kReceiveArea = 16384;
+constexpr size_t kWriteArea = 2 * kReceiveArea;
+
+uint32_t length_of(int round) { return kLengths[static_cast<size_t>(round / 10) % std::size(kLengths)]; }
+
+// Byte patterns (lengths need not be whole words); the receive area is
+// overwritten before each receive, so that nothing old passes.
+void write_message(uint8_t* at, uint32_t length, int sequence) {
+  for (uint32_t i = 0; i < length; ++i) at[i] = static_cast<uint8_t>(sequence * 131 + i * 7 + 1);
+}
+bool holds_message(const uint8_t* at, uint32_t length, int sequence) {
+  for (uint32_t i = 0; i < length; ++i)
+    if (at[i] != static_cast<uint8_t>(sequence * 131 + i * 7 + 1)) return false;
+  return true;
+}
+
+// The child's side: answers each round's SEND with one of the same length.
+int answer_each_round(Endpoint& peer, int fd) {
+  std::memset(peer.data() + kReceiveArea, 0xee, kReceiveArea);
+  if (peer.post_recv(0, kReceiveArea, kReceiveArea) != 0) return 1;
+  char token = 'R';
+  write_all(fd, &token, 1);
+  // An answer's completion may come with the next round's message (the
+  // ACK for it leaves with the parent's next SEND), so they are counted
+  // apart.
+  int sends_completed = 0;
+  auto next_receive = [&]() -> std::optional<ibv_wc> {
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < until) {
+      ibv_wc wc;
+      if (peer.poll(&wc, 1) != 1) continue;
+      if (wc.status != IBV_WC_SUCCESS) return std::nullopt;
+      if (wc.opcode == IBV_WC_RECV) return wc;
+      if (wc.opcode == IBV_WC_SEND) ++sends_completed;
+    }
+    return std::nullopt;
+  };
+  for (int round = 0; round < kRounds; ++round) {
+    const uint32_t length = length_of(round);
+    const std::optional<ibv_wc> got = next_receive();
+    if (!got) return 2;
+    if (got->byte_len != length || !holds_message(peer.data() + kReceiveArea, length, 2 * round)) return 3;
+    std::memset(peer.data() + kReceiveArea, 0xee, kReceiveArea);
+    if (peer.post_recv(static_cast<uint64_t>(round + 1), kReceiveArea, kReceiveArea) != 0) return 4;
+    write_message(peer.data(), length, 2 * round + 1);
+    if (peer.post_send(static_cast<uint64_t>(round), 0, length) != 0) return 5;
+    // The WRITE after a run is read by the background thread, whose reads
+    // take the kernel's GRO size (recvmmsg): a datagram that a size set on
+    // the parent's socket had cut would arrive cut.
+    if (round % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (const ibv_wc& wc : poll_for(peer, static_cast<size_t>(kRounds - sends_completed), std::chrono::seconds(10)))
+    if (wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND) ++sends_completed;
+  if (sends_completed != kRounds) return 6;
+  constexpr int kLastWrite = (kRounds - 1) / 10 * 10 + 9;
+  return holds_message(peer.data() + kWriteArea, 2, kLastWrite) ? 0 : 7;
+}
+
+}  // namespace ping_pong
+
 // A ping-pong of SENDs whose lengths change every 10 rounds, each answered
 // by one of the same length, with RDMA WRITEs of 2 bytes between: each
 // side's packets leave with the ACK it holds for the other's, in one GSO
@@ -314,73 +381,18 @@ TEST(UdpPeer, MultiPacketWritesLandWholeThroughFaultsInEitherFraming) {
 // each read itself (coalesced_read.h). Every SEND arrives whole and
 // intact, with no ICRC error, malformed packet or retransmission counted.
 TEST(UdpPeer, PingPongOfChangingLengthsArrivesWholeBothWays) {
-  // Runs of 10 rounds of one length: the 8th GSO send of a run sets its
-  // size on the socket.
-  static constexpr uint32_t kLengths[] = {2, 1000, 3000, 36, 4096, 200, 8000, 64, 0, 20};
-  constexpr int kRounds = 320;
+  using namespace ping_pong;
   // 1.07 s, so that a process that a loaded machine deschedules for a
   // while gets no retransmission, and one counted means a packet was lost.
   // (With 14, 67 ms, one run of 6 under ctest -j2 failed, taking 0.65 s
   // instead of 0.1 s; its output was not kept.)
   constexpr uint8_t kTimeout = 18;
-  constexpr size_t kReceiveArea = 16384;
-  constexpr size_t kWriteArea = 2 * kReceiveArea;
-  auto length_of = [](int round) { return kLengths[static_cast<size_t>(round / 10) % std::size(kLengths)]; };
-  // Byte patterns (lengths need not be whole words); the receive area is
-  // overwritten before each receive, so that nothing old passes.
-  auto write_message = [](uint8_t* at, uint32_t length, int sequence) {
-    for (uint32_t i = 0; i < length; ++i) at[i] = static_cast<uint8_t>(sequence * 131 + i * 7 + 1);
-  };
-  auto holds_message = [](const uint8_t* at, uint32_t length, int sequence) {
-    for (uint32_t i = 0; i < length; ++i)
-      if (at[i] != static_cast<uint8_t>(sequence * 131 + i * 7 + 1)) return false;
-    return true;
-  };
   const uint64_t icrc_errors = device_counter("icrc_errors");
   const uint64_t malformed = device_counter("malformed_packets");
   const uint64_t retransmissions = device_counter("retransmissions");
   int sockets[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
-  pid_t child = spawn_peer(sockets[1], 3 * kReceiveArea, 16, kTimeout, 7, [&](Endpoint& peer, int fd) {
-    std::memset(peer.data() + kReceiveArea, 0xee, kReceiveArea);
-    if (peer.post_recv(0, kReceiveArea, kReceiveArea) != 0) return 1;
-    char token = 'R';
-    write_all(fd, &token, 1);
-    // An answer's completion may come with the next round's message (the
-    // ACK for it leaves with the parent's next SEND), so they are counted
-    // apart.
-    int sends_completed = 0;
-    auto next_receive = [&]() -> std::optional<ibv_wc> {
-      const auto until = Clock::now() + std::chrono::seconds(10);
-      while (Clock::now() < until) {
-        ibv_wc wc;
-        if (peer.poll(&wc, 1) != 1) continue;
-        if (wc.status != IBV_WC_SUCCESS) return std::nullopt;
-        if (wc.opcode == IBV_WC_RECV) return wc;
-        if (wc.opcode == IBV_WC_SEND) ++sends_completed;
-      }
-      return std::nullopt;
-    };
-    for (int round = 0; round < kRounds; ++round) {
-      const uint32_t length = length_of(round);
-      const std::optional<ibv_wc> got = next_receive();
-      if (!got) return 2;
-      if (got->byte_len != length || !holds_message(peer.data() + kReceiveArea, length, 2 * round)) return 3;
-      std::memset(peer.data() + kReceiveArea, 0xee, kReceiveArea);
-      if (peer.post_recv(static_cast<uint64_t>(round + 1), kReceiveArea, kReceiveArea) != 0) return 4;
-      write_message(peer.data(), length, 2 * round + 1);
-      if (peer.post_send(static_cast<uint64_t>(round), 0, length) != 0) return 5;
-      // The WRITE after a run is read by the background thread, whose reads
-      // take the kernel's GRO size (recvmmsg): a datagram that a size set on
-      // the parent's socket had cut would arrive cut.
-      if (round % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    for (const ibv_wc& wc : poll_for(peer, static_cast<size_t>(kRounds - sends_completed), std::chrono::seconds(10)))
-      if (wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND) ++sends_completed;
-    if (sends_completed != kRounds) return 6;
-    constexpr int kLastWrite = (kRounds - 1) / 10 * 10 + 9;
-    return holds_message(peer.data() + kWriteArea, 2, kLastWrite) ? 0 : 7;
-  });
+  pid_t child = spawn_peer(sockets[1], 3 * kReceiveArea, 16, kTimeout, 7, ping_pong::answer_each_round);
   ASSERT_GT(child, 0);
   Endpoint self;
   ConnectInfo peer;
@@ -421,6 +433,47 @@ TEST(UdpPeer, PingPongOfChangingLengthsArrivesWholeBothWays) {
   }
 }
 
+// The rounds and message places of the test below.
+namespace answer_to_a_send {
+
+constexpr int kRounds = 20;
+constexpr uint32_t kBytes = 64;
+constexpr size_t kAnswerAt = 4096;
+
+// The child's side: a request per round, the receive for its answer posted
+// once the request's SEND completes; then the count of rounds it RNR-NAKed.
+int ask_each_round(Endpoint& client, int fd) {
+  char token = 'R';
+  write_all(fd, &token, 1);
+  read_all(fd, &token, 1);  // the server's first receive is posted
+  // Rounds whose answer this side RNR-NAKed at least once, counted
+  // between rounds (reading the counters takes milliseconds).
+  char rounds_nacked = 0;
+  uint64_t rnr_naks_seen = device_counter("rnr_naks_sent");
+  for (int round = 1; round <= kRounds; ++round) {
+    if (round > 1) {
+      const uint64_t rnr_naks_now = device_counter("rnr_naks_sent");
+      if (rnr_naks_now > rnr_naks_seen) ++rounds_nacked;
+      rnr_naks_seen = rnr_naks_now;
+    }
+    fill(client.data(), kBytes, 2 * static_cast<uint64_t>(round));
+    if (client.post_send(1, 0, kBytes) != 0) return 20;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));  // the scenario: a client that sleeps a little
+    auto sent = poll_for(client, 1, std::chrono::seconds(5));
+    if (sent.size() != 1 || sent[0].status != IBV_WC_SUCCESS || sent[0].opcode != IBV_WC_SEND) return 21;
+    if (client.post_recv(2, kAnswerAt, kBytes) != 0) return 22;
+    auto answer = poll_for(client, 1, std::chrono::seconds(5));
+    if (answer.size() != 1 || answer[0].status != IBV_WC_SUCCESS || answer[0].opcode != IBV_WC_RECV) return 23;
+    if (!matches(client.data() + kAnswerAt, kBytes, 2 * static_cast<uint64_t>(round) + 1)) return 24;
+  }
+  if (device_counter("rnr_naks_sent") > rnr_naks_seen) ++rounds_nacked;
+  write_all(fd, &rounds_nacked, 1);
+  read_all(fd, &token, 1);  // alive until the last answer completes: its ACK goes from here
+  return 0;
+}
+
+}  // namespace answer_to_a_send
+
 // A client that posts the receive for the answer to its SEND only once the
 // SEND has completed, as rdma-core's test_rdmacm_async_traffic_external_qp
 // does, and sleeps a little after each post (so that its background thread
@@ -429,41 +482,11 @@ TEST(UdpPeer, PingPongOfChangingLengthsArrivesWholeBothWays) {
 // trip and the server's time to answer before it: the answer must wait for
 // that receive, not be RNR-NAKed (which it was, in every round).
 TEST(UdpPeer, AnswerToASendWaitsForTheReceivePostedOnceTheSendCompletes) {
+  using namespace answer_to_a_send;
   constexpr uint8_t kTimeout = 18;
-  constexpr int kRounds = 20;
-  constexpr uint32_t kBytes = 64;
-  constexpr size_t kAnswerAt = 4096;
   int sockets[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
-  pid_t child = spawn_peer(sockets[1], 1 << 16, 16, kTimeout, 1, [&](Endpoint& client, int fd) {
-    char token = 'R';
-    write_all(fd, &token, 1);
-    read_all(fd, &token, 1);  // the server's first receive is posted
-    // Rounds whose answer this side RNR-NAKed at least once, counted
-    // between rounds (reading the counters takes milliseconds).
-    char rounds_nacked = 0;
-    uint64_t rnr_naks_seen = device_counter("rnr_naks_sent");
-    for (int round = 1; round <= kRounds; ++round) {
-      if (round > 1) {
-        const uint64_t rnr_naks_now = device_counter("rnr_naks_sent");
-        if (rnr_naks_now > rnr_naks_seen) ++rounds_nacked;
-        rnr_naks_seen = rnr_naks_now;
-      }
-      fill(client.data(), kBytes, 2 * static_cast<uint64_t>(round));
-      if (client.post_send(1, 0, kBytes) != 0) return 20;
-      std::this_thread::sleep_for(std::chrono::microseconds(100));  // the scenario: a client that sleeps a little
-      auto sent = poll_for(client, 1, std::chrono::seconds(5));
-      if (sent.size() != 1 || sent[0].status != IBV_WC_SUCCESS || sent[0].opcode != IBV_WC_SEND) return 21;
-      if (client.post_recv(2, kAnswerAt, kBytes) != 0) return 22;
-      auto answer = poll_for(client, 1, std::chrono::seconds(5));
-      if (answer.size() != 1 || answer[0].status != IBV_WC_SUCCESS || answer[0].opcode != IBV_WC_RECV) return 23;
-      if (!matches(client.data() + kAnswerAt, kBytes, 2 * static_cast<uint64_t>(round) + 1)) return 24;
-    }
-    if (device_counter("rnr_naks_sent") > rnr_naks_seen) ++rounds_nacked;
-    write_all(fd, &rounds_nacked, 1);
-    read_all(fd, &token, 1);  // alive until the last answer completes: its ACK goes from here
-    return 0;
-  });
+  pid_t child = spawn_peer(sockets[1], 1 << 16, 16, kTimeout, 1, answer_to_a_send::ask_each_round);
   ASSERT_GT(child, 0);
   ::close(sockets[1]);
   Endpoint server;

@@ -392,6 +392,12 @@ TEST(UdpPeer, AnswersReadsAndAtomicsForAnIdleTargetAndThenSleeps) {
   EXPECT_LT(busy_micros, 100'000u) << "CPU time the idle target used in " << kIdle.count() << " ms";
 }
 
+// The soak's messages: 1 GiB in messages of 64 KiB, received into 64 slots.
+constexpr size_t kSoakMessage = 64 * 1024;
+constexpr uint64_t kSoakMessages = (uint64_t{1} << 30) / kSoakMessage;
+constexpr int kSoakSlots = 64;
+constexpr double kSoakBoundSeconds = 300;  // the bound this test holds the transport to (~30 s here)
+
 struct SoakReport {
   uint64_t messages = 0;
   uint64_t bytes = 0;
@@ -400,12 +406,43 @@ struct SoakReport {
   uint64_t extra_completions = 0;  // after the last expected one
 };
 
+// The soak's receiving side: counts what arrives until every message has,
+// or the bound has passed, and sends the parent its report.
+int soak_receiver(Endpoint& receiver, int fd) {
+  for (int slot = 0; slot < kSoakSlots; ++slot) receiver.post_recv(slot, slot * kSoakMessage, kSoakMessage);
+  char ready = 'R';
+  write_all(fd, &ready, 1);
+  SoakReport report;
+  auto deadline = Clock::now() + std::chrono::duration<double>(kSoakBoundSeconds);
+  while (report.messages < kSoakMessages && Clock::now() < deadline) {
+    ibv_wc wc[16];
+    int got = receiver.poll(wc, 16);
+    for (int i = 0; i < got; ++i) {
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        ++report.error_completions;
+        continue;
+      }
+      const size_t slot = wc[i].wr_id;
+      if (wc[i].byte_len != kSoakMessage ||
+          !matches(receiver.data() + slot * kSoakMessage, kSoakMessage, report.messages))
+        ++report.bad_messages;
+      ++report.messages;
+      report.bytes += wc[i].byte_len;
+      receiver.post_recv(slot, slot * kSoakMessage, kSoakMessage);
+    }
+  }
+  // Nothing more may arrive.
+  report.extra_completions = poll_for(receiver, 1, std::chrono::milliseconds(300)).size();
+  write_all(fd, &report, sizeof report);
+  return 0;
+}
+
 TEST(UdpPeer, SoakMovesOneGibibyteExactlyOnceAtTenPercentLoss) {
-  constexpr size_t kMessage = 64 * 1024;
-  constexpr uint64_t kMessages = (uint64_t{1} << 30) / kMessage;  // 1 GiB
-  constexpr int kSlots = 64;
+  constexpr size_t kMessage = kSoakMessage;
+  constexpr uint64_t kMessages = kSoakMessages;  // 1 GiB
+  constexpr int kSlots = kSoakSlots;
   constexpr int kInFlight = 32;
-  constexpr double kBoundSeconds = 300;  // the bound this test holds the transport to (~30 s here)
+  constexpr double kBoundSeconds = kSoakBoundSeconds;
   // 16.8 ms: with 7 retries, a stall of 134 ms without progress fails the
   // QP. (At 4.2 ms, 34 ms sufficed, and one CI run on a noisy VM failed.)
   constexpr uint8_t kTimeout = 12;
@@ -413,33 +450,7 @@ TEST(UdpPeer, SoakMovesOneGibibyteExactlyOnceAtTenPercentLoss) {
   setenv("SOFTVERBS_FAULTS", "loss=0.1,duplicate=0.05,reorder=0.05,corrupt=0.01,seed=2026", 1);
   int sockets[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
-  pid_t child = spawn_peer(sockets[1], kMessage * kSlots, 2 * kSlots, kTimeout, 7, [&](Endpoint& receiver, int fd) {
-    for (int slot = 0; slot < kSlots; ++slot) receiver.post_recv(slot, slot * kMessage, kMessage);
-    char ready = 'R';
-    write_all(fd, &ready, 1);
-    SoakReport report;
-    auto deadline = Clock::now() + std::chrono::duration<double>(kBoundSeconds);
-    while (report.messages < kMessages && Clock::now() < deadline) {
-      ibv_wc wc[16];
-      int got = receiver.poll(wc, 16);
-      for (int i = 0; i < got; ++i) {
-        if (wc[i].status != IBV_WC_SUCCESS) {
-          ++report.error_completions;
-          continue;
-        }
-        const size_t slot = wc[i].wr_id;
-        if (wc[i].byte_len != kMessage || !matches(receiver.data() + slot * kMessage, kMessage, report.messages))
-          ++report.bad_messages;
-        ++report.messages;
-        report.bytes += wc[i].byte_len;
-        receiver.post_recv(slot, slot * kMessage, kMessage);
-      }
-    }
-    // Nothing more may arrive.
-    report.extra_completions = poll_for(receiver, 1, std::chrono::milliseconds(300)).size();
-    write_all(fd, &report, sizeof report);
-    return 0;
-  });
+  pid_t child = spawn_peer(sockets[1], kMessage * kSlots, 2 * kSlots, kTimeout, 7, soak_receiver);
   unsetenv("SOFTVERBS_FAULTS");
   ASSERT_GT(child, 0);
   setenv("SOFTVERBS_FAULTS", "loss=0.1,duplicate=0.05,reorder=0.05,corrupt=0.01,seed=2027", 1);
