@@ -304,28 +304,8 @@ std::map<std::string, uint64_t> device_usage() {
   return softverbs::test::parse_counters(softverbs::test::run_process({cli, "stat", "softverbs0"}).out);
 }
 
-TEST(Chaos, KilledPeersFailTheirSurvivorsWorkInTimeAndNothingElse) {
-  const char* seconds_text = std::getenv("SOFTVERBS_CHAOS_SECONDS");
-  const double seconds = seconds_text ? std::atof(seconds_text) : 30.0;
-  const char* seed_text = std::getenv("SOFTVERBS_CHAOS_SEED");
-  const unsigned seed = seed_text ? static_cast<unsigned>(std::atol(seed_text)) : std::random_device{}();
-  std::printf("chaos: %d workers, %d killed over %.0f s, seed %u (SOFTVERBS_CHAOS_SEED)\n", kWorkers, kVictims, seconds,
-              seed);
-  const auto before = device_usage();
-  ASSERT_FALSE(before.empty()) << "SOFTVERBS_CLI names the softverbs command";
-
-  void* shared = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(shared, MAP_FAILED);
-  Board& board = *new (shared) Board{};
-  pid_t workers[kWorkers];
-  for (int i = 0; i < kWorkers; ++i) {
-    workers[i] = fork();
-    if (workers[i] == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      Worker worker(board, i);
-      _exit(worker.run());
-    }
-  }
+// Until every worker has set up (its QPs made, their numbers on the board).
+void wait_until_ready(const Board& board) {
   const auto setup_deadline = Clock::now() + std::chrono::seconds(30);
   bool all_ready = false;
   while (!all_ready && Clock::now() < setup_deadline) {
@@ -337,12 +317,12 @@ TEST(Chaos, KilledPeersFailTheirSurvivorsWorkInTimeAndNothingElse) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_TRUE(all_ready);
-  board.go = 1;
+}
 
-  std::mt19937 random(seed);
-  std::vector<int> order(kWorkers);
-  for (int i = 0; i < kWorkers; ++i) order[i] = i;
-  std::shuffle(order.begin(), order.end(), random);
+// Kills the first kVictims workers of `order`, spread over `seconds`, then
+// stops the rest at the end and reaps them.
+void kill_victims_then_stop(Board& board, const pid_t (&workers)[kWorkers], const std::vector<int>& order,
+                            double seconds) {
   const auto start = Clock::now();
   for (int k = 0; k < kVictims; ++k) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
@@ -365,7 +345,11 @@ TEST(Chaos, KilledPeersFailTheirSurvivorsWorkInTimeAndNothingElse) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << "survivor " << survivor << ": status " << status << " (12: work that never completed)";
   }
+}
 
+// What the survivors saw of each peer: errors only from dead ones, each
+// RETRY_EXC_ERR within the bound of the death, every SEND in once.
+void check_survivors(const Board& board, const std::vector<int>& order) {
   const double bound = (kRetries + 1) * 4.096e-6 * (1 << kTimeout) + kBoundMargin;
   double slowest = 0;
   uint64_t total = 0;
@@ -394,6 +378,40 @@ TEST(Chaos, KilledPeersFailTheirSurvivorsWorkInTimeAndNothingElse) {
   std::printf("chaos: %llu completions at the survivors; slowest error after a death: %.3f s (bound %.3f s)\n",
               static_cast<unsigned long long>(total), slowest, bound);
   EXPECT_GT(total, 1000u) << "the workers did little work";
+}
+
+TEST(Chaos, KilledPeersFailTheirSurvivorsWorkInTimeAndNothingElse) {
+  const char* seconds_text = std::getenv("SOFTVERBS_CHAOS_SECONDS");
+  const double seconds = seconds_text ? std::atof(seconds_text) : 30.0;
+  const char* seed_text = std::getenv("SOFTVERBS_CHAOS_SEED");
+  const unsigned seed = seed_text ? static_cast<unsigned>(std::atol(seed_text)) : std::random_device{}();
+  std::printf("chaos: %d workers, %d killed over %.0f s, seed %u (SOFTVERBS_CHAOS_SEED)\n", kWorkers, kVictims, seconds,
+              seed);
+  const auto before = device_usage();
+  ASSERT_FALSE(before.empty()) << "SOFTVERBS_CLI names the softverbs command";
+
+  void* shared = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  Board& board = *new (shared) Board{};
+  pid_t workers[kWorkers];
+  for (int i = 0; i < kWorkers; ++i) {
+    workers[i] = fork();
+    if (workers[i] == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      Worker worker(board, i);
+      _exit(worker.run());
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(wait_until_ready(board));
+  board.go = 1;
+
+  std::mt19937 random(seed);
+  std::vector<int> order(kWorkers);
+  for (int i = 0; i < kWorkers; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), random);
+  kill_victims_then_stop(board, workers, order, seconds);
+
+  ASSERT_NO_FATAL_FAILURE(check_survivors(board, order));
 
   // Everything the workers held is gone, once their records are reclaimed
   // (stat reclaims them).
