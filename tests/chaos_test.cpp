@@ -30,6 +30,7 @@
 
 #include "device_status.h"
 #include "process_runner.h"
+#include "qp_setup.h"
 #include "rc_peer.h"
 
 namespace {
@@ -47,6 +48,7 @@ constexpr uint32_t kSendBytes = 64;   // a SEND carries its sequence number
 constexpr int kSendDepth = 8;         // outstanding send work requests per QP
 constexpr int kReceiveDepth = 32;     // receives posted per QP
 constexpr double kBoundMargin = 1.0;  // seconds: 6 busy processes on 2 cores
+constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
@@ -133,8 +135,7 @@ class Worker {
     cq_ = ibv_create_cq(context_, kWorkers * (kSendDepth + kReceiveDepth) * 2, nullptr, nullptr, 0);
     buffer_.assign(kWorkers * kSlot + kWorkers * kReceiveDepth * kSendBytes + kWorkers * kSlot, 0);
     if (!pd_ || !cq_ || gid_index_ < 0) return false;
-    mr_ = ibv_reg_mr(pd_, buffer_.data(), buffer_.size(),
-                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    mr_ = ibv_reg_mr(pd_, buffer_.data(), buffer_.size(), kAccess);
     if (!mr_) return false;
     for (int j = 0; j < kWorkers; ++j) {
       if (j == me_) continue;
@@ -153,37 +154,16 @@ class Worker {
     for (int j = 0; j < kWorkers; ++j) {
       if (j == me_) continue;
       const QpInfo& peer = board_.info[j][me_];
-      ibv_qp_attr attr{};
-      attr.qp_state = IBV_QPS_INIT;
-      attr.port_num = 1;
-      attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-      if (ibv_modify_qp(qps_[j], &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        return false;
-      attr = {};
-      attr.qp_state = IBV_QPS_RTR;
-      attr.path_mtu = IBV_MTU_4096;
-      attr.dest_qp_num = peer.qpn;
-      attr.rq_psn = 0;
-      attr.max_dest_rd_atomic = 4;
-      attr.min_rnr_timer = 1;
-      attr.ah_attr.is_global = 1;
-      attr.ah_attr.grh.dgid = peer.gid;
-      attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index_);
-      attr.ah_attr.grh.hop_limit = 64;
-      attr.ah_attr.port_num = 1;
-      if (ibv_modify_qp(qps_[j], &attr,
-                        IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        return false;
-      attr = {};
-      attr.qp_state = IBV_QPS_RTS;
-      attr.timeout = kTimeout;
-      attr.retry_cnt = kRetries;
-      attr.rnr_retry = 7;
-      attr.max_rd_atomic = 4;
-      if (ibv_modify_qp(qps_[j], &attr,
-                        IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                            IBV_QP_MAX_QP_RD_ATOMIC))
+      softverbs::test::PeerPath path;
+      path.qpn = peer.qpn;
+      path.gid = peer.gid;
+      path.sgid_index = static_cast<uint8_t>(gid_index_);
+      softverbs::test::RcTiming timing;
+      timing.timeout = kTimeout;
+      timing.retry_count = kRetries;
+      if (softverbs::test::to_init(qps_[j], IBV_QPT_RC, kAccess) != 0 ||
+          softverbs::test::to_rtr(qps_[j], IBV_QPT_RC, path) != 0 ||
+          softverbs::test::to_rts(qps_[j], IBV_QPT_RC, 0, timing) != 0)
         return false;
       for (int r = 0; r < kReceiveDepth; ++r) post_receive(j, static_cast<uint32_t>(r));
     }
@@ -324,28 +304,8 @@ std::map<std::string, uint64_t> device_usage() {
   return softverbs::test::parse_counters(softverbs::test::run_process({cli, "stat", "softverbs0"}).out);
 }
 
-TEST(Chaos, KilledPeersFailTheirSurvivorsWorkInTimeAndNothingElse) {
-  const char* seconds_text = std::getenv("SOFTVERBS_CHAOS_SECONDS");
-  const double seconds = seconds_text ? std::atof(seconds_text) : 30.0;
-  const char* seed_text = std::getenv("SOFTVERBS_CHAOS_SEED");
-  const unsigned seed = seed_text ? static_cast<unsigned>(std::atol(seed_text)) : std::random_device{}();
-  std::printf("chaos: %d workers, %d killed over %.0f s, seed %u (SOFTVERBS_CHAOS_SEED)\n", kWorkers, kVictims, seconds,
-              seed);
-  const auto before = device_usage();
-  ASSERT_FALSE(before.empty()) << "SOFTVERBS_CLI names the softverbs command";
-
-  void* shared = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(shared, MAP_FAILED);
-  Board& board = *new (shared) Board{};
-  pid_t workers[kWorkers];
-  for (int i = 0; i < kWorkers; ++i) {
-    workers[i] = fork();
-    if (workers[i] == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      Worker worker(board, i);
-      _exit(worker.run());
-    }
-  }
+// Until every worker has set up (its QPs made, their numbers on the board).
+void wait_until_ready(const Board& board) {
   const auto setup_deadline = Clock::now() + std::chrono::seconds(30);
   bool all_ready = false;
   while (!all_ready && Clock::now() < setup_deadline) {
@@ -357,12 +317,12 @@ TEST(Chaos, KilledPeersFailTheirSurvivorsWorkInTimeAndNothingElse) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_TRUE(all_ready);
-  board.go = 1;
+}
 
-  std::mt19937 random(seed);
-  std::vector<int> order(kWorkers);
-  for (int i = 0; i < kWorkers; ++i) order[i] = i;
-  std::shuffle(order.begin(), order.end(), random);
+// Kills the first kVictims workers of `order`, spread over `seconds`, then
+// stops the rest at the end and reaps them.
+void kill_victims_then_stop(Board& board, const pid_t (&workers)[kWorkers], const std::vector<int>& order,
+                            double seconds) {
   const auto start = Clock::now();
   for (int k = 0; k < kVictims; ++k) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
@@ -385,7 +345,11 @@ TEST(Chaos, KilledPeersFailTheirSurvivorsWorkInTimeAndNothingElse) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << "survivor " << survivor << ": status " << status << " (12: work that never completed)";
   }
+}
 
+// What the survivors saw of each peer: errors only from dead ones, each
+// RETRY_EXC_ERR within the bound of the death, every SEND in once.
+void check_survivors(const Board& board, const std::vector<int>& order) {
   const double bound = (kRetries + 1) * 4.096e-6 * (1 << kTimeout) + kBoundMargin;
   double slowest = 0;
   uint64_t total = 0;
@@ -414,6 +378,40 @@ TEST(Chaos, KilledPeersFailTheirSurvivorsWorkInTimeAndNothingElse) {
   std::printf("chaos: %llu completions at the survivors; slowest error after a death: %.3f s (bound %.3f s)\n",
               static_cast<unsigned long long>(total), slowest, bound);
   EXPECT_GT(total, 1000u) << "the workers did little work";
+}
+
+TEST(Chaos, KilledPeersFailTheirSurvivorsWorkInTimeAndNothingElse) {
+  const char* seconds_text = std::getenv("SOFTVERBS_CHAOS_SECONDS");
+  const double seconds = seconds_text ? std::atof(seconds_text) : 30.0;
+  const char* seed_text = std::getenv("SOFTVERBS_CHAOS_SEED");
+  const unsigned seed = seed_text ? static_cast<unsigned>(std::atol(seed_text)) : std::random_device{}();
+  std::printf("chaos: %d workers, %d killed over %.0f s, seed %u (SOFTVERBS_CHAOS_SEED)\n", kWorkers, kVictims, seconds,
+              seed);
+  const auto before = device_usage();
+  ASSERT_FALSE(before.empty()) << "SOFTVERBS_CLI names the softverbs command";
+
+  void* shared = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  Board& board = *new (shared) Board{};
+  pid_t workers[kWorkers];
+  for (int i = 0; i < kWorkers; ++i) {
+    workers[i] = fork();
+    if (workers[i] == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      Worker worker(board, i);
+      _exit(worker.run());
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(wait_until_ready(board));
+  board.go = 1;
+
+  std::mt19937 random(seed);
+  std::vector<int> order(kWorkers);
+  for (int i = 0; i < kWorkers; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), random);
+  kill_victims_then_stop(board, workers, order, seconds);
+
+  ASSERT_NO_FATAL_FAILURE(check_survivors(board, order));
 
   // Everything the workers held is gone, once their records are reclaimed
   // (stat reclaims them).

@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "device/cm_routing.h"
 #include "device/device_memory.h"
@@ -303,62 +304,66 @@ class CmMadTshark : public ::testing::Test {
   test::TemporaryDirectory dir_;
 };
 
+// The fields of a REQ that tshark's dissector reads, as the test below
+// asks for them.
+const std::vector<std::string> kReqFields = {"mad.mgmtclass",
+                                             "mad.classversion",
+                                             "mad.method",
+                                             "mad.attributeid",
+                                             "mad.transactionid",
+                                             "cm.req",
+                                             "cm.req.serviceid.dport",
+                                             "cm.req.localcaguid",
+                                             "cm.req.localqkey",
+                                             "cm.req.localqpn",
+                                             "cm.req.responderres",
+                                             "cm.req.localeecn",
+                                             "cm.req.initdepth",
+                                             "cm.req.remoteeecn",
+                                             "cm.req.remoteresptout",
+                                             "cm.req.transpsvctype",
+                                             "cm.req.e2eflowctrl",
+                                             "cm.req.startpsn",
+                                             "cm.req.localresptout",
+                                             "cm.req.retrcount",
+                                             "cm.req.pkey",
+                                             "cm.req.pppmtu",
+                                             "cm.req.rdcexist",
+                                             "cm.req.rnrretrcount",
+                                             "cm.req.maxcmretr",
+                                             "cm.req.srq",
+                                             "cm.req.ext_transport",
+                                             "cm.req.prim_locallid",
+                                             "cm.req.prim_remotelid",
+                                             "cm.req.prim_localgid_ipv4",
+                                             "cm.req.prim_remotegid_ipv4",
+                                             "cm.req.alt_localgid",
+                                             "cm.req.alt_remotegid",
+                                             "cm.req.prim_tfcclass",
+                                             "cm.req.prim_hoplim",
+                                             "cm.req.prim_sl",
+                                             "cm.req.prim_subnetlocal",
+                                             "cm.req.prim_localacktout",
+                                             "cm.req.alt_locallid",
+                                             "cm.req.alt_remotelid",
+                                             "cm.req.alt_tfcclass",
+                                             "cm.req.alt_hoplim",
+                                             "cm.req.alt_sl",
+                                             "cm.req.alt_subnetlocal",
+                                             "cm.req.alt_localacktout",
+                                             "cm.req.ip_cm.majv",
+                                             "cm.req.ip_cm.ipv",
+                                             "cm.req.ip_cm.sport",
+                                             "cm.req.ip_cm.sip4",
+                                             "cm.req.ip_cm.dip4"};
+
 // Every REQ field the dissector knows but the primary and alternate flow
 // label and packet rate: Wireshark 4.0 reads those from the wrong bytes (it
 // shows the low six bits of the flow label's first byte as the packet rate).
 TEST_F(CmMadTshark, ReqAsTheDissectorReadsIt) {
   const Mad mad = sample_req();
   const Req& m = mad.req;
-  const auto v = decode(write(mad), {"mad.mgmtclass",
-                                     "mad.classversion",
-                                     "mad.method",
-                                     "mad.attributeid",
-                                     "mad.transactionid",
-                                     "cm.req",
-                                     "cm.req.serviceid.dport",
-                                     "cm.req.localcaguid",
-                                     "cm.req.localqkey",
-                                     "cm.req.localqpn",
-                                     "cm.req.responderres",
-                                     "cm.req.localeecn",
-                                     "cm.req.initdepth",
-                                     "cm.req.remoteeecn",
-                                     "cm.req.remoteresptout",
-                                     "cm.req.transpsvctype",
-                                     "cm.req.e2eflowctrl",
-                                     "cm.req.startpsn",
-                                     "cm.req.localresptout",
-                                     "cm.req.retrcount",
-                                     "cm.req.pkey",
-                                     "cm.req.pppmtu",
-                                     "cm.req.rdcexist",
-                                     "cm.req.rnrretrcount",
-                                     "cm.req.maxcmretr",
-                                     "cm.req.srq",
-                                     "cm.req.ext_transport",
-                                     "cm.req.prim_locallid",
-                                     "cm.req.prim_remotelid",
-                                     "cm.req.prim_localgid_ipv4",
-                                     "cm.req.prim_remotegid_ipv4",
-                                     "cm.req.alt_localgid",
-                                     "cm.req.alt_remotegid",
-                                     "cm.req.prim_tfcclass",
-                                     "cm.req.prim_hoplim",
-                                     "cm.req.prim_sl",
-                                     "cm.req.prim_subnetlocal",
-                                     "cm.req.prim_localacktout",
-                                     "cm.req.alt_locallid",
-                                     "cm.req.alt_remotelid",
-                                     "cm.req.alt_tfcclass",
-                                     "cm.req.alt_hoplim",
-                                     "cm.req.alt_sl",
-                                     "cm.req.alt_subnetlocal",
-                                     "cm.req.alt_localacktout",
-                                     "cm.req.ip_cm.majv",
-                                     "cm.req.ip_cm.ipv",
-                                     "cm.req.ip_cm.sport",
-                                     "cm.req.ip_cm.sip4",
-                                     "cm.req.ip_cm.dip4"});
+  const auto v = decode(write(mad), kReqFields);
   EXPECT_EQ(v.number("mad.mgmtclass"), kCmClass);
   EXPECT_EQ(v.number("mad.classversion"), kCmClassVersion);
   EXPECT_EQ(v.number("mad.method"), kMethodSend);

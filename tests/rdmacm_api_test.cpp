@@ -200,6 +200,40 @@ class RdmaCm : public ::testing::Test {
   pid_t passive_ = -1;
 };
 
+// rdma_post_write, _read, _readv and _writev on the buffer the passive
+// side advertised, from `local` (registered as `local_mr` for reads and, at
+// +32, as `sink_mr` for what is read).
+void write_and_read_the_advertised_buffer(rdma_cm_id* id, const Advert& advert, char* local, ibv_mr* local_mr,
+                                          ibv_mr* sink_mr) {
+  ibv_wc wc{};
+  ASSERT_EQ(rdma_post_write(id, reinterpret_cast<void*>(0x2), local, 9, local_mr, 0, advert.address + 100, advert.rkey),
+            0);
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.wr_id, 0x2u);
+  ASSERT_EQ(rdma_post_read(id, reinterpret_cast<void*>(0x3), local + 32, 13, sink_mr, 0, advert.address, advert.rkey),
+            0);
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
+  EXPECT_STREQ(local + 32, "server bytes");
+  // rdma_post_readv into two pieces.
+  std::memset(local + 32, 0, 32);
+  ibv_sge pieces[2] = {{reinterpret_cast<uint64_t>(local + 32), 6, sink_mr->lkey},
+                       {reinterpret_cast<uint64_t>(local + 48), 7, sink_mr->lkey}};
+  ASSERT_EQ(rdma_post_readv(id, reinterpret_cast<void*>(0x4), pieces, 2, 0, advert.address, advert.rkey), 0);
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::string(local + 32, 6), "server");
+  EXPECT_EQ(std::string(local + 48, 7), std::string(" bytes\0", 7));
+  // rdma_post_writev from two pieces.
+  ibv_sge sources[2] = {{reinterpret_cast<uint64_t>(local), 4, local_mr->lkey},
+                        {reinterpret_cast<uint64_t>(local + 4), 5, local_mr->lkey}};
+  ASSERT_EQ(rdma_post_writev(id, reinterpret_cast<void*>(0x5), sources, 2, 0, advert.address + 100, advert.rkey), 0);
+  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+}
+
 TEST_F(RdmaCm, SeedCallsBetweenTwoProcesses) {
   start_passive("7401");
   rdma_addrinfo* info = address_info("7401", false);
@@ -254,32 +288,7 @@ TEST_F(RdmaCm, SeedCallsBetweenTwoProcesses) {
   ibv_mr* local_mr = rdma_reg_read(id, local, sizeof local);
   ibv_mr* sink_mr = rdma_reg_msgs(id, local + 32, 32);
   ASSERT_TRUE(local_mr && sink_mr);
-  ASSERT_EQ(rdma_post_write(id, reinterpret_cast<void*>(0x2), local, 9, local_mr, 0, advert.address + 100, advert.rkey),
-            0);
-  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-  EXPECT_EQ(wc.wr_id, 0x2u);
-  ASSERT_EQ(rdma_post_read(id, reinterpret_cast<void*>(0x3), local + 32, 13, sink_mr, 0, advert.address, advert.rkey),
-            0);
-  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
-  EXPECT_STREQ(local + 32, "server bytes");
-  // rdma_post_readv into two pieces.
-  std::memset(local + 32, 0, 32);
-  ibv_sge pieces[2] = {{reinterpret_cast<uint64_t>(local + 32), 6, sink_mr->lkey},
-                       {reinterpret_cast<uint64_t>(local + 48), 7, sink_mr->lkey}};
-  ASSERT_EQ(rdma_post_readv(id, reinterpret_cast<void*>(0x4), pieces, 2, 0, advert.address, advert.rkey), 0);
-  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-  EXPECT_EQ(std::string(local + 32, 6), "server");
-  EXPECT_EQ(std::string(local + 48, 7), std::string(" bytes\0", 7));
-  // rdma_post_writev from two pieces.
-  ibv_sge sources[2] = {{reinterpret_cast<uint64_t>(local), 4, local_mr->lkey},
-                        {reinterpret_cast<uint64_t>(local + 4), 5, local_mr->lkey}};
-  ASSERT_EQ(rdma_post_writev(id, reinterpret_cast<void*>(0x5), sources, 2, 0, advert.address + 100, advert.rkey), 0);
-  ASSERT_EQ(rdma_get_send_comp(id, &wc), 1);
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_NO_FATAL_FAILURE(write_and_read_the_advertised_buffer(id, advert, local, local_mr, sink_mr));
 
   // A SEND too long for the peer's posted receive.
   ASSERT_EQ(rdma_post_send(id, reinterpret_cast<void*>(0x6), message, 20, message_mr, 0), 0);

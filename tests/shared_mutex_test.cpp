@@ -213,9 +213,10 @@ TEST(ReadMostlyMutex, ReadersOfTwoProcessesHoldItTogetherAndAWriterWaitsForBoth)
       uint32_t most = page->most_inside.load();
       while (inside > most && !page->most_inside.compare_exchange_weak(most, inside)) {
       }
-      // Both inside before either leaves (or the watchdog ends the test).
+      // Both inside before either leaves (or the watchdog ends the test),
+      // and the writer (the test's main thread) asleep waiting for them.
       while (page->most_inside.load() < 2) usleep(100);
-      usleep(100 * 1000);
+      test::wait_until_sleeping_in_futex(getppid(), [] { return false; });
       page->readers_inside.fetch_sub(1);
       page->readers_done.fetch_add(1);
     });

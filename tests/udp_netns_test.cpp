@@ -193,7 +193,10 @@ TEST_F(TwoNamespaces, CmExchangeIsIbCmOnQp1AsTsharkDecodesIt) {
   auto capturing = std::async(std::launch::async, [&] {
     return in_a({SOFTVERBS_CLI, "capture", "sva", "-w", capture, "--duration", "4"});
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Until the capture has made its file: it starts capturing right after.
+  for (int i = 0; i < 1000 && !std::filesystem::exists(capture); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(std::filesystem::exists(capture)) << "softverbs capture did not start";
   const std::string runtime = dir_.path() + "/rt-a";
   Pair r = run_pair({"rping", "-s", "-C", "3", "-a", address_a_, "-p", "7198"},
                     {"rping", "-c", "-C", "3", "-a", address_a_, "-p", "7198"}, [&] { return listening_in(runtime); });
