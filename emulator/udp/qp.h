@@ -174,7 +174,7 @@ struct Response {
   uint32_t psn = 0;
   uint8_t syndrome = aeth::kAck;
   uint32_t msn = 0;
-  // Ack: a packet it acknowledges set AckReq (see Engine::after_work).
+  // Ack: a packet it acknowledges set AckReq (see PortEngine::send_answers_locked).
   bool requested = false;
   // ReadData
   uint64_t address = 0;  // in this process, resolved at request time
@@ -223,7 +223,7 @@ struct ResponderState {
   // this QP, and the request packets that arrived behind it (each without
   // its ICRC, checked on arrival): they wait, until `await_until`, for the
   // receive that the application may be posting once it sees that request
-  // complete (see kReceiveGrace in udp/transport.cpp).
+  // complete (see kReceiveGrace in udp/parameters.h).
   std::deque<std::vector<uint8_t>> awaiting_receive;
   Clock::time_point await_until = Clock::time_point::max();
 };
