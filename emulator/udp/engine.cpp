@@ -151,6 +151,7 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
   if (qp == nullptr || !qp->sending) return EINVAL;
   held_acks_.learn(qpn, now);
   requester_post(*this, *qp, wqe);
+  note_timer_locked(*qp);
   if (reads_left_to_this_call()) drain_all_locked(Reads::All);
   // Not for a program that sleeps in CQ events, nor while the io thread
   // watches the sockets: then no poll, and no look of the io thread's
@@ -199,8 +200,16 @@ bool PortEngine::after_work(Acks acks, Sends sends) {
 }
 
 inline void PortEngine::run_due_timers_locked(Clock::time_point now) {
-  for (auto& [qpn, qp] : qps_) {
+  for (size_t i = 0; i < timed_qps_.size();) {
+    UdpQp& qp = *timed_qps_[i];
     if (next_deadline(qp) <= now) completer_tick(*this, qp);
+    if (next_deadline(qp) != Clock::time_point::max()) {
+      ++i;
+      continue;
+    }
+    qp.timer_listed = false;  // its timer stopped: out (the order of the rest does not matter)
+    timed_qps_[i] = timed_qps_.back();
+    timed_qps_.pop_back();
   }
   fault_delays_.release_due(now, [this](int fd, const SocketAddressStorage& to, std::span<const uint8_t> bytes) {
     send_bytes(fd, to, bytes);
@@ -240,13 +249,18 @@ inline void PortEngine::arm_for_deadlines_locked(Clock::time_point now) {
   }
 }
 
+void PortEngine::list_timer_locked(UdpQp& qp) {
+  qp.timer_listed = true;
+  timed_qps_.push_back(&qp);
+}
+
 Clock::time_point PortEngine::earliest_deadline_locked() const {
   return std::min(earliest_protocol_deadline_locked(), held_acks_.earliest_due());
 }
 
 Clock::time_point PortEngine::earliest_protocol_deadline_locked() const {
   Clock::time_point earliest = Clock::time_point::max();
-  for (const auto& [qpn, qp] : qps_) earliest = std::min(earliest, next_deadline(qp));
+  for (const UdpQp* qp : timed_qps_) earliest = std::min(earliest, next_deadline(*qp));
   earliest = std::min(earliest, fault_delays_.earliest_due());
   return std::min(earliest, earliest_receive_wait_locked());
 }

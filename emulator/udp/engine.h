@@ -133,6 +133,14 @@ class PortEngine : public TransportPort {
   bool after_work(Acks acks = Acks::Send, Sends sends = Sends::Now);
   // after_work's steps.
   inline void run_due_timers_locked(Clock::time_point now);
+  // A role may have started the QP's retransmission or RNR timer: the QP
+  // joins timed_qps_ if it is not there. (Called after requester_post,
+  // requester_run and completer_receive, the entry points that set timers;
+  // completer_tick runs on listed QPs only.)
+  void note_timer_locked(UdpQp& qp) {
+    if (!qp.timer_listed && next_deadline(qp) != Clock::time_point::max()) list_timer_locked(qp);
+  }
+  void list_timer_locked(UdpQp& qp);
   inline void schedule_remaining_answers_locked();
   inline void arm_for_deadlines_locked(Clock::time_point now);
   Clock::time_point earliest_deadline_locked() const;
@@ -524,6 +532,12 @@ class PortEngine : public TransportPort {
   std::vector<uint32_t> touched_;
   // QPs whose outbox holds only an ACK, held back since then (udp/ack_policy.h).
   HeldAcks held_acks_;
+  // The QPs whose timer runs (next_deadline() before time_point::max()),
+  // the only ones a pass looks at for due timers, so that a process with
+  // many idle QPs does not scan them all per pass; a QP leaves once its
+  // timer has stopped. (Pointers into qps_, whose nodes stay put; a QP is
+  // taken out before it is erased.)
+  std::vector<UdpQp*> timed_qps_;
   // Packets that fault injection holds back (udp/fault_delays.h).
   FaultDelays fault_delays_;
   // QPs whose responder has request packets waiting for a receive (see

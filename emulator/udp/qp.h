@@ -242,8 +242,9 @@ struct UdpQp {
   uint32_t dest_qpn = 0;
   Path path;
   uint32_t mtu = 1024;
-  QpAttributes attributes;  // qkey, access flags, timeout, retry counts, RD/atomic limits, as last set
-  bool draining = false;    // SQD: sends queue but do not start
+  QpAttributes attributes;    // qkey, access flags, timeout, retry counts, RD/atomic limits, as last set
+  bool draining = false;      // SQD: sends queue but do not start
+  bool timer_listed = false;  // in the transport's list of QPs whose timer runs
   FaultGenerator faults{1, 0};
   RequesterState requester;
   ResponderState responder;

@@ -98,6 +98,7 @@ void PortEngine::update_locked(UdpQp& qp, const QpSnapshot& record) {
   }
   qp.draining = record.state == QpState::Sqd;
   if (qp.sending) requester_run(*this, qp);
+  note_timer_locked(qp);
   after_work();
 }
 
@@ -115,6 +116,7 @@ void PortEngine::forget_locked(uint32_t qpn) {
   // long before): a held ACK leaves now.
   send_held_ack_locked(qpn);
   held_acks_.forget_pacing(qpn);
+  if (UdpQp* qp = find(qpn); qp != nullptr && qp->timer_listed) std::erase(timed_qps_, qp);
   qps_.erase(qpn);
   fault_delays_.reordered.erase(qpn);
   std::erase(touched_, qpn);

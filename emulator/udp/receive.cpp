@@ -225,6 +225,7 @@ inline void PortEngine::dispatch_locked(UdpQp& qp, const FlowAddress& flow, cons
   }
   if (opcode_info(packet.bth.opcode).response()) {
     completer_receive(*this, qp, packet);
+    note_timer_locked(qp);
     touched_.push_back(qp.qpn);
   } else {
     take_request_locked(qp, packet, datagram.first(datagram.size() - kIcrcBytes));
