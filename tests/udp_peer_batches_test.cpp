@@ -98,7 +98,7 @@ TEST(UdpPeer, DeliversABurstOfPostsExactlyOnceAndInOrder) {
 // peer by spinning on memory, making no verbs call: the io thread must send
 // them within a look, not leave them to the retransmission timer (timeout
 // 18: 1.07 s). Three rounds: the first waits for the io thread, the later
-// ones find posts sent at once (see kDeferralPause in udp/transport.cpp).
+// ones find posts sent at once (see kDeferralPause in udp/parameters.h).
 TEST(UdpPeer, SendsWhatABurstLeftWaitingWhenTheApplicationStopsCallingVerbs) {
   constexpr uint8_t kTimeout = 18;
   constexpr int kRounds = 3;

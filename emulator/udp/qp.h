@@ -131,7 +131,7 @@ struct Response {
   uint32_t psn = 0;
   uint8_t syndrome = aeth::kAck;
   uint32_t msn = 0;
-  // Ack: a packet it acknowledges set AckReq (see Engine::after_work).
+  // Ack: a packet it acknowledges set AckReq (see PortEngine::send_answers_locked).
   bool requested = false;
   // ReadData
   uint64_t address = 0;  // in this process, resolved at request time
@@ -180,7 +180,7 @@ struct ResponderState {
   // this QP, and the request packets that arrived behind it (each without
   // its ICRC, checked on arrival): they wait, until `await_until`, for the
   // receive that the application may be posting once it sees that request
-  // complete (see kReceiveGrace in udp/transport.cpp).
+  // complete (see kReceiveGrace in udp/parameters.h).
   std::deque<std::vector<uint8_t>> awaiting_receive;
   Clock::time_point await_until = Clock::time_point::max();
 };
@@ -199,8 +199,9 @@ struct UdpQp {
   uint32_t dest_qpn = 0;
   Path path;
   uint32_t mtu = 1024;
-  QpAttributes attributes;  // qkey, access flags, timeout, retry counts, RD/atomic limits, as last set
-  bool draining = false;    // SQD: sends queue but do not start
+  QpAttributes attributes;    // qkey, access flags, timeout, retry counts, RD/atomic limits, as last set
+  bool draining = false;      // SQD: sends queue but do not start
+  bool timer_listed = false;  // in the transport's list of QPs whose timer runs
   FaultGenerator faults{1, 0};
   RequesterState requester;
   ResponderState responder;

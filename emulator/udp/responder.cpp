@@ -685,7 +685,7 @@ Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& p
   if (!qp.connected || qp.type != QpType::Rc) return Taken::Done;
   // READ and atomic answers acknowledge by themselves. Every message is
   // acknowledged (several in one ACK where they arrive close together);
-  // AckReq asks for it without delay (see Engine::after_work).
+  // AckReq asks for it without delay (see PortEngine::send_answers_locked).
   if (what.kind == Kind::Send || what.kind == Kind::Write) {
     if (packet.bth.ack_request || ends_message(what.position) || ++s.unacknowledged >= kAckEveryPackets) {
       s.unacknowledged = 0;

@@ -31,6 +31,10 @@
 
 namespace softverbs {
 
+namespace udp {
+class PortEngine;  // udp/engine.h
+}  // namespace udp
+
 class UdpTransport {
  public:
   // This process's transport for the device, started on first use (sockets
@@ -80,7 +84,7 @@ class UdpTransport {
   // without blocking (skipped if the background thread is at it).
   void drive();
   // A receive was posted (to a QP or an SRQ): a SEND that waits for one
-  // (see kReceiveGrace in udp/transport.cpp) is taken in now.
+  // (see kReceiveGrace in udp/parameters.h) is taken in now.
   void receive_posted();
   // The application is about to block (it armed a CQ for an event): the
   // background thread takes over at once.
@@ -93,11 +97,9 @@ class UdpTransport {
   // holds.
   static void hold_data_paths(const DeviceMemory& memory, const std::function<void()>& change);
 
-  class Engine;
-
  private:
-  explicit UdpTransport(std::unique_ptr<Engine> engine);
-  std::unique_ptr<Engine> engine_;
+  explicit UdpTransport(std::unique_ptr<udp::PortEngine> engine);
+  std::unique_ptr<udp::PortEngine> engine_;
 };
 
 }  // namespace softverbs

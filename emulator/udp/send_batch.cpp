@@ -1,0 +1,150 @@
+// Sending: the socket each flow leaves from, the send batch's flush as one
+// UDP GSO send, and the socket's own GSO size that makes it a plain send().
+// (batch_room and send_bytes, which fill the batch, are in udp/engine.h.)
+#include <netinet/udp.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "udp/engine.h"
+#include "udp/gso.h"
+
+namespace softverbs::udp {
+
+using namespace wire;
+using namespace parameters;
+
+namespace {
+// A send's errno that says the kernel or the device cannot do GSO.
+bool gso_refused(int error) { return error == EINVAL || error == EIO || error == ENOPROTOOPT || error == EOPNOTSUPP; }
+}  // namespace
+
+int PortEngine::send_socket(const IpAddress& local, uint16_t port) {
+  auto key = std::make_pair(local, port);
+  auto it = send_sockets_.find(key);
+  if (it != send_sockets_.end()) return it->second.get();
+  int fd = bind_udp(local, port, ifindex_);
+  if (fd < 0) {
+    // The flow's port is taken by someone who is not us (another user):
+    // send from port 4791, still a valid RoCEv2 packet.
+    auto receive = receive_fd_by_address_.find(local);
+    fd = receive != receive_fd_by_address_.end() ? receive->second : -1;
+    if (fd >= 0) return fd;
+    return -1;
+  }
+  send_sockets_.emplace(key, Fd(fd));
+  send_peers_.emplace(fd, SendPeer{});
+  last_peer_fd_ = -1;  // the number may be one a closed socket had
+  return fd;
+}
+
+const PortEngine::SendTarget& PortEngine::send_target(const Path& path, uint16_t source_port) {
+  if (last_target_.same_flow(path, source_port)) return last_target_;
+  SendTarget target{path.local,
+                    path.remote,
+                    source_port,
+                    path.scope_id,
+                    send_socket(path.local, source_port),
+                    to_sockaddr(path.remote, kRoceV2Port, path.scope_id)};
+  // A flow whose port another user holds goes out from port 4791 (see
+  // send_socket); not remembered, so that its next packet tries the port again.
+  if (send_sockets_.count({path.local, source_port}) == 0) {
+    fallback_target_ = target;
+    return fallback_target_;
+  }
+  last_target_ = target;
+  return last_target_;
+}
+
+void PortEngine::flush_sends() {
+  SendBatch& b = batch_;
+  if (b.count == 0) return;
+  const iovec whole{b.copies.data(), b.used};
+  send_now(b.fd, b.to, std::span(&whole, 1), b.used, b.count > 1 ? b.segment : 0);
+  counters().add(Counter::TxPackets, b.count);
+  counters().add(Counter::TxBytes, b.used);
+  b.count = 0;
+  b.closed = false;
+  b.used = 0;
+}
+
+PortEngine::PlainSend PortEngine::send_plain(int fd, SendPeer& peer, const iovec& piece, size_t total, size_t segment) {
+  const auto asked = static_cast<uint16_t>(segment);
+  const bool plain = asked != 0 ? asked == peer.segment : peer.segment == 0 || total <= peer.segment;
+  if (!plain) return PlainSend::NotPlain;
+  return ::send(fd, piece.iov_base, piece.iov_len, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0 ? PlainSend::Sent
+                                                                                     : PlainSend::Failed;
+}
+
+void PortEngine::set_socket_segment(int fd, SendPeer& peer, uint16_t size) {
+  const int value = size;
+  if (::setsockopt(fd, SOL_UDP, UDP_SEGMENT, &value, sizeof value) == 0) peer.segment = size;
+}
+
+void PortEngine::note_send(int fd, SendPeer& peer, size_t segment) {
+  const auto asked = static_cast<uint16_t>(segment);
+  if (asked == 0) {
+    peer.run = 0;
+    if (peer.segment != 0 && ++peer.singles >= kSinglesBeforeSocketSizeGoes) {
+      set_socket_segment(fd, peer, 0);
+      peer.singles = 0;
+    }
+    return;
+  }
+  peer.singles = 0;
+  if (asked != peer.run_size) {
+    peer.run_size = asked;
+    peer.run = 0;
+  }
+  if (peer.run < kGsoSendsBeforeSocketSize) ++peer.run;
+  if (peer.run == kGsoSendsBeforeSocketSize && peer.segment != asked) set_socket_segment(fd, peer, asked);
+}
+
+void PortEngine::send_now(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total,
+                          size_t segment) {
+  msghdr message{};
+  message.msg_name = const_cast<sockaddr*>(to.get());
+  message.msg_namelen = to.length;
+  if (fd != last_peer_fd_) {
+    auto peer = send_peers_.find(fd);
+    last_peer_fd_ = fd;
+    last_peer_ = peer != send_peers_.end() ? &peer->second : nullptr;
+  }
+  SendPeer* const peer = last_peer_;
+  if (peer != nullptr) {
+    if (peer->address.length == 0 && ::connect(fd, to.get(), to.length) == 0) peer->address = to;
+    if (peer->address.length == to.length && std::memcmp(&peer->address.storage, &to.storage, to.length) == 0) {
+      if (gso_ok_) note_send(fd, *peer, segment);
+      if (parts.size() == 1 && gso_ok_) {
+        const PlainSend sent = send_plain(fd, *peer, parts[0], total, segment);
+        if (sent == PlainSend::Sent) return;
+        if (sent == PlainSend::Failed && !(segment != 0 && gso_refused(errno))) {
+          counters().add(Counter::SendErrors);
+          return;
+        }
+      }
+      message.msg_name = nullptr;
+      message.msg_namelen = 0;
+    }
+  }
+  message.msg_iov = const_cast<iovec*>(parts.data());
+  message.msg_iovlen = parts.size();
+  UdpSegmentControl control;
+  // The control message overrides the socket's setting, also with 0 (one datagram).
+  if (segment != 0 || (peer != nullptr && peer->segment != 0))
+    request_udp_segments(message, control, static_cast<uint16_t>(segment));
+  if (fd >= 0 && ::sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return;
+  if (segment != 0 && gso_refused(errno)) {
+    // No GSO here (an old kernel, a device without checksum offload): one
+    // datagram at a time from now on, and no socket sets a segment size.
+    gso_ok_ = false;
+    for (auto& [socket, settings] : send_peers_)
+      if (settings.segment != 0) set_socket_segment(socket, settings, 0);
+    for_each_datagram(parts, total, segment,
+                      [&](std::span<const iovec> datagram, size_t length) { send_now(fd, to, datagram, length, 0); });
+    return;
+  }
+  counters().add(Counter::SendErrors);
+}
+
+}  // namespace softverbs::udp
