@@ -698,6 +698,63 @@ Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& p
   return Taken::Done;
 }
 
+namespace {
+
+// The 40 bytes a UD receive buffer gets first: for RoCEv2 over IPv4 the IPv4
+// header in its last 20 bytes, as RoCE NICs and rxe write it, for IPv6 the
+// IPv6 header (ibv_init_ah_from_wc tells them apart).
+std::array<uint8_t, 40> ud_grh(const TransportPacket& packet, const FlowAddress& flow, bool immediate) {
+  const size_t datagram =
+      kBthBytes + 8 + (immediate ? 4 : 0) + packet.payload.size() + pad_bytes(packet.payload.size()) + kIcrcBytes;
+  std::array<uint8_t, kMaxIpUdpHeaders> headers;
+  write_ip_udp_headers(flow, datagram, true, headers);
+  std::array<uint8_t, 40> grh{};
+  if (flow.ipv4())
+    std::memcpy(grh.data() + 20, headers.data(), 20);
+  else
+    std::memcpy(grh.data(), headers.data(), 40);
+  return grh;
+}
+
+// Writes the GRH and then the payload into the receive's SGEs; false if an
+// SGE's key does not grant this QP local write access.
+bool place_datagram(TransportPort& port, const UdpQp& qp, const ReceivePlacement& receive, std::span<const uint8_t> grh,
+                    std::span<const uint8_t> payload) {
+  const uint64_t total = grh.size() + payload.size();
+  // The GRH, then the payload, as one stream of bytes.
+  auto source = [&](uint64_t offset, uint8_t* out, uint64_t length) {
+    while (length > 0) {
+      uint64_t take;
+      if (offset < grh.size()) {
+        take = std::min<uint64_t>(length, grh.size() - offset);
+        std::memcpy(out, grh.data() + offset, take);
+      } else {
+        take = length;
+        copy_payload(out, payload.data() + (offset - grh.size()), take);
+      }
+      out += take;
+      offset += take;
+      length -= take;
+    }
+  };
+  DeviceMemory& memory = port.memory();
+  uint64_t at = 0;
+  for (size_t i = 0; i < receive.sges.size() && at < total; ++i) {
+    const Sge& sge = receive.sges[i];
+    uint64_t take = std::min<uint64_t>(sge.length, total - at);
+    ResolvedRange where;
+    if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, take, access::kLocalWrite, &where,
+                                        MemoryRegionTable::Lock::NotHeld) != KeyCheck::Ok ||
+        where.owner_pid != current_pid())
+      return false;
+    source(at, reinterpret_cast<uint8_t*>(where.address), take);
+    at += take;
+  }
+  return true;
+}
+
+}  // namespace
+
 void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const FlowAddress& flow) {
   if (!qp.connected) {
     port.counters().add(Counter::UnknownQp);
@@ -717,19 +774,8 @@ void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, c
     taken = record.live && record.qpn == qp.qpn && take_receive(port.memory(), record, receive);
   }
   if (!taken) return;  // UD: no receive posted, the datagram is dropped
-  // The first 40 bytes of the buffer get the GRH: for RoCEv2 over IPv4 the
-  // IPv4 header in its last 20 bytes, as RoCE NICs and rxe write it, for
-  // IPv6 the IPv6 header (ibv_init_ah_from_wc tells them apart).
   const bool immediate = (packet.bth.opcode & 0x1f) == op::kSendOnlyImm;
-  const size_t datagram =
-      kBthBytes + 8 + (immediate ? 4 : 0) + packet.payload.size() + pad_bytes(packet.payload.size()) + kIcrcBytes;
-  std::array<uint8_t, kMaxIpUdpHeaders> headers;
-  write_ip_udp_headers(flow, datagram, true, headers);
-  std::array<uint8_t, 40> grh{};
-  if (flow.ipv4())
-    std::memcpy(grh.data() + 20, headers.data(), 20);
-  else
-    std::memcpy(grh.data(), headers.data(), 40);
+  const std::array<uint8_t, 40> grh = ud_grh(packet, flow, immediate);
   Completion c;
   c.wr_id = receive.wr_id;
   c.opcode = WcOpcode::Receive;
@@ -747,40 +793,9 @@ void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, c
   } else if (total > receive.capacity) {
     c.status = WcStatus::LocalLengthError;
   } else {
-    DeviceMemory& memory = port.memory();
-    uint64_t at = 0;
-    bool ok = true;
-    auto source = [&](uint64_t offset, uint8_t* out, uint64_t length) {
-      // The GRH, then the payload, as one stream of bytes.
-      while (length > 0) {
-        uint64_t take;
-        if (offset < grh.size()) {
-          take = std::min<uint64_t>(length, grh.size() - offset);
-          std::memcpy(out, grh.data() + offset, take);
-        } else {
-          take = length;
-          copy_payload(out, packet.payload.data() + (offset - grh.size()), take);
-        }
-        out += take;
-        offset += take;
-        length -= take;
-      }
-    };
-    for (size_t i = 0; i < receive.sges.size() && at < total; ++i) {
-      const Sge& sge = receive.sges[i];
-      uint64_t take = std::min<uint64_t>(sge.length, total - at);
-      ResolvedRange where;
-      if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, take, access::kLocalWrite, &where,
-                                          MemoryRegionTable::Lock::NotHeld) != KeyCheck::Ok ||
-          where.owner_pid != current_pid()) {
-        ok = false;
-        break;
-      }
-      source(at, reinterpret_cast<uint8_t*>(where.address), take);
-      at += take;
-    }
-    c.status = ok ? WcStatus::Success : WcStatus::LocalProtectionError;
-    c.byte_len = ok ? static_cast<uint32_t>(total) : 0;
+    const bool placed = place_datagram(port, qp, receive, grh, packet.payload);
+    c.status = placed ? WcStatus::Success : WcStatus::LocalProtectionError;
+    c.byte_len = placed ? static_cast<uint32_t>(total) : 0;
   }
   deliver_completion(port.memory(), qp.recv_cq, c, packet.bth.solicited);
 }
