@@ -133,6 +133,13 @@ bool target_gone(DeviceMemory& memory, const QpRecord& target, int error) {
   return error == ESRCH || !memory.owner_alive(target.owner_process);
 }
 
+// Where nobody answers: RC retries until retry_cnt runs out; UC and UD
+// packets are lost silently and the sender completes successfully.
+SendOutcome no_answer(const QpRecord& qp, Completion& completion) {
+  if (qp.type == QpType::Rc) completion.status = WcStatus::RetryExceededError;
+  return SendOutcome::Completed;
+}
+
 // A SEND (with or without immediate) into `target`'s next receive WQE; the
 // target's lock is held by the caller.
 SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_record, const SendWqe& request,
@@ -179,8 +186,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
     if (error != 0 && target_gone(memory, *target, error)) {
       // It died while the bytes moved: as a QP that is gone, it answers
       // nothing (and completes nothing).
-      if (reliable) completion.status = WcStatus::RetryExceededError;
-      return SendOutcome::Completed;
+      return no_answer(qp, completion);
     }
     if (error != 0) {
       debug_log("SEND from QP %#x to QP %#x: copy into process %d failed: %s", qp.qpn, target->qpn, receive.owner,
@@ -244,12 +250,7 @@ class Execution {
     completion_.status = status;
     return SendOutcome::Completed;
   }
-  // Where nobody answers: RC retries until retry_cnt runs out; UC packets
-  // are lost silently and the sender completes successfully.
-  SendOutcome unreachable() {
-    if (reliable()) completion_.status = WcStatus::RetryExceededError;
-    return SendOutcome::Completed;
-  }
+  SendOutcome unreachable() { return no_answer(qp_, completion_); }
   // A copy that failed: the target's process died while the bytes moved
   // (nothing answers, as for a QP that is gone), or the range could not be
   // reached after all (an error the requester reports).
@@ -401,17 +402,9 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& requ
   const uint32_t target_qpn = target_of(memory, qp, request, local);
   if (target_qpn == 0) return SendOutcome::Completed;  // taken by the device, or dropped
   QpRecord* target = memory.qp_by_number(target_qpn);
-  // Where nobody answers: RC retries until retry_cnt runs out; UC and UD
-  // packets are lost silently and the sender completes successfully.
-  if (target == nullptr) {
-    if (qp.type == QpType::Rc) completion.status = WcStatus::RetryExceededError;
-    return SendOutcome::Completed;
-  }
+  if (target == nullptr) return no_answer(qp, completion);
   SharedLock target_lock(target->lock);
-  if (!answers(memory, qp, *target, target_qpn)) {
-    if (qp.type == QpType::Rc) completion.status = WcStatus::RetryExceededError;
-    return SendOutcome::Completed;
-  }
+  if (!answers(memory, qp, *target, target_qpn)) return no_answer(qp, completion);
   if (qp.type == QpType::Ud) {
     if (effective_qkey(qp, request) != target->attributes.qkey)
       return SendOutcome::Completed;  // dropped, as on the wire

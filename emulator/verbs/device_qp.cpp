@@ -95,8 +95,7 @@ DeviceQp::~DeviceQp() {
     memory_.shared().multicast.detach_everywhere(qpn_);
   }
   if (UdpTransport* udp = context_.udp_if_running(); udp && qp.type == QpType::Ud) udp->leave_groups(qpn_);
-  purge_completions(memory_, send_cq_, qpn_);
-  purge_completions(memory_, qp.recv_cq, qpn_);
+  purge_own_completions();
   std::lock_guard guard(mutex_);
   drop_waiting_sends();
 }
@@ -105,15 +104,23 @@ QpRecord& DeviceQp::record() const { return memory_.shared().qps[index_]; }
 
 void DeviceQp::complete(const Completion& completion) { deliver_completion(memory_, send_cq_, completion, false); }
 
+void DeviceQp::complete_flushed(uint64_t wr_id) {
+  Completion flushed;
+  flushed.wr_id = wr_id;
+  flushed.status = WcStatus::WrFlushError;
+  flushed.qp_num = qpn_;
+  complete(flushed);
+}
+
+void DeviceQp::purge_own_completions() {
+  purge_completions(memory_, send_cq_, qpn_);
+  purge_completions(memory_, record().recv_cq, qpn_);
+}
+
 // Completes the waiting sends flushed (the QP is in ERR).
 void DeviceQp::flush_waiting_sends() {
   while (!waiting_.empty()) {
-    Completion flushed;
-    flushed.wr_id = waiting_.front().wr_id;
-    flushed.status = WcStatus::WrFlushError;
-    flushed.opcode = WcOpcode::Send;
-    flushed.qp_num = qpn_;
-    complete(flushed);
+    complete_flushed(waiting_.front().wr_id);
     waiting_.pop_front();
     context_.waiting_sends_.fetch_sub(1, std::memory_order_release);
   }
@@ -231,11 +238,7 @@ int DeviceQp::PostBatch::post(SendWqe& wqe) {
   const QpState state = load_state(record);
   if (!can_post_send(state)) return EINVAL;
   if (state == QpState::Error) {
-    Completion flushed;
-    flushed.wr_id = wqe.wr_id;
-    flushed.status = WcStatus::WrFlushError;
-    flushed.qp_num = qp_.qpn_;
-    qp_.complete(flushed);
+    qp_.complete_flushed(wqe.wr_id);
     return 0;
   }
   if (qp_.over_udp_ && qp_.goes_over_udp(wqe)) {

@@ -87,6 +87,8 @@ class DeviceQp {
   void prepare_for_udp(SendWqe& wqe);
   bool attempt(SendWqe& wqe);
   void complete(const Completion& completion);
+  void complete_flushed(uint64_t wr_id);  // a send that ends with the QP in ERR
+  void purge_own_completions();           // from both CQs (RESET, destroy)
   void enter_error_state();
   void flush_waiting_sends();
   void drop_waiting_sends();

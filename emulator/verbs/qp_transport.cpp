@@ -83,8 +83,7 @@ int DeviceQp::change_state(QpState current, QpState target, const QpAttributes& 
     // thread may still complete a request whose ACK just arrived, and a
     // completion purged before that would have come back.
     drop_waiting_sends();
-    purge_completions(memory_, send_cq_, qpn_);
-    purge_completions(memory_, qp.recv_cq, qpn_);
+    purge_own_completions();
   }
   return error;
 }
@@ -112,11 +111,8 @@ bool DeviceQp::goes_over_udp(const SendWqe& request) const {
 // (lengths, an unroutable address) ride along and complete in order.
 void DeviceQp::prepare_for_udp(SendWqe& wqe) {
   if (wqe.flags & send_flag::kInline) {
-    for (const Sge& sge : wqe.sges) {
-      const auto* bytes = reinterpret_cast<const uint8_t*>(sge.address);
-      wqe.inline_bytes.insert(wqe.inline_bytes.end(), bytes, bytes + sge.length);
-    }
-    wqe.sges.clear();
+    wqe.keep_inline();
+    wqe.sges.clear();  // the requester sends inline_bytes
   }
   if (wqe.length > limits::kMaxMessageSize) wqe.error = WcStatus::LocalLengthError;
   if (send_opcode_info(wqe.opcode).is(wr_mask::kAtomic) && wqe.length != 8) wqe.error = WcStatus::LocalLengthError;
