@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs rdma-core's own pyverbs test suite (Debian: python3-pyverbs ships it,
 # gzipped, under /usr/share/doc/rdma-core/tests) against softverbs0.
-# usage: run_pyverbs.sh SOFTVERBS_CLI WORK_DIR MODULE...
+# usage: run_pyverbs.sh SOFTVERBS_CLI WORK_DIR [MODULE...]  (no module: all)
 # With PYVERBS_GID_OF_IPV4=a.b.c.d the tests name the RoCE v2 GID of that
-# address (--gid), as a device on the UDP transport needs.
+# address (--gid), as a device on the UDP transport needs. With
+# PYVERBS_MIN_PASSED=N, fewer than N passing tests is a failure too: a
+# feature that starts to skip is a regression the suite itself would not report.
 set -euo pipefail
 cli=$1
 work=$2
@@ -28,4 +30,12 @@ cp -r "$source" "$work/tests"
 gunzip -f "$work"/tests/*.gz
 cd "$work/tests"
 # Debian's interpreter: pyverbs is installed for it, not for others on PATH.
-exec "$cli" run -- /usr/bin/python3 run_tests.py --dev softverbs0 -v "$@"
+status=0
+"$cli" run -- /usr/bin/python3 run_tests.py --dev softverbs0 -v "$@" 2>&1 | tee "$work/output.txt" || status=$?
+passed=$(grep -c ' \.\.\. ok$' "$work/output.txt" || true)
+echo "run_pyverbs: $passed passed"
+if [ "$status" -eq 0 ] && [ -n "${PYVERBS_MIN_PASSED:-}" ] && [ "$passed" -lt "$PYVERBS_MIN_PASSED" ]; then
+  echo "run_pyverbs: $passed tests passed, fewer than the $PYVERBS_MIN_PASSED expected" >&2
+  status=1
+fi
+exit "$status"
