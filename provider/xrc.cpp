@@ -218,8 +218,7 @@ ibv_qp* open_qp(ibv_context* context, ibv_qp_open_attr* attr) {
       return nullptr;
     }
     SharedLock lock(record->lock);
-    if (!record->live || record->qpn != attr->qp_num || record->xrc != XrcRole::Recv ||
-        record->xrcd_id != xrcd->id) {
+    if (!record->live || record->qpn != attr->qp_num || record->xrc != XrcRole::Recv || record->xrcd_id != xrcd->id) {
       errno = EINVAL;
       return nullptr;
     }

@@ -111,8 +111,9 @@ class Xrc : public ::testing::Test {
     if (context_) ibv_close_device(context_);
   }
 
-  ibv_srq* make_srq(ibv_xrcd* xrcd, ibv_cq* cq, uint32_t mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
-                                                                  IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ) {
+  ibv_srq* make_srq(ibv_xrcd* xrcd, ibv_cq* cq,
+                    uint32_t mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+                                    IBV_SRQ_INIT_ATTR_CQ) {
     ibv_srq_init_attr_ex attr{};
     attr.attr.max_wr = 16;
     attr.attr.max_sge = 1;
@@ -396,8 +397,7 @@ TEST_F(Xrc, XrcSrqNeedsItsDomainAndCq) {
   EXPECT_EQ(make_srq(xrcd_, recv_cq_, IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ), nullptr);
   EXPECT_EQ(errno, EINVAL);
   errno = 0;
-  EXPECT_EQ(make_srq(xrcd_, recv_cq_, IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD),
-            nullptr);
+  EXPECT_EQ(make_srq(xrcd_, recv_cq_, IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD), nullptr);
   EXPECT_EQ(errno, EINVAL);
   ibv_srq* second = make_srq(xrcd_, recv_cq_);
   ASSERT_NE(second, nullptr);

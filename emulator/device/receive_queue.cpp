@@ -69,7 +69,9 @@ namespace {
 // limit event when the queue drops below the armed limit.
 bool take_from_srq(DeviceMemory& memory, SrqRecord& srq, ReceivePlacement& out, uint32_t srqn = 0) {
   SharedLock lock(srq.lock);
-  if (!srq.live || (srqn != 0 && srq.srqn != srqn) || !take_from_queue(memory, srq.rq, srq.pd_handle, srq.owner_pid, out)) return false;
+  if (!srq.live || (srqn != 0 && srq.srqn != srqn) ||
+      !take_from_queue(memory, srq.rq, srq.pd_handle, srq.owner_pid, out))
+    return false;
   if (srq.limit != 0 && srq.rq.posted - srq.rq.consumed < srq.limit) {
     srq.limit = 0;  // one event per arming, as ibv_modify_srq(IBV_SRQ_LIMIT) documents
     send_async_event(srq.owner_async, srq.owner_handle, AsyncEventType::SrqLimitReached);

@@ -21,9 +21,8 @@ int PortEngine::sync_qp(int qp_index) {
   {
     SharedLock lock(record.lock);
     if (!record.live) return EINVAL;
-    snapshot = {record.state,     record.type,    record.attributes, record.qpn,
-                record.pd_handle, record.send_cq, record.recv_cq,    record.gsi_agent != 0,
-                record.xrc};
+    snapshot = {record.state,   record.type,    record.attributes,     record.qpn, record.pd_handle,
+                record.send_cq, record.recv_cq, record.gsi_agent != 0, record.xrc};
   }
   std::lock_guard guard(mutex_);
   flush_sends();  // what a post left waiting goes before the QP changes
