@@ -19,6 +19,7 @@ unsigned capability_flags(const DeviceCapabilities& caps) {
   if (caps.srq_resize) flags |= IBV_DEVICE_SRQ_RESIZE;
   if (caps.port_active_event) flags |= IBV_DEVICE_PORT_ACTIVE_EVENT;
   if (caps.n_notify_cq) flags |= IBV_DEVICE_N_NOTIFY_CQ;
+  if (caps.xrc) flags |= IBV_DEVICE_XRC;
   return flags;
 }
 

@@ -60,6 +60,9 @@ void wr_atomic_fetch_add(ibv_qp_ex* ex, uint32_t rkey, uint64_t remote, uint64_t
 void wr_set_ud_addr(ibv_qp_ex* ex, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
   if (BuiltRequest* built = last_request(ex)) built->wr.wr.ud = {ah, remote_qpn, remote_qkey};
 }
+void wr_set_xrc_srqn(ibv_qp_ex* ex, uint32_t remote_srqn) {
+  if (BuiltRequest* built = last_request(ex)) built->wr.qp_type.xrc.remote_srqn = remote_srqn;
+}
 void wr_set_sge(ibv_qp_ex* ex, uint32_t lkey, uint64_t addr, uint32_t length) {
   if (BuiltRequest* built = last_request(ex)) built->sges.assign(1, ibv_sge{addr, length, lkey});
 }
@@ -117,6 +120,14 @@ constexpr uint64_t kSupportedSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   constexpr uint32_t kKnownMask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
                                   IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
+  if (attr->qp_type == IBV_QPT_XRC_RECV) {
+    // Made in an XRC domain, with no send queue: nothing else to ask for.
+    if (attr->comp_mask & ~uint32_t{IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_PD}) {
+      errno = EOPNOTSUPP;
+      return nullptr;
+    }
+    return create_xrc_recv_qp(context, attr);
+  }
   if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || attr->pd == nullptr || attr->pd->context != context) {
     errno = EINVAL;
     return nullptr;
@@ -167,6 +178,7 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
     ex.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
     ex.wr_atomic_fetch_add = wr_atomic_fetch_add;
     ex.wr_set_ud_addr = wr_set_ud_addr;
+    ex.wr_set_xrc_srqn = wr_set_xrc_srqn;
     ex.wr_set_sge = wr_set_sge;
     ex.wr_set_sge_list = wr_set_sge_list;
     ex.wr_set_inline_data = wr_set_inline_data;

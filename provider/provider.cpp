@@ -120,6 +120,7 @@ const abi::verbs_context_ops kContextOps = [] {
   add_address_handle_ops(ops);
   add_shared_receive_queue_ops(ops);
   add_queue_pair_ops(ops);
+  add_xrc_ops(ops);
   return ops;
 }();
 

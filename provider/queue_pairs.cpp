@@ -29,15 +29,23 @@ std::optional<QpType> emulator_qp_type(ibv_qp_type type) {
       return QpType::Uc;
     case IBV_QPT_UD:
       return QpType::Ud;
+    case IBV_QPT_XRC_SEND:
+    case IBV_QPT_XRC_RECV:
+      return QpType::Rc;  // RC's transport, one half of it (XrcRole)
     default:
       return std::nullopt;
   }
 }
 
-// Whether the QP asked for fits the device and the PD's context.
+// Whether the QP asked for fits the device and the PD's context. An
+// XRC_SEND QP has a send CQ only, and no receive side at all.
 bool valid_qp_request(const ContextState& state, ibv_pd* pd, const ibv_qp_init_attr& attr, QpType type) {
   const ibv_qp_cap& cap = attr.cap;
   const auto within = [](uint32_t asked, int limit) { return asked <= static_cast<uint32_t>(limit); };
+  if (attr.qp_type == IBV_QPT_XRC_SEND)
+    return attr.send_cq != nullptr && attr.send_cq->context == pd->context && attr.srq == nullptr &&
+           within(cap.max_send_wr, state.device.max_qp_wr) && within(cap.max_send_sge, state.device.max_sge) &&
+           within(cap.max_inline_data, state.device.max_inline_data);
   if (attr.send_cq == nullptr || attr.recv_cq == nullptr || attr.send_cq->context != pd->context ||
       attr.recv_cq->context != pd->context)
     return false;
@@ -48,8 +56,10 @@ bool valid_qp_request(const ContextState& state, ibv_pd* pd, const ibv_qp_init_a
   return attr.srq == nullptr || (attr.srq->context == pd->context && type != QpType::Ud);
 }
 
-void init_ibv_qp(ibv_qp& ibv, ibv_pd* pd, const ibv_qp_init_attr& attr, const DeviceQp& device) {
-  ibv.context = pd->context;
+}  // namespace
+
+void init_ibv_qp(ibv_qp& ibv, ibv_context* context, ibv_pd* pd, const ibv_qp_init_attr& attr, const DeviceQp& device) {
+  ibv.context = context;
   ibv.qp_context = attr.qp_context;
   ibv.pd = pd;
   ibv.send_cq = attr.send_cq;
@@ -64,14 +74,21 @@ void init_ibv_qp(ibv_qp& ibv, ibv_pd* pd, const ibv_qp_init_attr& attr, const De
   ibv.events_completed = 0;
 }
 
-}  // namespace
-
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   ContextState& state = state_of(pd->context);
   auto type = emulator_qp_type(attr->qp_type);
   if (!type) {
     errno = EOPNOTSUPP;
     return nullptr;
+  }
+  if (attr->qp_type == IBV_QPT_XRC_RECV) {  // made in an XRC domain (ibv_create_qp_ex), not a PD
+    errno = EINVAL;
+    return nullptr;
+  }
+  const bool xrc_send = attr->qp_type == IBV_QPT_XRC_SEND;
+  if (xrc_send) {
+    attr->recv_cq = nullptr;
+    attr->cap.max_recv_wr = attr->cap.max_recv_sge = 0;
   }
   if (!valid_qp_request(state, pd, *attr, *type)) {
     errno = EINVAL;
@@ -83,24 +100,26 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
                 pd->handle,
                 attr->sq_sig_all != 0,
                 to_cq(attr->send_cq)->index,
-                to_cq(attr->recv_cq)->index,
+                attr->recv_cq ? to_cq(attr->recv_cq)->index : -1,
                 attr->srq ? to_srq(attr->srq)->index : -1,
                 {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data},
                 state.async_address};
+  if (xrc_send) setup.xrc = XrcRole::Send;
   auto qp = std::make_unique<ProviderQp>();
   qp->device = DeviceQp::create(state, setup);
   if (!qp->device) return nullptr;
   cap = {setup.caps.max_send_wr, setup.caps.max_recv_wr, setup.caps.max_send_sge, setup.caps.max_recv_sge,
          setup.caps.max_inline_data};
   qp->index = qp->device->index();
+  qp->qpn = qp->device->qpn();
   qp->send_cq = to_cq(attr->send_cq);
-  qp->recv_cq = to_cq(attr->recv_cq);
+  qp->recv_cq = attr->recv_cq ? to_cq(attr->recv_cq) : nullptr;
   qp->srq = attr->srq ? to_srq(attr->srq) : nullptr;
-  init_ibv_qp(qp->verbs.qp, pd, *attr, *qp->device);
+  init_ibv_qp(qp->verbs.qp, pd->context, pd, *attr, *qp->device);
   {
     std::lock_guard guard(state.qps_mutex);
     ++qp->send_cq->qp_references;
-    ++qp->recv_cq->qp_references;
+    if (qp->recv_cq) ++qp->recv_cq->qp_references;
     if (qp->srq) ++qp->srq->qp_references;
   }
   use_pd(pd);
@@ -115,14 +134,15 @@ int destroy_qp(ibv_qp* ibv) {
   ProviderQp* qp = to_qp(ibv);
   ContextState& state = state_of(ibv->context);
   unregister_handle(HandleKind::Qp, ibv);
+  if (ibv->qp_type == IBV_QPT_XRC_RECV) release_xrc_recv_handle(qp);
   qp->device.reset();
   {
     std::lock_guard guard(state.qps_mutex);
-    --qp->send_cq->qp_references;
-    --qp->recv_cq->qp_references;
+    if (qp->send_cq) --qp->send_cq->qp_references;
+    if (qp->recv_cq) --qp->recv_cq->qp_references;
     if (qp->srq) --qp->srq->qp_references;
   }
-  unuse_pd(ibv->pd);
+  if (ibv->pd) unuse_pd(ibv->pd);
   std::unique_ptr<ProviderQp> owner(qp);
   return 0;
 }
@@ -183,6 +203,9 @@ int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
   ProviderQp* qp = to_qp(ibv);
   ContextState& state = state_of(ibv->context);
   QpRecord& record = record_of(qp);
+  // An XRC_RECV QP opened in another process: its state changes belong to
+  // the process that made it, whose transport carries it.
+  if (!qp->device) return EOPNOTSUPP;
   std::lock_guard guard(qp->device->mutex());
   QpState current, target;
   QpAttributes next;
@@ -192,8 +215,10 @@ int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
     if ((mask & IBV_QP_CUR_STATE) && static_cast<int>(attr->cur_qp_state) != static_cast<int>(current)) return EINVAL;
     target = (mask & IBV_QP_STATE) ? static_cast<QpState>(attr->qp_state) : current;
     if ((mask & IBV_QP_STATE) && attr->qp_state > IBV_QPS_ERR) return EINVAL;
-    if (check_transition(current, target, record.type, static_cast<uint32_t>(mask)) != TransitionVerdict::Allowed)
-      return EINVAL;
+    const auto verdict = record.xrc != XrcRole::None
+                             ? check_transition(current, target, record.xrc, static_cast<uint32_t>(mask))
+                             : check_transition(current, target, record.type, static_cast<uint32_t>(mask));
+    if (verdict != TransitionVerdict::Allowed) return EINVAL;
     if (!valid_attribute_values(state, *attr, mask)) return EINVAL;
     next = record.attributes;
     apply_attributes(next, *attr, mask);
@@ -205,6 +230,7 @@ int query_qp(ibv_qp* ibv, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) {
   ProviderQp* qp = to_qp(ibv);
   QpRecord& record = record_of(qp);
   SharedLock lock(record.lock);
+  if (!record.live || record.qpn != qp->qpn) return EINVAL;  // an opened XRC_RECV QP its creator destroyed
   const QpAttributes& a = record.attributes;
   *attr = {};
   attr->qp_state = static_cast<ibv_qp_state>(record.state);
@@ -247,6 +273,11 @@ int query_qp(ibv_qp* ibv, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) {
 }
 
 int post_recv(ibv_qp* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  if (ibv->qp_type == IBV_QPT_XRC_SEND || ibv->qp_type == IBV_QPT_XRC_RECV) {
+    // No receive queue: an XRC message takes its receive from an XRC SRQ.
+    *bad_wr = wr;
+    return EINVAL;
+  }
   QpRecord& record = record_of(to_qp(ibv));
   DeviceMemory& memory = memory_of(ibv->context);
   return post_receive_chain(ibv->context, wr, bad_wr, [&](uint64_t wr_id, std::span<const Sge> sges) {
@@ -259,6 +290,8 @@ static_assert(sizeof(Sge) == sizeof(ibv_sge) && offsetof(Sge, lkey) == offsetof(
 // copied; an inline send's bytes are read where they are, at post time).
 int translate_send(const QpRecord& record, const ibv_send_wr* wr, SendWqe& r) {
   const SendOpcodeInfo& info = send_opcode_info(wr->opcode);
+  if (record.xrc == XrcRole::Recv) return EINVAL;  // no send queue
+  if (record.xrc == XrcRole::Send) r.remote_srqn = wr->qp_type.xrc.remote_srqn;
   if (!info.valid_for(record.type) || wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > record.caps.max_send_sge)
     return EINVAL;
   r.wr_id = wr->wr_id;
@@ -303,6 +336,10 @@ int translate_send(const QpRecord& record, const ibv_send_wr* wr, SendWqe& r) {
 
 int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   ProviderQp* qp = to_qp(ibv);
+  if (!qp->device) {  // an opened XRC_RECV QP: no send queue anywhere
+    *bad_wr = wr;
+    return EINVAL;
+  }
   QpRecord& record = record_of(qp);
   DeviceQp::PostBatch batch(*qp->device);
   for (; wr != nullptr; wr = wr->next) {

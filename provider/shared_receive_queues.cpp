@@ -14,9 +14,7 @@
 
 namespace softverbs::provider {
 
-namespace {
-
-ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
+ibv_srq* create_srq_in(ibv_pd* pd, ibv_srq_init_attr* init, ProviderXrcd* xrcd, ProviderCq* cq) {
   ContextState& state = state_of(pd->context);
   ibv_srq_attr& attr = init->attr;
   if (attr.max_wr == 0 || attr.max_wr > static_cast<uint32_t>(state.device.max_srq_wr) ||
@@ -48,11 +46,18 @@ ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
   ibv.handle = static_cast<uint32_t>(index);
   pthread_mutex_init(&ibv.mutex, nullptr);
   pthread_cond_init(&ibv.cond, nullptr);
-  srq->verbs.srq_type = IBV_SRQT_BASIC;
+  srq->verbs.srq_type = xrcd ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+  srq->verbs.xrcd = xrcd;
+  srq->verbs.cq = cq ? &cq->verbs.cq : nullptr;
+  srq->xrcd = xrcd;
+  srq->cq = cq;
   attr.max_wr = rq.capacity;
   attr.max_sge = rq.max_sge;
   {
     SharedLock lock(record.lock);
+    srq->verbs.srq_num = record.srqn;
+    record.xrcd_id = xrcd ? xrcd->id : 0;
+    record.cq = cq ? cq->index : -1;
     record.pd_handle = pd->handle;
     record.rq = rq;
     record.limit = attr.srq_limit;
@@ -60,9 +65,18 @@ ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
     record.owner_async = state.async_address;
   }
   use_pd(pd);
+  if (xrcd) xrcd->users.fetch_add(1, std::memory_order_relaxed);
+  if (cq) {
+    std::lock_guard guard(state.qps_mutex);
+    ++cq->qp_references;  // the CQ stays while an SRQ completes on it
+  }
   register_handle(HandleKind::Srq, &ibv);
   return &srq.release()->verbs.srq;
 }
+
+namespace {
+
+ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) { return create_srq_in(pd, init, nullptr, nullptr); }
 
 int modify_srq(ibv_srq* ibv, ibv_srq_attr* attr, int mask) {
   ProviderSrq* srq = to_srq(ibv);
@@ -114,7 +128,9 @@ int destroy_srq(ibv_srq* ibv) {
   {
     std::lock_guard guard(state.qps_mutex);
     if (srq->qp_references > 0) return EBUSY;
+    if (srq->cq) --srq->cq->qp_references;
   }
+  if (srq->xrcd) srq->xrcd->users.fetch_sub(1, std::memory_order_relaxed);
   unregister_handle(HandleKind::Srq, ibv);
   SrqRecord& record = record_of(srq);
   uint64_t ring, bytes;

@@ -81,15 +81,33 @@ struct ProviderAh {
   ibv_gid source_gid{};
 };
 
+// ---- XRC domains
+
+struct ProviderXrcd {
+  ibv_xrcd ibv{};
+  int index = -1;   // in the device's XrcDomainTable
+  uint32_t id = 0;  // the domain's id, which its SRQs and QPs carry
+  // XRC SRQs and XRC_RECV QPs made or opened through this handle: closing
+  // it is EBUSY while it has any, as the kernel's uverbs says.
+  std::atomic<int> users{0};
+};
+
+inline ProviderXrcd* to_xrcd(ibv_xrcd* xrcd) { return reinterpret_cast<ProviderXrcd*>(xrcd); }
+
 // ---- shared receive queues
 
 struct ProviderSrq {
   abi::verbs_srq verbs{};
   int index = -1;
   int qp_references = 0;  // under the context's qps_mutex
+  // An XRC SRQ: its domain handle and the CQ its receives complete on.
+  ProviderXrcd* xrcd = nullptr;
+  ProviderCq* cq = nullptr;
 };
 
 inline ProviderSrq* to_srq(ibv_srq* srq) { return reinterpret_cast<ProviderSrq*>(srq); }
+// A basic SRQ, or with `xrcd` and `cq` an XRC one (shared_receive_queues.cpp).
+ibv_srq* create_srq_in(ibv_pd* pd, ibv_srq_init_attr* init, ProviderXrcd* xrcd, ProviderCq* cq);
 inline SrqRecord& record_of(ProviderSrq* srq) { return memory_of(srq->verbs.srq.context).shared().srqs[srq->index]; }
 
 // Posts each receive of the chain with `post_one` (a QP's or an SRQ's), up
@@ -125,7 +143,12 @@ struct ProviderQp {
   ProviderSrq* srq = nullptr;
   std::vector<BuiltRequest> batch;  // between ibv_wr_start and ibv_wr_complete
   int batch_error = 0;
-  std::unique_ptr<DeviceQp> device;  // made once the QP's record is set up
+  // Made once the QP's record is set up. Shared by the handles of one
+  // XRC_RECV QP in its creator's context (ibv_open_qp's); null in a handle
+  // opened in another process, which can query the QP but not modify it.
+  std::shared_ptr<DeviceQp> device;
+  ProviderXrcd* xrcd = nullptr;  // XRC_RECV: the domain handle it was made or opened through
+  uint32_t qpn = 0;
 };
 
 inline ProviderQp* to_qp(ibv_qp* qp) { return reinterpret_cast<ProviderQp*>(qp); }
@@ -133,6 +156,12 @@ inline ProviderQp* to_qp(ibv_qp* qp) { return reinterpret_cast<ProviderQp*>(qp);
 inline QpRecord& record_of(ProviderQp* qp) { return memory_of(qp->verbs.qp.context).shared().qps[qp->index]; }
 
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr);
+// XRC: ibv_create_qp_ex's XRC_RECV QPs (xrc.cpp); the ibv_qp of a new
+// provider QP whose device part is made (queue_pairs.cpp).
+ibv_qp* create_xrc_recv_qp(ibv_context* context, ibv_qp_init_attr_ex* attr);
+void init_ibv_qp(ibv_qp& ibv, ibv_context* context, ibv_pd* pd, const ibv_qp_init_attr& attr, const DeviceQp& device);
+// Forgets an XRC_RECV handle (xrc.cpp), at its destroy.
+void release_xrc_recv_handle(ProviderQp* qp);
 int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr);
 // The ibv_wr_* entries of a QP made with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
@@ -143,5 +172,6 @@ void add_completion_queue_ops(abi::verbs_context_ops& ops);
 void add_address_handle_ops(abi::verbs_context_ops& ops);
 void add_shared_receive_queue_ops(abi::verbs_context_ops& ops);
 void add_queue_pair_ops(abi::verbs_context_ops& ops);
+void add_xrc_ops(abi::verbs_context_ops& ops);
 
 }  // namespace softverbs::provider

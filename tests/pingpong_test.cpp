@@ -22,7 +22,8 @@ struct PingpongCase {
   const char* name;
   const char* tool;
   std::vector<std::string> args;
-  const char* copy_method = "auto";  // SOFTVERBS_COPY
+  const char* copy_method = "auto";   // SOFTVERBS_COPY
+  const char* finished = "iters in";  // what both print at the end
 };
 
 class Pingpong : public ::testing::TestWithParam<PingpongCase> {};
@@ -55,7 +56,7 @@ TEST_P(Pingpong, ServerAndClientExitZero) {
   EXPECT_EQ(client.exit_code, 0) << client.out << client.err;
   EXPECT_EQ(served.exit_code, 0) << served.out << served.err;
   for (const ProcessResult* r : {&client, &served}) {
-    EXPECT_NE(r->out.find("iters in"), std::string::npos) << r->out << r->err;
+    EXPECT_NE(r->out.find(c.finished), std::string::npos) << r->out << r->err;
     EXPECT_EQ(r->err.find("Failed status"), std::string::npos) << r->err;
   }
 }
@@ -77,6 +78,10 @@ const PingpongCase kCases[] = {
     {"srq", "ibv_srq_pingpong", {"-n", "200"}},
     {"srq_events", "ibv_srq_pingpong", {"-e", "-n", "200"}},
     {"srq_gid_v2", "ibv_srq_pingpong", {"-g", "3", "-c", "-n", "200"}},
+    // XRC: SENDs over XRC_SEND QPs into the peer's XRC SRQ (both in the
+    // domain of /tmp/xrc_domain's inode), completing with the XRC_RECV QPN.
+    {"xsrq", "ibv_xsrq_pingpong", {"-n", "200"}, "auto", "success"},
+    {"xsrq_events_gid_v2", "ibv_xsrq_pingpong", {"-e", "-g", "3", "-n", "200"}, "auto", "success"},
     // The fallback for kernels that refuse process_vm_*, forced.
     {"rc_agent_copies", "ibv_rc_pingpong", {"-e", "-c", "-s", "65536", "-n", "50"}, "agent"},
     {"ud_agent_copies", "ibv_ud_pingpong", {"-e", "-c", "-n", "50"}, "agent"},

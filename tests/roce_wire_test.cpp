@@ -54,6 +54,49 @@ TEST(RoceHeaders, TheOpcodeTableHasRcUcAndUdAsIbaTable38Lists) {
 
 // What each opcode is, as the requester, responder and completer ask the
 // table: IBA table 38's names say it too.
+TEST(RoceHeaders, XrcHasRcsOperationsAndItsRequestsCarryTheXrceth) {
+  size_t xrc = 0;
+  for (unsigned operation = 0; operation < 0x20; ++operation) {
+    const OpcodeInfo& rc = opcode_info(static_cast<uint8_t>(operation));
+    const OpcodeInfo& info = opcode_info(opcode(Service::Xrc, static_cast<uint8_t>(operation)));
+    ASSERT_EQ(info.valid, rc.valid) << operation;
+    if (!info.valid) continue;
+    ++xrc;
+    EXPECT_STREQ(info.name, rc.name);
+    EXPECT_EQ(info.xrceth, !info.response()) << info.name << ": only requests name an XRC SRQ";
+    EXPECT_EQ(header_bytes(info), header_bytes(rc) + (info.xrceth ? 4 : 0));
+    EXPECT_FALSE(rc.xrceth);
+  }
+  EXPECT_EQ(xrc, 23u);
+  EXPECT_EQ(opcode_for(Service::Xrc, OpKind::Send, OpPosition::First, false), 0xa0);
+  EXPECT_EQ(opcode_for(Service::Xrc, OpKind::Write, OpPosition::Only, true), 0xab);
+
+  // The XRCETH follows the BTH: 8 reserved bits, then the 24-bit SRQ number,
+  // before the RETH.
+  const uint8_t payload[4] = {1, 2, 3, 4};
+  TransportPacket write;
+  write.bth.opcode = opcode(Service::Xrc, op::kWriteOnly);
+  write.xrc_srqn = 0xabcdef;
+  write.reth = {0x1122334455667788, 0x99aabbcc, 4};
+  write.payload = payload;
+  const std::vector<uint8_t> bytes = build(write);
+  ASSERT_EQ(bytes.size(), kBthBytes + 4 + 16 + 4);
+  EXPECT_EQ(bytes[12], 0);
+  EXPECT_EQ(bytes[13], 0xab);
+  EXPECT_EQ(bytes[15], 0xef);
+  EXPECT_EQ(bytes[16], 0x11);  // the RETH's virtual address
+  auto parsed = parse(bytes);
+  ASSERT_TRUE(parsed);
+  EXPECT_EQ(parsed->xrc_srqn, 0xabcdefu);
+  EXPECT_EQ(parsed->reth.rkey, 0x99aabbccu);
+  ASSERT_EQ(parsed->payload.size(), 4u);
+
+  TransportPacket swap;
+  swap.bth.opcode = opcode(Service::Xrc, op::kCompareSwap);
+  std::array<uint8_t, kMaxHeaderBytes> headers;
+  EXPECT_EQ(build_headers(swap, 0, headers), kMaxHeaderBytes) << "the longest headers of all";
+}
+
 TEST(RoceHeaders, TheTableSaysWhatEachOpcodeIsAndFindsItBack) {
   for (uint8_t value : valid_opcodes()) {
     const OpcodeInfo& info = opcode_info(value);

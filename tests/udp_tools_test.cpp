@@ -110,6 +110,7 @@ struct PingpongCase {
   const char* name;
   const char* tool;
   std::vector<std::string> args;
+  const char* finished = "iters in";  // what the client prints at the end
 };
 
 class UdpPingpong : public UdpOnLoopback, public ::testing::WithParamInterface<PingpongCase> {};
@@ -125,7 +126,7 @@ TEST_P(UdpPingpong, RunsOverRoceV2) {
   Pair r = run_pair(command, client);
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
   EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
-  EXPECT_NE(r.client.out.find("iters in"), std::string::npos) << r.client.out;
+  EXPECT_NE(r.client.out.find(c.finished), std::string::npos) << r.client.out;
   auto count = counters();
   EXPECT_GT(count["rx_packets"], 0u) << "the traffic went over UDP";
   EXPECT_EQ(count["icrc_errors"], 0u);
@@ -142,6 +143,8 @@ const PingpongCase kPingpongs[] = {
     {"ud_validated", "ibv_ud_pingpong", {"-s", "2048", "-c", "-n", "200"}},
     {"ud_events", "ibv_ud_pingpong", {"-e", "-n", "200"}},
     {"srq_validated", "ibv_srq_pingpong", {"-s", "4096", "-c", "-n", "200"}},
+    {"xsrq", "ibv_xsrq_pingpong", {"-n", "200"}, "success"},
+    {"xsrq_events", "ibv_xsrq_pingpong", {"-e", "-s", "8192", "-n", "200"}, "success"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Tools, UdpPingpong, ::testing::ValuesIn(kPingpongs),
@@ -404,6 +407,58 @@ TEST_F(UdpOnLoopback, AnUnknownWriteFramingIsNamedAndTheDefaultUsed) {
             std::string::npos)
       << r.client.err;
   EXPECT_GE(counters()["rx_packets"], 3u * 20) << "every WRITE arrived";
+}
+
+// ibv_xsrq_pingpong's capture as tshark decodes it: XRC SEND FIRST, MIDDLE
+// and LAST (a 3000-byte message at MTU 1024) to each side's XRC_RECV QP and
+// XRC ACKs back; every request's XRCETH, the 4 bytes after the BTH, names
+// the SRQ of the side it goes to. (Wireshark 4.0 names XRC opcodes but shows
+// the XRCETH as the first 4 bytes of an unknown header sequence.)
+TEST_F(UdpOnLoopback, CaptureOfXrcShowsXrcOpcodesAndTheXrcethsSrqNumber) {
+  std::string capture = dir_.path() + "/xrc.pcap";
+  std::string gid = ipv4_gid_index();
+  ASSERT_FALSE(gid.empty());
+  std::string cli = SOFTVERBS_CLI;
+  const std::string tool = cli + " run -- ibv_xsrq_pingpong -d softverbs0 -g " + gid + " -p " +
+                           port_for("xrc_capture") + " -s 3000 -m 1024 -n 3";
+  std::string script = cli + " capture -w " + capture + " & capture=$!\n" + "while [ ! -s " + capture +
+                       " ]; do sleep 0.05; done; sleep 0.2\n" + tool + " > server.txt 2>&1 & server=$!; sleep 0.5\n" +
+                       "for try in $(seq 1 50); do " + tool +
+                       " 127.0.0.1 > client.txt 2>&1 && break; grep -q \"Couldn't connect\" client.txt || break; "
+                       "sleep 0.2; done; status=$?\n" +
+                       "wait $server || status=1\n" + "kill -INT $capture; wait $capture; exit $status\n";
+  auto r = run_process({"bash", "-c", "cd " + dir_.path() + " || exit 1\n" + script}, env_, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream client_file(dir_.path() + "/client.txt");
+  std::string client_out((std::istreambuf_iterator<char>(client_file)), std::istreambuf_iterator<char>());
+  const std::regex address("(local|remote): .*QPN RECV ([0-9a-f]+) SEND ([0-9a-f]+), PSN [0-9a-f]+, SRQN ([0-9a-f]+)");
+  std::map<uint32_t, uint32_t> srqn_of_recv_qp;  // both sides'
+  for (auto it = std::sregex_iterator(client_out.begin(), client_out.end(), address); it != std::sregex_iterator();
+       ++it)
+    srqn_of_recv_qp[std::stoul((*it)[2].str(), nullptr, 16)] = std::stoul((*it)[4].str(), nullptr, 16);
+  ASSERT_EQ(srqn_of_recv_qp.size(), 2u) << client_out;
+
+  auto decoded = run_process({"tshark", "-r", capture, "-T", "fields", "-E", "separator=,", "-E", "occurrence=f", "-e",
+                              "infiniband.bth.opcode", "-e", "infiniband.bth.destqp", "-e", "infiniband.vendor"});
+  ASSERT_EQ(decoded.exit_code, 0) << decoded.err;
+  std::map<int, int> count;
+  std::istringstream lines(decoded.out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    int opcode = 0;
+    unsigned qpn = 0, xrceth = 0;
+    const int fields = std::sscanf(line.c_str(), "%d,%x,%8x", &opcode, &qpn, &xrceth);
+    if (fields < 2) continue;
+    ++count[opcode];
+    if (opcode < 0xa0 || opcode > 0xa4) continue;  // the requests: XRC SEND FIRST .. ONLY
+    ASSERT_EQ(fields, 3) << line;
+    ASSERT_TRUE(srqn_of_recv_qp.count(qpn)) << "to an XRC_RECV QP: " << line;
+    EXPECT_EQ(xrceth >> 24, 0u) << "XRCETH's reserved byte: " << line;
+    EXPECT_EQ(xrceth & 0xffffff, srqn_of_recv_qp[qpn]) << line;
+  }
+  for (int expected : {0xa0, 0xa1, 0xa2, 0xb1})
+    EXPECT_GE(count[expected], 3) << "opcode " << expected << " in\n" << decoded.out;
+  for (const auto& [opcode, n] : count) EXPECT_GE(opcode, 0xa0) << "only XRC opcodes";
 }
 
 TEST_F(UdpOnLoopback, CaptureDecodesInTsharkAndScapyAgreesWithEveryIcrc) {

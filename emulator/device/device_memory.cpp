@@ -21,7 +21,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 15;
+constexpr uint32_t kVersion = 16;
 // Sparse: pages are committed only as rings and queues use them, so the
 // heap can hold rings as large as the device allows (a 4 Mi-entry CQ is
 // 256 MiB of address space).
@@ -193,6 +193,8 @@ int DeviceMemory::allocate_qp() {
     set_state(qp, QpState::Reset);
     qp.signal_all = 0;
     qp.gsi_agent = 0;
+    qp.xrc = XrcRole::None;
+    qp.xrcd_id = 0;
     qp.owner_pid = current_pid();
     qp.owner_process = process;
     qp.pd_handle = 0;
@@ -241,6 +243,12 @@ int DeviceMemory::allocate_srq() {
     SrqRecord& srq = shared().srqs[i];
     if (srq.live) continue;
     srq.live = 1;
+    uint32_t tag;
+    do tag = random_between(1, kSrqnTagLimit - 1);
+    while (tag == srq.srqn >> kSrqnIndexBits);
+    srq.srqn = tag << kSrqnIndexBits | static_cast<uint32_t>(i);
+    srq.xrcd_id = 0;
+    srq.cq = -1;
     srq.owner_pid = current_pid();
     srq.owner_process = process;
     srq.pd_handle = 0;
@@ -267,6 +275,12 @@ size_t DeviceMemory::memory_lock_slot() {
   const size_t slot = shared().memory_lock.claim(static_cast<int32_t>(pid));
   memory_lock_slot_.store(uint64_t{pid} << 32 | slot, std::memory_order_relaxed);
   return slot;
+}
+
+SrqRecord* DeviceMemory::srq_by_number(uint32_t srqn) {
+  SrqRecord& srq = shared().srqs[srqn & ((1u << kSrqnIndexBits) - 1)];
+  // Unlocked, as qp_by_number.
+  return srq.live && srq.srqn == srqn ? &srq : nullptr;
 }
 
 QpRecord* DeviceMemory::qp_by_number(uint32_t qpn) {
@@ -327,6 +341,7 @@ void DeviceMemory::reclaim_dead_owners() {
   }
   // Nothing refers to a dead process's record now: it can be claimed again.
   SharedLock lock(shared().objects_lock);
+  shared().xrc_domains.forget_openers_if(dead);
   for (int slot : dead_before) shared().processes.release_if_dead(slot);
 }
 
@@ -339,6 +354,7 @@ DeviceUsage DeviceMemory::usage() {
   for (const SrqRecord& srq : s.srqs) usage.srqs += srq.live != 0;
   usage.mrs = static_cast<uint32_t>(s.mrs.live_count());
   SharedLock lock(s.objects_lock);
+  usage.xrc_domains = s.xrc_domains.live_count();
   uint64_t free_bytes = 0;
   for (size_t cls = 0; cls < std::size(s.free_lists); ++cls)
     for (uint64_t block = s.free_lists[cls]; block != 0; block = *at<uint64_t>(block)) free_bytes += uint64_t{1} << cls;

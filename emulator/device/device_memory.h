@@ -24,6 +24,7 @@
 #include "device/shared_mutex.h"
 #include "device/transport_counters.h"
 #include "device/work_request.h"
+#include "device/xrc_domains.h"
 #include "udp/fault_injection.h"
 
 namespace softverbs {
@@ -35,6 +36,11 @@ namespace softverbs {
 inline constexpr unsigned kQpnIndexBits = 14;
 static_assert((1 << kQpnIndexBits) == limits::kMaxQp);
 inline constexpr uint32_t kQpnTagLimit = (1u << (24 - kQpnIndexBits)) - 1;  // tags 1 .. kQpnTagLimit - 1
+
+// An SRQ's number (ibv_get_srq_num, the XRCETH's SRQN) is made the same way.
+inline constexpr unsigned kSrqnIndexBits = 12;
+static_assert((1 << kSrqnIndexBits) == limits::kMaxSrq);
+inline constexpr uint32_t kSrqnTagLimit = (1u << (24 - kSrqnIndexBits)) - 1;
 
 // A receive queue (a QP's own or an SRQ): a ring of RecvWqe slots, each
 // followed by max_sge SGEs. Takers (whoever delivers a SEND, a flush) hold
@@ -84,6 +90,11 @@ struct SrqRecord {
   uint64_t owner_handle = 0;  // the ibv_srq pointer in the owner, for events
   SocketAddress owner_async;
   RecvQueue rq;
+  uint32_t srqn = 0;
+  // An XRC SRQ: its domain's id and the CQ its receives complete on (fixed
+  // while it lives); 0 and -1 for a basic SRQ.
+  uint32_t xrcd_id = 0;
+  int32_t cq = -1;
 };
 
 // What Modify QP sets and Query QP reports, besides the state.
@@ -133,6 +144,10 @@ struct alignas(64) QpRecord {
   QpState state = QpState::Reset;
   uint8_t signal_all = 0;
   uint8_t gsi_agent = 0;  // a CM agent: a UD QP that sends and receives as QP1 (cm_routing.h)
+  // An XRC QP (type Rc: the transport is RC's): its role and, for
+  // XRC_RECV, its domain's id.
+  XrcRole xrc = XrcRole::None;
+  uint32_t xrcd_id = 0;
   int32_t owner_pid = 0;
   int32_t owner_process = -1;  // the owner's ProcessTable record: whether it lives
   uint32_t pd_handle = 0;
@@ -178,6 +193,7 @@ struct DeviceShared {
   ReadMostlyMutex memory_lock;  // the MR table: a reader across every data copy, a writer to change it
   SharedMutex atomics_lock;     // makes atomics atomic with respect to each other
   uint32_t next_pd_handle = 0;
+  XrcDomainTable xrc_domains;  // under objects_lock
   uint64_t heap_start = 0;
   uint64_t heap_next = 0;
   uint64_t heap_end = 0;
@@ -199,7 +215,7 @@ struct DeviceShared {
 // it returns to where it was once the processes that used it are gone.
 struct DeviceUsage {
   uint32_t processes = 0;  // joined and alive
-  uint32_t qps = 0, cqs = 0, srqs = 0, mrs = 0;
+  uint32_t qps = 0, cqs = 0, srqs = 0, mrs = 0, xrc_domains = 0;
   uint64_t heap_bytes = 0;  // rings and receive queues, in blocks handed out
 };
 
@@ -231,6 +247,7 @@ class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
   uint32_t allocate_pd_handle();
 
   QpRecord* qp_by_number(uint32_t qpn);
+  SrqRecord* srq_by_number(uint32_t srqn);
 
   // This process's record in the device's ProcessTable: the process joins
   // the device on first use (and again in a forked child), which starts

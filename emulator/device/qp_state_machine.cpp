@@ -74,17 +74,45 @@ constexpr Table kTable = build_table();
 
 const TransitionRule& transition_rule(QpState from, QpState to) { return kTable[index(from)][index(to)]; }
 
-TransitionVerdict check_transition(QpState from, QpState to, QpType type, uint32_t mask) {
-  if ((mask & kCurrentState) && from != QpState::Rtr && from != QpState::Rts && from != QpState::Sqd &&
-      from != QpState::Sqe)
-    return TransitionVerdict::CurrentStateNotAllowed;
-  const TransitionRule& r = transition_rule(from, to);
-  if (!r.valid) return TransitionVerdict::NoSuchTransition;
-  uint32_t required = r.required[index(type)];
-  uint32_t optional = r.optional[index(type)];
+namespace {
+
+TransitionVerdict check_masks(uint32_t mask, uint32_t required, uint32_t optional) {
   if ((mask & required) != required) return TransitionVerdict::MissingRequiredAttribute;
   if (mask & ~(required | optional | kState)) return TransitionVerdict::AttributeNotAllowed;
   return TransitionVerdict::Allowed;
+}
+
+bool current_state_allowed(QpState from, uint32_t mask) {
+  return !(mask & kCurrentState) || from == QpState::Rtr || from == QpState::Rts || from == QpState::Sqd ||
+         from == QpState::Sqe;
+}
+
+}  // namespace
+
+TransitionVerdict check_transition(QpState from, QpState to, QpType type, uint32_t mask) {
+  if (!current_state_allowed(from, mask)) return TransitionVerdict::CurrentStateNotAllowed;
+  const TransitionRule& r = transition_rule(from, to);
+  if (!r.valid) return TransitionVerdict::NoSuchTransition;
+  return check_masks(mask, r.required[index(type)], r.optional[index(type)]);
+}
+
+TransitionVerdict check_transition(QpState from, QpState to, XrcRole role, uint32_t mask) {
+  if (role == XrcRole::None) return check_transition(from, to, QpType::Rc, mask);
+  if (!current_state_allowed(from, mask)) return TransitionVerdict::CurrentStateNotAllowed;
+  const TransitionRule& r = transition_rule(from, to);
+  if (!r.valid) return TransitionVerdict::NoSuchTransition;
+  uint32_t required = r.required[index(QpType::Rc)];
+  uint32_t optional = r.optional[index(QpType::Rc)];
+  if (role == XrcRole::Send) {
+    // No responder: nothing about incoming RDMA READs or RNR NAKs to send.
+    required &= ~(kMaxDestRdAtomic | kMinRnrTimer);
+    optional &= ~(kMaxDestRdAtomic | kMinRnrTimer);
+  } else {
+    // No requester: no retries, no outgoing READs or atomics.
+    if (from == QpState::Rtr && to == QpState::Rts) required = kTimeout | kSqPsn;
+    optional &= ~(kRetryCount | kRnrRetry | kMaxQpRdAtomic);
+  }
+  return check_masks(mask, required, optional);
 }
 
 const char* qp_state_name(QpState state) {

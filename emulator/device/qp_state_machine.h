@@ -10,6 +10,12 @@ namespace softverbs {
 enum class QpState : uint8_t { Reset, Init, Rtr, Rts, Sqd, Sqe, Error };
 enum class QpType : uint8_t { Rc, Uc, Ud };
 
+// The XRC half an RC QP may play (IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV): an
+// XRC_SEND QP sends an RC stream whose messages each name an XRC SRQ (the
+// XRCETH); an XRC_RECV QP is that stream's responder, taking each message's
+// receive from the SRQ it names.
+enum class XrcRole : uint8_t { None, Send, Recv };
+
 // Attribute mask bits. The values are the verbs ABI's (IBV_QP_*), which the
 // provider checks with static_asserts, so masks cross the boundary unchanged.
 namespace qp_attr {
@@ -55,6 +61,10 @@ const TransitionRule& transition_rule(QpState from, QpState to);
 // Checks a Modify QP request: `mask` is the caller's attribute mask (with or
 // without kState; `to` is the target state, `from` the QP's current one).
 TransitionVerdict check_transition(QpState from, QpState to, QpType type, uint32_t mask);
+// The same for an RC QP playing an XRC role, whose rules differ from RC's
+// where a half of the QP is missing (IBA 11.2.4.2, the kernel's table):
+// XRC_SEND has no responder attributes, XRC_RECV no requester ones.
+TransitionVerdict check_transition(QpState from, QpState to, XrcRole role, uint32_t mask);
 
 const char* qp_state_name(QpState state);
 

@@ -63,15 +63,42 @@ void consume_head(RecvQueue& rq) {
   std::atomic_ref<uint64_t>(rq.consumed).store(rq.consumed + 1, std::memory_order_release);
 }
 
-bool take_receive(DeviceMemory& memory, QpRecord& target, ReceivePlacement& out) {
-  if (target.srq < 0) return take_from_queue(memory, target.rq, target.pd_handle, target.owner_pid, out);
-  SrqRecord& srq = memory.shared().srqs[target.srq];
+namespace {
+
+// The next WQE of `srq` (still the SRQ `srqn`, if given), raising its
+// limit event when the queue drops below the armed limit.
+bool take_from_srq(DeviceMemory& memory, SrqRecord& srq, ReceivePlacement& out, uint32_t srqn = 0) {
   SharedLock lock(srq.lock);
-  if (!srq.live || !take_from_queue(memory, srq.rq, srq.pd_handle, srq.owner_pid, out)) return false;
+  if (!srq.live || (srqn != 0 && srq.srqn != srqn) ||
+      !take_from_queue(memory, srq.rq, srq.pd_handle, srq.owner_pid, out))
+    return false;
   if (srq.limit != 0 && srq.rq.posted - srq.rq.consumed < srq.limit) {
     srq.limit = 0;  // one event per arming, as ibv_modify_srq(IBV_SRQ_LIMIT) documents
     send_async_event(srq.owner_async, srq.owner_handle, AsyncEventType::SrqLimitReached);
   }
+  return true;
+}
+
+}  // namespace
+
+bool take_receive(DeviceMemory& memory, QpRecord& target, ReceivePlacement& out) {
+  if (target.srq < 0) return take_from_queue(memory, target.rq, target.pd_handle, target.owner_pid, out);
+  return take_from_srq(memory, memory.shared().srqs[target.srq], out);
+}
+
+const SrqRecord* find_xrc_srq(DeviceMemory& memory, const QpRecord& target, uint32_t srqn) {
+  const SrqRecord* srq = memory.srq_by_number(srqn);
+  if (srq == nullptr || target.xrc != XrcRole::Recv || srq->xrcd_id == 0 || srq->xrcd_id != target.xrcd_id)
+    return nullptr;
+  return srq;
+}
+
+bool take_xrc_receive(DeviceMemory& memory, const QpRecord& target, uint32_t srqn, ReceivePlacement& out) {
+  const SrqRecord* found = find_xrc_srq(memory, target, srqn);
+  if (found == nullptr) return false;
+  SrqRecord& srq = const_cast<SrqRecord&>(*found);
+  if (!take_from_srq(memory, srq, out, srqn)) return false;
+  out.cq = srq.cq;
   return true;
 }
 

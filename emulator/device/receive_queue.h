@@ -22,6 +22,9 @@ struct ReceivePlacement {
   SmallVector<Sge, limits::kMaxSge> sges;  // as posted, one per entry of `vectors`
   uint64_t capacity = 0;
   bool protection_error = false;  // an SGE failed its lkey check
+  int cq = -1;                    // an XRC SRQ's CQ, which the receive completes on; -1: the QP's recv_cq
+
+  int completion_cq(const QpRecord& target) const { return cq >= 0 ? cq : target.recv_cq; }
 };
 
 // A receive queue with a ring of `capacity` WQEs of `max_sge` SGEs (at least
@@ -42,5 +45,13 @@ inline uint32_t wqe_sequence(uint64_t position) { return static_cast<uint32_t>(p
 // SRQ if it has one, raising the SRQ's limit event when the queue drops below
 // the armed limit. False if none is posted.
 bool take_receive(DeviceMemory& memory, QpRecord& target, ReceivePlacement& out);
+
+// The XRC SRQ `srqn` if an XRC_RECV QP `target` may deliver into it: a live
+// XRC SRQ of the QP's domain. Else null, which the IB spec answers with an
+// Invalid Request NAK. (Its PD, CQ and domain are fixed while it lives.)
+const SrqRecord* find_xrc_srq(DeviceMemory& memory, const QpRecord& target, uint32_t srqn);
+// take_receive for an XRC_RECV QP: the next WQE of the XRC SRQ the message
+// names (found with find_xrc_srq first); `out.cq` is the SRQ's CQ.
+bool take_xrc_receive(DeviceMemory& memory, const QpRecord& target, uint32_t srqn, ReceivePlacement& out);
 
 }  // namespace softverbs

@@ -133,6 +133,8 @@ struct SendWqe {
   // UD: the address handle's part.
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;
+  // XRC_SEND: the XRC SRQ at the peer that the message is for (its XRCETH).
+  uint32_t remote_srqn = 0;
   bool has_grh = false;
   uint8_t sgid_index = 0;
   bool roce_v2 = true;  // the source GID's type: a RoCE v2 packet (UDP/IP) or a v1 one (a GRH)

@@ -140,6 +140,13 @@ SendOutcome no_answer(const QpRecord& qp, Completion& completion) {
   return SendOutcome::Completed;
 }
 
+// The target's next receive WQE: from its own queue or SRQ, or for an
+// XRC_RECV QP from the XRC SRQ the message names (already found valid).
+bool take_target_receive(DeviceMemory& memory, QpRecord& target, const SendWqe& request, ReceivePlacement& out) {
+  if (target.xrc == XrcRole::Recv) return take_xrc_receive(memory, target, request.remote_srqn, out);
+  return take_receive(memory, target, out);
+}
+
 // A SEND (with or without immediate) into `target`'s next receive WQE; the
 // target's lock is held by the caller.
 SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_record, const SendWqe& request,
@@ -147,7 +154,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
   QpRecord* target = &target_record;
   const bool reliable = qp.type == QpType::Rc;
   ReceivePlacement receive;
-  if (!take_receive(memory, *target, receive)) {
+  if (!take_target_receive(memory, *target, request, receive)) {
     if (reliable) return SendOutcome::ReceiverNotReady;
     return SendOutcome::Completed;  // UC/UD: dropped
   }
@@ -200,7 +207,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
     // A receive-side error takes the responder QP to ERR as well.
     set_state(*target, QpState::Error);
   }
-  deliver_completion(memory, target->recv_cq, received, request.flags & send_flag::kSolicited);
+  deliver_completion(memory, receive.completion_cq(*target), received, request.flags & send_flag::kSolicited);
   return SendOutcome::Completed;
 }
 
@@ -236,9 +243,17 @@ uint32_t route_to_cm_agent(DeviceMemory& memory, QpRecord& qp, const SendWqe& re
 // that failed, the remote key check), and each operation's own steps.
 class Execution {
  public:
+  // `target_pd`: the PD its rkeys must belong to (an XRC_RECV QP has none:
+  // the XRC SRQ the message names lends its own).
   Execution(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, const LocalBuffers& local,
-            Completion& completion, QpRecord& target)
-      : memory_(memory), qp_(qp), request_(request), local_(local), completion_(completion), target_(target) {}
+            Completion& completion, QpRecord& target, uint32_t target_pd)
+      : memory_(memory),
+        qp_(qp),
+        request_(request),
+        local_(local),
+        completion_(completion),
+        target_(target),
+        target_pd_(target_pd) {}
 
   SendOutcome write();
   SendOutcome read();
@@ -265,7 +280,7 @@ class Execution {
     // A zero-length RDMA READ or WRITE touches no memory, so no key is
     // checked (IBA C9-88): UCX flushes with one that names rkey 0.
     if (length == 0 && needed != access::kRemoteAtomic) return true;
-    return memory_.shared().mrs.check_remote(request_.rkey, target_.pd_handle, request_.remote_address, length, needed,
+    return memory_.shared().mrs.check_remote(request_.rkey, target_pd_, request_.remote_address, length, needed,
                                              &where) == KeyCheck::Ok &&
            where.owner_pid == target_.owner_pid;
   }
@@ -277,6 +292,7 @@ class Execution {
   const LocalBuffers& local_;
   Completion& completion_;
   QpRecord& target_;
+  const uint32_t target_pd_;
 };
 
 void Execution::deliver_write_immediate(const ReceivePlacement& receive) {
@@ -288,7 +304,7 @@ void Execution::deliver_write_immediate(const ReceivePlacement& receive) {
   received.flags = wc_flag::kWithImm;
   received.qp_num = target_.qpn;
   received.src_qp = qp_.qpn;
-  deliver_completion(memory_, target_.recv_cq, received, request_.flags & send_flag::kSolicited);
+  deliver_completion(memory_, receive.completion_cq(target_), received, request_.flags & send_flag::kSolicited);
 }
 
 SendOutcome Execution::write() {
@@ -296,7 +312,7 @@ SendOutcome Execution::write() {
   if (!check_remote(access::kRemoteWrite, local_.length, where)) return fail(WcStatus::RemoteAccessError);
   const bool immediate = send_opcode_info(request_.opcode).is(wr_mask::kImmediate);
   ReceivePlacement receive;
-  if (immediate && !take_receive(memory_, target_, receive))
+  if (immediate && !take_target_receive(memory_, target_, request_, receive))
     return reliable() ? SendOutcome::ReceiverNotReady : SendOutcome::Completed;
   RemoteRange remote{where.address, local_.length, request_.rkey, access::kRemoteWrite};
   if (local_.length > 0)
@@ -369,9 +385,11 @@ SendOutcome send_to_group(DeviceMemory& memory, QpRecord& qp, const SendWqe& req
 // Whether `target` (locked) takes packets from `qp`: live, of the same type,
 // able to receive, its process alive (a QP whose process has died answers
 // nothing, as one whose host died), and for RC and UC connected to `qp`.
+// XRC_SEND QPs speak only to XRC_RECV QPs (the XRC service), others to none.
 bool answers(DeviceMemory& memory, const QpRecord& qp, const QpRecord& target, uint32_t target_qpn) {
   if (!target.live || target.qpn != target_qpn || target.type != qp.type || !receive_capable(target.state))
     return false;
+  if ((qp.xrc == XrcRole::Send) != (target.xrc == XrcRole::Recv) || target.xrc == XrcRole::Send) return false;
   if (!memory.owner_alive(target.owner_process)) return false;
   return qp.type == QpType::Ud || target.attributes.dest_qpn == qp.qpn;
 }
@@ -413,7 +431,20 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& requ
       return SendOutcome::Completed;
     }
   }
-  Execution execution(memory, qp, request, local, completion, *target);
+  uint32_t target_pd = target->pd_handle;
+  if (target->xrc == XrcRole::Recv) {
+    // Every XRC request names an XRC SRQ of the target's domain; one that
+    // does not is an invalid request (class C: the responder fails too).
+    const SrqRecord* srq = find_xrc_srq(memory, *target, request.remote_srqn);
+    if (srq == nullptr) {
+      debug_log("QP %#x: XRC SRQ %#x is no XRC SRQ of QP %#x's domain", qp.qpn, request.remote_srqn, target->qpn);
+      set_state(*target, QpState::Error);
+      completion.status = WcStatus::RemoteInvalidRequestError;
+      return SendOutcome::Completed;
+    }
+    target_pd = srq->pd_handle;
+  }
+  Execution execution(memory, qp, request, local, completion, *target, target_pd);
   const SendOpcodeInfo& info = send_opcode_info(request.opcode);
   if (info.is(wr_mask::kWrite)) return execution.write();
   if (info.is(wr_mask::kRead)) return execution.read();

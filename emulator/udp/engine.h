@@ -422,6 +422,7 @@ class PortEngine : public TransportPort {
     uint32_t qpn, pd_handle;
     int send_cq, recv_cq;
     bool cm_agent;
+    XrcRole xrc = XrcRole::None;
   };
   // Attaches a QP that reached RTR (or a UD QP): nullptr if its path
   // cannot be resolved.

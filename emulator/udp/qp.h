@@ -166,6 +166,7 @@ struct ResponderState {
   uint64_t receive_wr_id = 0;
   SmallVector<Sge, limits::kMaxSge> receive_sges;  // checked again before each packet lands
   uint64_t receive_capacity = 0;
+  int receive_cq = -1;  // where the receive completes: an XRC SRQ's CQ; -1: the QP's recv_cq
   uint64_t received = 0;
   bool receive_too_small = false;
   uint64_t write_iova = 0;
@@ -189,7 +190,8 @@ struct UdpQp {
   int index = -1;  // QP record index in device memory
   uint32_t qpn = 0;
   QpType type = QpType::Rc;
-  bool cm_agent = false;  // sends as QP1 (cm_routing.h)
+  XrcRole xrc = XrcRole::None;  // an XRC QP speaks the XRC service (opcodes 0xa0.., XRCETH)
+  bool cm_agent = false;        // sends as QP1 (cm_routing.h)
   uint32_t pd_handle = 0;
   int send_cq = -1;
   int recv_cq = -1;

@@ -21,8 +21,8 @@ int PortEngine::sync_qp(int qp_index) {
   {
     SharedLock lock(record.lock);
     if (!record.live) return EINVAL;
-    snapshot = {record.state,     record.type,    record.attributes, record.qpn,
-                record.pd_handle, record.send_cq, record.recv_cq,    record.gsi_agent != 0};
+    snapshot = {record.state,   record.type,    record.attributes,     record.qpn, record.pd_handle,
+                record.send_cq, record.recv_cq, record.gsi_agent != 0, record.xrc};
   }
   std::lock_guard guard(mutex_);
   flush_sends();  // what a post left waiting goes before the QP changes
@@ -51,6 +51,7 @@ UdpQp* PortEngine::attach_locked(int qp_index, const QpSnapshot& record) {
   fresh.qpn = record.qpn;
   fresh.type = record.type;
   fresh.cm_agent = record.cm_agent;
+  fresh.xrc = record.xrc;
   fresh.faults = FaultGenerator(fault_settings().seed, record.qpn);
   if (record.type != QpType::Ud) {
     Gid dgid;
@@ -78,7 +79,9 @@ UdpQp* PortEngine::attach_locked(int qp_index, const QpSnapshot& record) {
 }
 
 void PortEngine::update_locked(UdpQp& qp, const QpSnapshot& record) {
-  qp.pd_handle = record.pd_handle;
+  // An XRC_RECV QP has no PD: each request's XRC SRQ lends its own (see
+  // the responder's check_xrc_srq).
+  if (record.xrc != XrcRole::Recv) qp.pd_handle = record.pd_handle;
   qp.send_cq = record.send_cq;
   qp.recv_cq = record.recv_cq;
   // Never above what the netdev carries (packets leave with DF set).

@@ -22,8 +22,9 @@ namespace {
 using namespace wire;
 using namespace parameters;
 
-Service service_of(QpType type) {
-  switch (type) {
+Service service_of(const UdpQp& qp) {
+  if (qp.xrc != XrcRole::None) return Service::Xrc;
+  switch (qp.type) {
     case QpType::Uc:
       return Service::Uc;
     case QpType::Ud:
@@ -69,7 +70,7 @@ uint8_t segment_opcode(const UdpQp& qp, const SendWqe& wqe, uint32_t index, uint
                               : (last ? OpPosition::Last : OpPosition::Middle);
   if (write && !immediate && configured_write_framing() == WriteFraming::Packets) position = OpPosition::Only;
   const bool with_immediate = immediate && (position == OpPosition::Last || position == OpPosition::Only);
-  return opcode_for(service_of(qp.type), write ? OpKind::Write : OpKind::Send, position, with_immediate);
+  return opcode_for(service_of(qp), write ? OpKind::Write : OpKind::Send, position, with_immediate);
 }
 
 // May a packet with this PSN go now? Always when nothing is outstanding.
@@ -110,6 +111,7 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) 
   const OpcodeInfo& segment = opcode_info(packet.bth.opcode);
   packet.bth.dest_qp = qp.dest_qpn;
   packet.bth.psn = psn_add(wqe.first_psn, index);
+  packet.xrc_srqn = wqe.remote_srqn;
   const bool last = index + 1 == wqe.psn_count;
   packet.bth.solicited = last && (wqe.flags & send_flag::kSolicited);
   const bool nothing_older_in_flight = &wqe == &qp.requester.queue.front();
@@ -135,7 +137,8 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) 
 
 void send_read_request(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
   TransportPacket packet;
-  packet.bth.opcode = opcode(Service::Rc, op::kReadRequest);
+  packet.bth.opcode = opcode(service_of(qp), op::kReadRequest);
+  packet.xrc_srqn = wqe.remote_srqn;
   packet.bth.dest_qp = qp.dest_qpn;
   packet.bth.psn = wqe.read_next_psn;
   packet.bth.ack_request = true;
@@ -148,7 +151,8 @@ void send_read_request(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
 void send_atomic_request(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
   TransportPacket packet;
   const bool swap = wqe.opcode == SendOpcode::AtomicCompareSwap;
-  packet.bth.opcode = opcode(Service::Rc, swap ? op::kCompareSwap : op::kFetchAdd);
+  packet.bth.opcode = opcode(service_of(qp), swap ? op::kCompareSwap : op::kFetchAdd);
+  packet.xrc_srqn = wqe.remote_srqn;
   packet.bth.dest_qp = qp.dest_qpn;
   packet.bth.psn = wqe.first_psn;
   packet.bth.ack_request = true;

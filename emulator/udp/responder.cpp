@@ -96,7 +96,7 @@ void complete_receive(TransportPort& port, UdpQp& qp, WcStatus status, WcOpcode 
     c.flags |= wc_flag::kWithImm;
   }
   bool solicited = packet != nullptr && packet->bth.solicited;
-  deliver_completion(port.memory(), qp.recv_cq, c, solicited);
+  deliver_completion(port.memory(), s.receive_cq >= 0 ? s.receive_cq : qp.recv_cq, c, solicited);
   s.have_receive = false;
 }
 
@@ -203,6 +203,22 @@ Verdict check_op_valid(TransportPort& port, UdpQp& qp, const TransportPacket& pa
   return Verdict::Done;
 }
 
+// Every XRC request names, in its XRCETH, an XRC SRQ of the XRC_RECV QP's
+// domain; one that does not is an invalid request (IBA 9.7.5.2: class C,
+// the responder fails too). The SRQ's PD is the one this request's keys
+// are checked in: an XRC_RECV QP has none of its own.
+Verdict check_xrc_srq(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified&) {
+  if (qp.xrc != XrcRole::Recv) return Verdict::Continue;
+  const SrqRecord* srq = find_xrc_srq(port.memory(), record_of(port, qp), packet.xrc_srqn);
+  if (srq != nullptr) {
+    qp.pd_handle = srq->pd_handle;
+    return Verdict::Continue;
+  }
+  debug_log("QP %#x: XRC SRQ %#x is no XRC SRQ of its domain", qp.qpn, packet.xrc_srqn);
+  fail_request(port, qp, packet.bth.psn, aeth::kNakInvalidRequest, WcStatus::RemoteInvalidRequestError);
+  return Verdict::Done;
+}
+
 // A SEND's first packet, or the last of a WRITE with immediate, needs a
 // receive WQE: none posted means RNR (RC) or a dropped message (UC).
 Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
@@ -215,7 +231,9 @@ Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& pa
   {
     QpRecord& record = record_of(port, qp);
     SharedLock lock(record.lock);
-    taken = record.live && record.qpn == qp.qpn && take_receive(port.memory(), record, receive);
+    taken = record.live && record.qpn == qp.qpn &&
+            (qp.xrc == XrcRole::Recv ? take_xrc_receive(port.memory(), record, packet.xrc_srqn, receive)
+                                     : take_receive(port.memory(), record, receive));
   }
   if (!taken) {
     if (qp.type == QpType::Uc) {
@@ -229,6 +247,7 @@ Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& pa
     return Verdict::Done;
   }
   s.have_receive = true;
+  s.receive_cq = receive.cq;
   s.receive_wr_id = receive.wr_id;
   s.receive_sges = receive.sges;
   s.receive_capacity = receive.capacity;
@@ -567,12 +586,13 @@ void send_control(TransportPort& port, UdpQp& qp, const Response& r) {
   packet.bth.dest_qp = qp.dest_qpn;
   packet.bth.psn = r.psn;
   packet.aeth.msn = r.msn;
+  const Service service = qp.xrc != XrcRole::None ? Service::Xrc : Service::Rc;
   if (r.kind == Response::Kind::AtomicAck) {
-    packet.bth.opcode = opcode(Service::Rc, op::kAtomicAcknowledge);
+    packet.bth.opcode = opcode(service, op::kAtomicAcknowledge);
     packet.aeth.syndrome = aeth::kAck;
     packet.atomic_ack_original = r.original;
   } else {
-    packet.bth.opcode = opcode(Service::Rc, op::kAcknowledge);
+    packet.bth.opcode = opcode(service, op::kAcknowledge);
     packet.aeth.syndrome = r.kind == Response::Kind::Ack ? aeth::kAck : r.syndrome;
   }
   port.transmit(qp, qp.path, qp.dest_qpn, packet, {});
@@ -594,7 +614,7 @@ bool send_read_data(TransportPort& port, UdpQp& qp, Response& r, uint32_t& budge
       operation = op::kReadResponseLast;
     else
       operation = op::kReadResponseMiddle;
-    packet.bth.opcode = opcode(Service::Rc, operation);
+    packet.bth.opcode = opcode(qp.xrc != XrcRole::None ? Service::Xrc : Service::Rc, operation);
     packet.bth.dest_qp = qp.dest_qpn;
     packet.bth.psn = psn_add(r.psn, index);
     packet.aeth = {aeth::kAck, r.msn};
@@ -646,7 +666,7 @@ Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& p
     port.counters().add(Counter::UnknownQp);
     return Taken::Done;
   }
-  const Service service = qp.type == QpType::Rc ? Service::Rc : Service::Uc;
+  const Service service = qp.xrc != XrcRole::None ? Service::Xrc : qp.type == QpType::Rc ? Service::Rc : Service::Uc;
   if ((packet.bth.opcode & 0xe0) != static_cast<uint8_t>(service)) {
     port.counters().add(Counter::MalformedPackets);
     return Taken::Done;
@@ -656,7 +676,7 @@ Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& p
   // through, so one that waits can be handed in again as it is.
   what.may_await_receive = may_await_receive;
   using Check = Verdict (*)(TransportPort&, UdpQp&, const TransportPacket&, Classified&);
-  static constexpr Check kPipeline[] = {check_psn,      check_op_sequence, check_op_valid,
+  static constexpr Check kPipeline[] = {check_psn,      check_op_sequence, check_xrc_srq, check_op_valid,
                                         check_resource, check_length,      check_rkey};
   for (Check check : kPipeline) {
     const Verdict verdict = check(port, qp, packet, what);

@@ -27,9 +27,10 @@ std::unique_ptr<DeviceQp> DeviceQp::create(DeviceContext& context, QpSetup& setu
   }
   QpRecord& record = memory.shared().qps[index];
   QpCapacities& caps = setup.caps;
-  // With an SRQ the QP has no receive queue of its own.
+  // With an SRQ the QP has no receive queue of its own, nor has an XRC QP.
+  const bool own_receive_queue = setup.srq < 0 && setup.xrc == XrcRole::None;
   RecvQueue rq;
-  if (setup.srq < 0) {
+  if (own_receive_queue) {
     rq = allocate_receive_queue(memory, caps.max_recv_wr, caps.max_recv_sge);
     if (rq.ring_offset == 0) {
       SharedLock lock(record.lock);
@@ -39,12 +40,15 @@ std::unique_ptr<DeviceQp> DeviceQp::create(DeviceContext& context, QpSetup& setu
     }
   }
   caps.max_send_wr = std::max<uint32_t>(caps.max_send_wr, 1);
-  caps.max_recv_wr = setup.srq >= 0 ? 0 : rq.capacity;
+  caps.max_recv_wr = own_receive_queue ? rq.capacity : 0;
   caps.max_send_sge = std::max<uint32_t>(caps.max_send_sge, 1);
-  caps.max_recv_sge = setup.srq >= 0 ? 0 : rq.max_sge;
+  caps.max_recv_sge = own_receive_queue ? rq.max_sge : 0;
+  if (setup.xrc == XrcRole::Recv) caps = {};
   {
     SharedLock lock(record.lock);
     record.type = setup.type;
+    record.xrc = setup.xrc;
+    record.xrcd_id = setup.xrcd_id;
     record.pd_handle = setup.pd_handle;
     record.signal_all = setup.signal_all ? 1 : 0;
     record.send_cq = setup.send_cq;

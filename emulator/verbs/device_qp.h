@@ -29,6 +29,10 @@ struct QpSetup {
   int srq = -1;  // none: the QP has a receive queue of its own
   QpCapacities caps;
   SocketAddress owner_async;  // where its async events go
+  // An XRC QP has no receive queue (nor, XRC_RECV, a send queue or CQs);
+  // an XRC_RECV QP belongs to the domain `xrcd_id`.
+  XrcRole xrc = XrcRole::None;
+  uint32_t xrcd_id = 0;
 };
 
 class DeviceQp {

@@ -54,6 +54,12 @@ constexpr std::array<OpcodeInfo, 256> build_table() {
   }
   for (const Entry& e : kReliableOnly)
     table[opcode(Service::Rc, e.operation)] = {true, e.headers, e.name, e.kind, e.position};
+  // XRC has RC's operations; its requests add the XRCETH (IBA 9.2, table 38).
+  for (unsigned operation = 0; operation < 0x20; ++operation) {
+    OpcodeInfo xrc = table[opcode(Service::Rc, static_cast<uint8_t>(operation))];
+    xrc.xrceth = xrc.valid && !xrc.response();
+    table[opcode(Service::Xrc, static_cast<uint8_t>(operation))] = xrc;
+  }
   table[opcode(Service::Ud, op::kSendOnly)] = {true, kDeth | kPayload, "SEND_ONLY", Send, Only};
   table[opcode(Service::Ud, op::kSendOnlyImm)] = {true, kDeth | kImmDt | kPayload, "SEND_ONLY_WITH_IMMEDIATE", Send,
                                                   Only};
@@ -142,7 +148,7 @@ uint8_t opcode_for(Service service, OpKind kind, OpPosition position, bool immed
 }
 
 size_t header_bytes(const OpcodeInfo& info) {
-  return kBthBytes + ((info.headers & kDeth) ? 8 : 0) + ((info.headers & kReth) ? 16 : 0) +
+  return kBthBytes + (info.xrceth ? 4 : 0) + ((info.headers & kDeth) ? 8 : 0) + ((info.headers & kReth) ? 16 : 0) +
          ((info.headers & kAtomicEth) ? 28 : 0) + ((info.headers & kAeth) ? 4 : 0) +
          ((info.headers & kAtomicAckEth) ? 8 : 0) + ((info.headers & kImmDt) ? 4 : 0) +
          ((info.headers & kIeth) ? 4 : 0);
@@ -162,6 +168,10 @@ size_t build_headers(const TransportPacket& packet, size_t payload_length, std::
   w.u8(static_cast<uint8_t>(bth.ack_request << 7));
   w.u24(bth.psn & 0xffffff);
   // Extension headers in the order IBA 9.2 gives them.
+  if (info.xrceth) {
+    w.u8(0);
+    w.u24(packet.xrc_srqn & 0xffffff);
+  }
   if (info.headers & kDeth) {
     w.u32(packet.deth.qkey);
     w.u8(0);
@@ -220,6 +230,10 @@ std::optional<TransportPacket> parse(std::span<const uint8_t> transport) {
   if (!info.valid || bth.transport_version != 0) return std::nullopt;
   const size_t extension = header_bytes(info) - kBthBytes;
   if (!in.has(extension)) return std::nullopt;
+  if (info.xrceth) {
+    in.u8();
+    packet.xrc_srqn = in.u24();
+  }
   if (info.headers & kDeth) {
     packet.deth.qkey = in.u32();
     in.u8();

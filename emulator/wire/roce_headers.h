@@ -1,6 +1,6 @@
 // RoCEv2 transport headers as they travel in a UDP datagram (destination
 // port 4791): the BTH and the extension headers each opcode carries (RETH,
-// AETH, AtomicETH, AtomicAckETH, ImmDt, IETH, DETH), payload padding to 4
+// AETH, AtomicETH, AtomicAckETH, ImmDt, IETH, DETH, XRCETH), payload padding to 4
 // bytes, and the ICRC trailer. Building and parsing live here and nowhere
 // else; parse() accepts only what the opcode table allows.
 #pragma once
@@ -19,7 +19,7 @@ inline constexpr size_t kBthBytes = 12;
 inline constexpr size_t kIcrcBytes = 4;
 
 // Transport service in the opcode's top three bits.
-enum class Service : uint8_t { Rc = 0x00, Uc = 0x20, Rd = 0x40, Ud = 0x60 };
+enum class Service : uint8_t { Rc = 0x00, Uc = 0x20, Rd = 0x40, Ud = 0x60, Xrc = 0xa0 };
 
 // Operations in the opcode's low five bits (IBA table 38).
 namespace op {
@@ -75,6 +75,8 @@ struct OpcodeInfo {
   const char* name = "";
   OpKind kind = OpKind::Send;
   OpPosition position = OpPosition::Only;
+  // XRC requests carry an XRCETH (the SRQ number) right after the BTH.
+  bool xrceth = false;
 
   constexpr bool immediate() const { return (headers & header::kImmDt) != 0; }
   // Sent by a responder: READ responses and (atomic) acknowledgements.
@@ -143,12 +145,13 @@ struct TransportPacket {
   uint32_t immediate = 0;  // as on the wire (network order bytes in a host integer read big-endian)
   uint32_t invalidate_rkey = 0;
   Deth deth;
+  uint32_t xrc_srqn = 0;             // XRCETH, 24 bits
   std::span<const uint8_t> payload;  // parse(): points into the input
 };
 
-// The longest BTH + extension headers any opcode carries (RC compare&swap:
-// BTH + AtomicETH).
-inline constexpr size_t kMaxHeaderBytes = kBthBytes + 28;
+// The longest BTH + extension headers any opcode carries (XRC compare&swap:
+// BTH + XRCETH + AtomicETH).
+inline constexpr size_t kMaxHeaderBytes = kBthBytes + 4 + 28;
 
 // Writes the BTH and the opcode's extension headers for a packet whose
 // payload is `payload_length` bytes (the BTH's pad count follows from it);
