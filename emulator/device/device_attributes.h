@@ -30,6 +30,8 @@ struct DeviceCapabilities {
   bool srq_resize = true;
   bool port_active_event = true;
   bool n_notify_cq = true;
+  bool memory_windows = true;          // type 1
+  bool memory_windows_type_2b = true;  // type 2, bound to a QP
 };
 
 struct DeviceAttributes {
