@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -262,6 +263,8 @@ TEST_F(MemoryWindow, Type2WindowInvalidatedBySendWithInvalidate) {
   wr.invalidate_rkey = rkey;
   ibv_send_wr* bad = nullptr;
   ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
+  // For udp_tools_test, which finds this packet's IETH in a capture.
+  std::printf("send with invalidate of rkey %#x\n", rkey);
   auto sent = poll_n(cq_a_, 1);
   ASSERT_EQ(sent.size(), 1u);
   EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS);
