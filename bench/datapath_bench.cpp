@@ -32,8 +32,8 @@ void MrKeyLookup(benchmark::State& state) {
   ResolvedRange where;
   for (auto _ : state) {
     uint32_t key = keys[i++ % keys.size()];
-    benchmark::DoNotOptimize(table->check_remote(key, 1, (key >> 8) * 0 + 0x10000 * ((i - 1) % 1000 + 1) + 64, 64,
-                                                 access::kRemoteWrite, &where));
+    benchmark::DoNotOptimize(table->check_remote(
+        key, 1, /*qpn=*/0, (key >> 8) * 0 + 0x10000 * ((i - 1) % 1000 + 1) + 64, 64, access::kRemoteWrite, &where));
   }
 }
 BENCHMARK(MrKeyLookup);

@@ -20,6 +20,8 @@ unsigned capability_flags(const DeviceCapabilities& caps) {
   if (caps.port_active_event) flags |= IBV_DEVICE_PORT_ACTIVE_EVENT;
   if (caps.n_notify_cq) flags |= IBV_DEVICE_N_NOTIFY_CQ;
   if (caps.xrc) flags |= IBV_DEVICE_XRC;
+  if (caps.memory_windows) flags |= IBV_DEVICE_MEM_WINDOW;
+  if (caps.memory_windows_type_2b) flags |= IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   return flags;
 }
 

@@ -57,6 +57,18 @@ void wr_atomic_cmp_swp(ibv_qp_ex* ex, uint32_t rkey, uint64_t remote, uint64_t c
 void wr_atomic_fetch_add(ibv_qp_ex* ex, uint32_t rkey, uint64_t remote, uint64_t add) {
   begin_request(ex, IBV_WR_ATOMIC_FETCH_AND_ADD).wr.atomic = {remote, add, 0, rkey};
 }
+void wr_bind_mw(ibv_qp_ex* ex, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) {
+  ibv_send_wr& wr = begin_request(ex, IBV_WR_BIND_MW);
+  wr.bind_mw.mw = mw;
+  wr.bind_mw.rkey = rkey;
+  wr.bind_mw.bind_info = *info;
+}
+void wr_local_inv(ibv_qp_ex* ex, uint32_t invalidate_rkey) {
+  begin_request(ex, IBV_WR_LOCAL_INV).invalidate_rkey = invalidate_rkey;
+}
+void wr_send_inv(ibv_qp_ex* ex, uint32_t invalidate_rkey) {
+  begin_request(ex, IBV_WR_SEND_WITH_INV).invalidate_rkey = invalidate_rkey;
+}
 void wr_set_ud_addr(ibv_qp_ex* ex, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
   if (BuiltRequest* built = last_request(ex)) built->wr.wr.ud = {ah, remote_qpn, remote_qkey};
 }
@@ -113,7 +125,8 @@ int wr_complete(ibv_qp_ex* ex) {
 
 constexpr uint64_t kSupportedSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
                                        IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
-                                       IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+                                       IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+                                       IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV;
 
 }  // namespace
 
@@ -177,6 +190,9 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
     ex.wr_rdma_read = wr_rdma_read;
     ex.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
     ex.wr_atomic_fetch_add = wr_atomic_fetch_add;
+    ex.wr_bind_mw = wr_bind_mw;
+    ex.wr_local_inv = wr_local_inv;
+    ex.wr_send_inv = wr_send_inv;
     ex.wr_set_ud_addr = wr_set_ud_addr;
     ex.wr_set_xrc_srqn = wr_set_xrc_srqn;
     ex.wr_set_sge = wr_set_sge;

@@ -118,7 +118,7 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
     }
   }
   SharedBacking dropped;
-  bool found = false;
+  bool found = false, busy = false;
   // The UDP engines of this process use the old range without the table's
   // lock: they are held off while it changes.
   UdpTransport::hold_data_paths(memory, [&] {
@@ -126,6 +126,12 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
     std::optional<MemoryRegion> region = memory.shared().mrs.find(mr.lkey);
     if (!region) return;
     found = true;
+    // A region with windows bound to it keeps its translation, PD and
+    // rights until they are gone.
+    if (region->windows_bound > 0) {
+      busy = true;
+      return;
+    }
     if (flags & IBV_REREG_MR_CHANGE_PD) region->pd_handle = pd->handle;
     if (flags & IBV_REREG_MR_CHANGE_ACCESS) region->access = static_cast<uint32_t>(access_flags);
     if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
@@ -140,9 +146,9 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
       region->iova = (region->access & IBV_ACCESS_ZERO_BASED) ? 0 : region->address;
     memory.shared().mrs.reregister(mr.lkey, *region);
   });
-  if (!found) {
-    errno = EINVAL;
-    return EINVAL;
+  if (!found || busy) {
+    errno = busy ? EBUSY : EINVAL;
+    return errno;
   }
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access_flags;
   if (flags & IBV_REREG_MR_CHANGE_PD) {
@@ -156,16 +162,22 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
 int dereg_mr(abi::verbs_mr* vmr) {
   DeviceMemory& memory = memory_of(vmr->ibv_mr.context);
   SharedBacking backing;
-  bool removed = false;
+  bool removed = false, busy = false;
   // The UDP engines of this process use registered ranges without the
   // table's lock: they are held off while one goes.
   UdpTransport::hold_data_paths(memory, [&] {
     ExclusiveLock lock(memory.shared().memory_lock);
     auto region = memory.shared().mrs.find(vmr->ibv_mr.lkey);
+    // A region with windows bound to it stays (EBUSY, as rxe).
+    if (region && region->windows_bound > 0) {
+      busy = true;
+      return;
+    }
     if (!region || !memory.shared().mrs.deregister(vmr->ibv_mr.lkey)) return;
     backing = region->backing;
     removed = true;
   });
+  if (busy) return EBUSY;
   if (!removed) return EINVAL;
   release_pages(backing);
   unuse_pd(vmr->ibv_mr.pd);

@@ -116,6 +116,7 @@ const abi::verbs_context_ops kContextOps = [] {
   ops.query_device_ex = query_device_ex;
   ops.query_port = query_port;
   add_memory_ops(ops);
+  add_memory_window_ops(ops);
   add_completion_queue_ops(ops);
   add_address_handle_ops(ops);
   add_shared_receive_queue_ops(ops);

@@ -288,7 +288,25 @@ static_assert(sizeof(Sge) == sizeof(ibv_sge) && offsetof(Sge, lkey) == offsetof(
 
 // Fills the QP's scratch WQE from the caller's work request (its SGE list is
 // copied; an inline send's bytes are read where they are, at post time).
-int translate_send(const QpRecord& record, const ibv_send_wr* wr, SendWqe& r) {
+// A BIND_MW: type 1 windows only through ibv_bind_mw, type 2 only through
+// a work request (IBA 10.6.7.2); a window of another context is no window.
+int translate_bind(const ibv_context* context, const ibv_send_wr* wr, SendVerb verb, SendWqe& r) {
+  const ibv_mw* mw = wr->bind_mw.mw;
+  const ibv_mw_bind_info& info = wr->bind_mw.bind_info;
+  if (mw == nullptr || mw->context != context) return EINVAL;
+  if ((mw->type == IBV_MW_TYPE_1) != (verb == SendVerb::BindMw)) return EINVAL;
+  if (info.mr == nullptr && info.length != 0) return EINVAL;
+  r.bind = WindowBind{mw->handle,
+                      wr->bind_mw.rkey,
+                      info.mr != nullptr ? info.mr->lkey : 0,
+                      static_cast<uint32_t>(info.mw_access_flags),
+                      info.addr,
+                      info.length,
+                      verb == SendVerb::BindMw};
+  return 0;
+}
+
+int translate_send(const ibv_qp* qp, const QpRecord& record, const ibv_send_wr* wr, SendWqe& r, SendVerb verb) {
   const SendOpcodeInfo& info = send_opcode_info(wr->opcode);
   if (record.xrc == XrcRole::Recv) return EINVAL;  // no send queue
   if (record.xrc == XrcRole::Send) r.remote_srqn = wr->qp_type.xrc.remote_srqn;
@@ -298,6 +316,11 @@ int translate_send(const QpRecord& record, const ibv_send_wr* wr, SendWqe& r) {
   r.opcode = static_cast<SendOpcode>(wr->opcode);
   r.flags = wr->send_flags;
   r.imm_data = wr->imm_data;
+  r.signaled = (wr->send_flags & IBV_SEND_SIGNALED) || record.signal_all;
+  if (info.is(wr_mask::kInvalidate) || r.opcode == SendOpcode::LocalInvalidate) r.invalidate_rkey = wr->invalidate_rkey;
+  // Local operations move no data: their SGE list means nothing.
+  if (r.opcode == SendOpcode::LocalInvalidate) return 0;
+  if (r.opcode == SendOpcode::BindMemoryWindow) return translate_bind(qp->context, wr, verb, r);
   const auto* sges = reinterpret_cast<const Sge*>(wr->sg_list);
   r.sges.assign(sges, sges + wr->num_sge);
   for (const Sge& sge : r.sges) r.length += sge.length;
@@ -328,13 +351,16 @@ int translate_send(const QpRecord& record, const ibv_send_wr* wr, SendWqe& r) {
     r.traffic_class = ah->attr.grh.traffic_class;
     r.flow_label = ah->attr.grh.flow_label;
   }
-  r.signaled = (wr->send_flags & IBV_SEND_SIGNALED) || record.signal_all;
   return 0;
 }
 
 }  // namespace
 
 int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  return post_send_requests(ibv, wr, bad_wr, SendVerb::PostSend);
+}
+
+int post_send_requests(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr, SendVerb verb) {
   ProviderQp* qp = to_qp(ibv);
   if (!qp->device) {  // an opened XRC_RECV QP: no send queue anywhere
     *bad_wr = wr;
@@ -344,7 +370,7 @@ int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   DeviceQp::PostBatch batch(*qp->device);
   for (; wr != nullptr; wr = wr->next) {
     SendWqe& wqe = batch.blank_wqe();
-    int error = translate_send(record, wr, wqe);
+    int error = translate_send(ibv, record, wr, wqe, verb);
     if (error == 0) error = batch.post(wqe);
     if (error != 0) {
       *bad_wr = wr;

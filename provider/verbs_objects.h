@@ -163,11 +163,16 @@ void init_ibv_qp(ibv_qp& ibv, ibv_context* context, ibv_pd* pd, const ibv_qp_ini
 // Forgets an XRC_RECV handle (xrc.cpp), at its destroy.
 void release_xrc_recv_handle(ProviderQp* qp);
 int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr);
+// Which verb posts: ibv_post_send, or ibv_bind_mw (the one way to bind a
+// type 1 window; a BIND_MW work request binds type 2 windows only).
+enum class SendVerb : uint8_t { PostSend, BindMw };
+int post_send_requests(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr, SendVerb verb);
 // The ibv_wr_* entries of a QP made with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
 
 // Each unit fills its entries of the ops table.
 void add_memory_ops(abi::verbs_context_ops& ops);
+void add_memory_window_ops(abi::verbs_context_ops& ops);
 void add_completion_queue_ops(abi::verbs_context_ops& ops);
 void add_address_handle_ops(abi::verbs_context_ops& ops);
 void add_shared_receive_queue_ops(abi::verbs_context_ops& ops);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -536,6 +537,34 @@ TEST_F(UdpOnLoopback, CaptureDecodesInTsharkAndScapyAgreesWithEveryIcrc) {
   file.put(static_cast<char>(byte ^ 0x01));
   file.close();
   EXPECT_NE(run_process({CHECK_ICRC_SCRIPT, capture}).exit_code, 0);
+}
+
+// A SEND with invalidate over UDP: SEND ONLY WITH INVALIDATE (opcode 23,
+// IBA table 38) carrying the window's rkey in its IETH, which Wireshark
+// decodes, and an ICRC that the independent check accepts.
+TEST_F(UdpOnLoopback, SendWithInvalidateCarriesItsIethInTshark) {
+  const std::string capture = dir_.path() + "/invalidate.pcap";
+  const std::string cli = SOFTVERBS_CLI;
+  const std::string script = cli + " capture -w " + capture + " & capture=$!\n" + "while [ ! -s " + capture +
+                             " ]; do sleep 0.05; done; sleep 0.2\n" + cli + " run -- " + VERBS_DATAPATH_TEST +
+                             " --gtest_filter=MemoryWindow.Type2WindowInvalidatedBySendWithInvalidate; status=$?\n" +
+                             "kill -INT $capture; wait $capture; exit $status\n";
+  auto r = run_process({"bash", "-c", "cd " + dir_.path() + " || exit 1\n" + script}, env_, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::smatch printed;
+  ASSERT_TRUE(std::regex_search(r.out, printed, std::regex("send with invalidate of rkey (0x[0-9a-f]+)"))) << r.out;
+  const uint32_t rkey = std::stoul(printed[1].str(), nullptr, 16);
+
+  auto decoded = run_process({"tshark", "-r", capture, "-Y", "infiniband.bth.opcode == 23", "-T", "fields", "-E",
+                              "separator=,", "-e", "infiniband.bth.opcode", "-e", "infiniband.ieth"});
+  ASSERT_EQ(decoded.exit_code, 0) << decoded.err;
+  char expected[16];
+  std::snprintf(expected, sizeof expected, "23,%08x", rkey);
+  EXPECT_NE(decoded.out.find(expected), std::string::npos) << "want " << expected << " in\n" << decoded.out;
+
+  auto scapy = run_process({CHECK_ICRC_SCRIPT, capture});
+  EXPECT_EQ(scapy.exit_code, 0) << scapy.out << scapy.err;
+  EXPECT_NE(scapy.out.find(", 0 bad"), std::string::npos) << scapy.out;
 }
 
 }  // namespace

@@ -161,8 +161,8 @@ TEST_F(MrTable, KeysCarryRandomBitsThatChangeAtEveryReuse) {
   for (int i = 0; i < 200; ++i) {
     const uint32_t key = *table->register_region(1, 100, 0x10000, 0x10000, 64, 0);
     EXPECT_TRUE(keys.insert(key).second) << "a key repeated right after its slot was freed";
-    tags.insert(key >> 16);
-    any_sequential = any_sequential || key == previous + 1 || key == previous + 0x10000;
+    tags.insert((key >> 24) << 8 | (key & 0xff));  // the index is bits 8-23
+    any_sequential = any_sequential || key == previous + 1 || key == previous + 0x100 || key == previous + 0x1000000;
     previous = key;
     ASSERT_TRUE(table->deregister(key));
   }
@@ -187,26 +187,30 @@ TEST_F(MrTable, BoundsAreCheckedWithoutOverflow) {
   EXPECT_EQ(table->check_local(key, 7, 0xfff, 1, 0, nullptr), KeyCheck::OutOfBounds);
   EXPECT_EQ(table->check_local(key, 7, 0x2000, 0, 0, nullptr), KeyCheck::Ok) << "zero bytes at the end";
   EXPECT_EQ(table->check_local(key, 7, 0x2000, 1, 0, nullptr), KeyCheck::OutOfBounds);
-  EXPECT_EQ(table->check_remote(key, 7, 0x1800, UINT64_MAX, access::kRemoteRead, nullptr), KeyCheck::OutOfBounds);
-  EXPECT_EQ(table->check_remote(key, 7, UINT64_MAX, 2, access::kRemoteRead, nullptr), KeyCheck::OutOfBounds);
+  EXPECT_EQ(table->check_remote(key, 7, /*qpn=*/0, 0x1800, UINT64_MAX, access::kRemoteRead, nullptr),
+            KeyCheck::OutOfBounds);
+  EXPECT_EQ(table->check_remote(key, 7, /*qpn=*/0, UINT64_MAX, 2, access::kRemoteRead, nullptr), KeyCheck::OutOfBounds);
 }
 
 TEST_F(MrTable, AccessRightsAndProtectionDomains) {
   uint32_t read_only = *table->register_region(1, 1, 0x1000, 0x1000, 0x1000, access::kRemoteRead);
   EXPECT_EQ(table->check_local(read_only, 1, 0x1000, 8, 0, nullptr), KeyCheck::Ok) << "local read always";
   EXPECT_EQ(table->check_local(read_only, 1, 0x1000, 8, access::kLocalWrite, nullptr), KeyCheck::AccessDenied);
-  EXPECT_EQ(table->check_remote(read_only, 1, 0x1000, 8, access::kRemoteRead, nullptr), KeyCheck::Ok);
-  EXPECT_EQ(table->check_remote(read_only, 1, 0x1000, 8, access::kRemoteWrite, nullptr), KeyCheck::AccessDenied);
-  EXPECT_EQ(table->check_remote(read_only, 1, 0x1000, 8, access::kRemoteAtomic, nullptr), KeyCheck::AccessDenied);
-  EXPECT_EQ(table->check_remote(read_only, 2, 0x1000, 8, access::kRemoteRead, nullptr), KeyCheck::WrongPd);
-  EXPECT_EQ(table->check_remote(read_only ^ 0x100, 1, 0x1000, 8, access::kRemoteRead, nullptr), KeyCheck::InvalidKey);
-  EXPECT_EQ(table->check_remote(0, 1, 0x1000, 8, access::kRemoteRead, nullptr), KeyCheck::InvalidKey);
+  EXPECT_EQ(table->check_remote(read_only, 1, /*qpn=*/0, 0x1000, 8, access::kRemoteRead, nullptr), KeyCheck::Ok);
+  EXPECT_EQ(table->check_remote(read_only, 1, /*qpn=*/0, 0x1000, 8, access::kRemoteWrite, nullptr),
+            KeyCheck::AccessDenied);
+  EXPECT_EQ(table->check_remote(read_only, 1, /*qpn=*/0, 0x1000, 8, access::kRemoteAtomic, nullptr),
+            KeyCheck::AccessDenied);
+  EXPECT_EQ(table->check_remote(read_only, 2, /*qpn=*/0, 0x1000, 8, access::kRemoteRead, nullptr), KeyCheck::WrongPd);
+  EXPECT_EQ(table->check_remote(read_only ^ 0x100, 1, /*qpn=*/0, 0x1000, 8, access::kRemoteRead, nullptr),
+            KeyCheck::InvalidKey);
+  EXPECT_EQ(table->check_remote(0, 1, /*qpn=*/0, 0x1000, 8, access::kRemoteRead, nullptr), KeyCheck::InvalidKey);
 }
 
 TEST_F(MrTable, ZeroBasedIovaMapsOntoTheRegisteredAddress) {
   uint32_t key = *table->register_region(1, 9, 0x555500000000, 0, 4096, access::kLocalWrite | access::kRemoteWrite);
   ResolvedRange where;
-  ASSERT_EQ(table->check_remote(key, 1, 100, 8, access::kRemoteWrite, &where), KeyCheck::Ok);
+  ASSERT_EQ(table->check_remote(key, 1, /*qpn=*/0, 100, 8, access::kRemoteWrite, &where), KeyCheck::Ok);
   EXPECT_EQ(where.address, 0x555500000000u + 100);
 }
 
@@ -232,8 +236,9 @@ TEST_F(MrTable, UnlockedChecksGiveTheLockedChecksAnswers) {
                         {key ^ 1, 3, 0x4000, 8, access::kRemoteWrite},  {0xffffff00, 3, 0, 8, 0}};
   for (const Case& c : cases) {
     ResolvedRange locked{}, unlocked{};
-    EXPECT_EQ(table->check_remote(c.key, c.pd, c.iova, c.length, c.access, &unlocked, MemoryRegionTable::Lock::NotHeld),
-              table->check_remote(c.key, c.pd, c.iova, c.length, c.access, &locked));
+    EXPECT_EQ(table->check_remote(c.key, c.pd, /*qpn=*/0, c.iova, c.length, c.access, &unlocked,
+                                  MemoryRegionTable::Lock::NotHeld),
+              table->check_remote(c.key, c.pd, /*qpn=*/0, c.iova, c.length, c.access, &locked));
     EXPECT_EQ(unlocked.address, locked.address);
     EXPECT_EQ(unlocked.owner_pid, locked.owner_pid);
     EXPECT_EQ(table->check_local(c.key, c.pd, c.iova, c.length, c.access, nullptr, MemoryRegionTable::Lock::NotHeld),
@@ -254,8 +259,8 @@ TEST_F(MrTable, UnlockedChecksNeverSeeHalfAChange) {
   std::thread reader([&] {
     while (!stop.load(std::memory_order_relaxed)) {
       ResolvedRange where{};
-      KeyCheck verdict =
-          table->check_remote(key, 1, 0x1800, 8, access::kRemoteWrite, &where, MemoryRegionTable::Lock::NotHeld);
+      KeyCheck verdict = table->check_remote(key, 1, /*qpn=*/0, 0x1800, 8, access::kRemoteWrite, &where,
+                                             MemoryRegionTable::Lock::NotHeld);
       if (verdict == KeyCheck::Ok && where.address == 0xa0000800 && where.owner_pid == 10)
         saw_a.fetch_add(1, std::memory_order_relaxed);
       else if (verdict == KeyCheck::WrongPd)

@@ -48,6 +48,7 @@ enum class WcOpcode : uint32_t {
   CompareSwap = 3,
   FetchAdd = 4,
   BindMw = 5,
+  LocalInvalidate = 6,
   Receive = 128,
   ReceiveRdmaWithImm = 129,
 };
@@ -55,6 +56,7 @@ enum class WcOpcode : uint32_t {
 namespace wc_flag {
 inline constexpr uint32_t kGrh = 1u << 0;
 inline constexpr uint32_t kWithImm = 1u << 1;
+inline constexpr uint32_t kWithInvalidate = 1u << 3;  // imm_data holds the invalidated rkey, in host order
 }  // namespace wc_flag
 
 struct Completion {

@@ -31,6 +31,8 @@ struct DeviceCapabilities {
   bool port_active_event = true;
   bool n_notify_cq = true;
   bool xrc = true;  // XRC domains, SRQs and QPs
+  bool memory_windows = true;          // type 1
+  bool memory_windows_type_2b = true;  // type 2, bound to a QP
 };
 
 struct DeviceAttributes {

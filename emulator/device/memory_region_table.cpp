@@ -62,6 +62,11 @@ void MemoryRegionTable::write_slot(Slot& slot, const MemoryRegion& region, bool 
   store_relaxed(slot.region.iova, region.iova);
   store_relaxed(slot.region.length, region.length);
   slot.region.backing = region.backing;  // read under the lock only
+  store_relaxed(slot.region.kind, region.kind);
+  store_relaxed(slot.region.window_type, region.window_type);
+  slot.region.parent_key = region.parent_key;  // read under the lock only
+  store_relaxed(slot.region.bound_qpn, region.bound_qpn);
+  slot.region.windows_bound = region.windows_bound;  // read under the lock only
   store_relaxed(slot.live, live);
   end_change(slot.sequence);
 }
@@ -72,11 +77,9 @@ void MemoryRegionTable::set_live(Slot& slot, bool live) {
   end_change(slot.sequence);
 }
 
-std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, int32_t owner_pid, uint64_t address,
-                                                           uint64_t iova, uint64_t length, uint32_t access_flags,
-                                                           const SharedBacking& backing, int32_t owner_process) {
+MemoryRegionTable::Slot* MemoryRegionTable::take_free_slot(uint32_t& index) {
   for (uint32_t probe = 0; probe < kCapacity; ++probe) {
-    uint32_t index = (next_free_hint_ + probe) % kCapacity;
+    index = (next_free_hint_ + probe) % kCapacity;
     Slot& slot = slots_[index];
     if (slot.live) continue;
     // Key 0 is never handed out: a zeroed SGE must not name a region.
@@ -84,27 +87,36 @@ std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, i
     do tag = static_cast<uint16_t>(random_u64());
     while (tag == slot.tag || (index == 0 && tag == 0));
     slot.tag = tag;
-    write_slot(slot,
-               MemoryRegion{(uint32_t{tag} << kIndexBits) | index, pd_handle, access_flags, owner_pid, owner_process, 0,
-                            address, iova, length, backing},
-               true);
     next_free_hint_ = (index + 1) % kCapacity;
-    ++live_;
-    return slot.region.key;
+    return &slot;
   }
-  return std::nullopt;
+  return nullptr;
+}
+
+std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, int32_t owner_pid, uint64_t address,
+                                                           uint64_t iova, uint64_t length, uint32_t access_flags,
+                                                           const SharedBacking& backing, int32_t owner_process) {
+  uint32_t index = 0;
+  Slot* slot = take_free_slot(index);
+  if (slot == nullptr) return std::nullopt;
+  MemoryRegion region{
+      key_of(index, slot->tag), pd_handle, access_flags, owner_pid, owner_process, 0, address, iova, length, backing};
+  write_slot(*slot, region, true);
+  ++live_;
+  return region.key;
 }
 
 bool MemoryRegionTable::deregister(uint32_t key) {
   const Slot* found = slot_of(key);
-  if (found == nullptr) return false;
+  if (found == nullptr || found->region.kind != KeyKind::Region) return false;
   set_live(slots_[index_of(key)], false);
   --live_;
   return true;
 }
 
 bool MemoryRegionTable::reregister(uint32_t key, const MemoryRegion& updated) {
-  if (slot_of(key) == nullptr) return false;
+  const Slot* found = slot_of(key);
+  if (found == nullptr || found->region.kind != KeyKind::Region) return false;
   MemoryRegion region = updated;
   region.key = key;
   write_slot(slots_[index_of(key)], region, true);
@@ -117,9 +129,16 @@ std::optional<MemoryRegion> MemoryRegionTable::find(uint32_t key) const {
   return slot->region;
 }
 
-KeyCheck MemoryRegionTable::check_against(const Checked& region, uint32_t key, uint32_t pd_handle, uint64_t iova,
-                                          uint64_t length, uint32_t needed_access, ResolvedRange* resolved) {
+KeyCheck MemoryRegionTable::check_against(const Checked& region, uint32_t key, uint32_t pd_handle, Use use,
+                                          uint64_t iova, uint64_t length, uint32_t needed_access,
+                                          ResolvedRange* resolved) {
   if (!region.live || region.key != key) return KeyCheck::InvalidKey;
+  if (region.kind == KeyKind::Window) {
+    // A window has no lkey; unbound (or invalidated) it names nothing; a
+    // type 2 window serves only the QP it was bound through.
+    if (!use.remote || region.length == 0) return KeyCheck::InvalidKey;
+    if (region.window_type == 2 && region.bound_qpn != use.qpn) return KeyCheck::InvalidKey;
+  }
   if (region.pd_handle != pd_handle) return KeyCheck::WrongPd;
   // Overflow-safe containment of [iova, iova+length) in the region.
   if (iova < region.iova) return KeyCheck::OutOfBounds;
@@ -130,18 +149,19 @@ KeyCheck MemoryRegionTable::check_against(const Checked& region, uint32_t key, u
   return KeyCheck::Ok;
 }
 
-KeyCheck MemoryRegionTable::check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
+KeyCheck MemoryRegionTable::check(uint32_t key, uint32_t pd_handle, Use use, uint64_t iova, uint64_t length,
                                   uint32_t needed_access, ResolvedRange* resolved, Lock lock) const {
   const Slot& slot = slots_[index_of(key)];
-  if (lock == Lock::Held) return check_against(read(slot), key, pd_handle, iova, length, needed_access, resolved);
+  if (lock == Lock::Held) return check_against(read(slot), key, pd_handle, use, iova, length, needed_access, resolved);
   const std::optional<Checked> copy = read_consistent(slot);
   if (!copy) return KeyCheck::InvalidKey;
-  return check_against(*copy, key, pd_handle, iova, length, needed_access, resolved);
+  return check_against(*copy, key, pd_handle, use, iova, length, needed_access, resolved);
 }
 
 MemoryRegionTable::Checked MemoryRegionTable::read(const Slot& slot) {
   const MemoryRegion& r = slot.region;
-  return {slot.live, r.key, r.pd_handle, r.access, r.owner_pid, r.address, r.iova, r.length};
+  return {slot.live, r.key,    r.pd_handle, r.access,      r.owner_pid, r.address,
+          r.iova,    r.length, r.kind,      r.window_type, r.bound_qpn};
 }
 
 std::optional<MemoryRegionTable::Checked> MemoryRegionTable::read_consistent(const Slot& slot) {
@@ -166,6 +186,9 @@ std::optional<MemoryRegionTable::Checked> MemoryRegionTable::read_consistent(con
     copy.address = load_relaxed(r.address);
     copy.iova = load_relaxed(r.iova);
     copy.length = load_relaxed(r.length);
+    copy.kind = load_relaxed(r.kind);
+    copy.window_type = load_relaxed(r.window_type);
+    copy.bound_qpn = load_relaxed(r.bound_qpn);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (sequence.load(std::memory_order_relaxed) == before) return copy;
   }
@@ -174,12 +197,13 @@ std::optional<MemoryRegionTable::Checked> MemoryRegionTable::read_consistent(con
 KeyCheck MemoryRegionTable::check_local(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
                                         uint32_t needed_access, ResolvedRange* resolved, Lock lock) const {
   // Local read is always granted; local write must be registered.
-  return check(lkey, pd_handle, iova, length, needed_access & access::kLocalWrite, resolved, lock);
+  return check(lkey, pd_handle, Use{false, 0}, iova, length, needed_access & access::kLocalWrite, resolved, lock);
 }
 
-KeyCheck MemoryRegionTable::check_remote(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                         uint32_t needed_access, ResolvedRange* resolved, Lock lock) const {
-  return check(rkey, pd_handle, iova, length, needed_access, resolved, lock);
+KeyCheck MemoryRegionTable::check_remote(uint32_t rkey, uint32_t pd_handle, uint32_t qpn, uint64_t iova,
+                                         uint64_t length, uint32_t needed_access, ResolvedRange* resolved,
+                                         Lock lock) const {
+  return check(rkey, pd_handle, Use{true, qpn}, iova, length, needed_access, resolved, lock);
 }
 
 }  // namespace softverbs

@@ -37,6 +37,10 @@ enum class KeyCheck : uint8_t {
   AccessDenied,  // the region does not grant the access asked for
 };
 
+// What a key names: a memory region (lkey and rkey), or a memory window
+// (an rkey only, over part of a region; see memory_window.cpp).
+enum class KeyKind : uint8_t { Region, Window };
+
 // Where the owner's pages of a region can be mapped by peers (see
 // shared_regions.h): descriptor `fd` in the owner maps owner addresses
 // [base, base + length) from offset 0. fd -1: not shareable.
@@ -59,6 +63,27 @@ struct MemoryRegion {
   uint64_t iova = 0;     // where the range starts in the key's address space
   uint64_t length = 0;
   SharedBacking backing;
+  KeyKind kind = KeyKind::Region;
+  uint8_t window_type = 0;  // a window: 1 or 2 (IBV_MW_TYPE_*)
+  uint16_t reserved2 = 0;
+  // A bound window: its region (whose range, owner and backing it carries
+  // from the bind on), and for type 2 the QP it serves; unbound, length 0.
+  uint32_t parent_key = 0;
+  uint32_t bound_qpn = 0;
+  // A region: how many windows are bound to it (it cannot go while any is).
+  uint32_t windows_bound = 0;
+  uint32_t reserved3 = 0;
+};
+
+// A bind of a window to part of a region (ibv_bind_mw, IBV_WR_BIND_MW).
+struct WindowBind {
+  uint32_t window_key = 0;  // the window's key as allocated (its index and tag)
+  uint32_t new_rkey = 0;    // its low 8 bits become those of the window's rkey
+  uint32_t mr_lkey = 0;
+  uint32_t access = 0;  // IBV_ACCESS_* of the window
+  uint64_t address = 0;
+  uint64_t length = 0;
+  bool by_bind_verb = false;  // ibv_bind_mw (type 1), not a BIND_MW work request (type 2)
 };
 
 // Where a checked access lands in the owner's address space.
@@ -95,9 +120,25 @@ class MemoryRegionTable {
   // A local SGE: lkey, address and length as posted (address is an iova).
   KeyCheck check_local(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
                        ResolvedRange* resolved, Lock lock = Lock::Held) const;
-  // A remote access by rkey; `needed_access` is kRemoteRead/Write/Atomic.
-  KeyCheck check_remote(uint32_t rkey, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
-                        ResolvedRange* resolved, Lock lock = Lock::Held) const;
+  // A remote access by rkey through QP `qpn`; `needed_access` is
+  // kRemoteRead/Write/Atomic. A window's rkey serves only while it is bound,
+  // and a type 2 window only its QP.
+  KeyCheck check_remote(uint32_t rkey, uint32_t pd_handle, uint32_t qpn, uint64_t iova, uint64_t length,
+                        uint32_t needed_access, ResolvedRange* resolved, Lock lock = Lock::Held) const;
+
+  // Memory windows (memory_window.cpp); all under the table's lock.
+  // Allocates an unbound window of `type` (1 or 2); its key, or nullopt when full.
+  std::optional<uint32_t> allocate_window(uint32_t pd_handle, int32_t owner_pid, int32_t owner_process, uint8_t type);
+  // Unbinds (if bound) and frees the window `window_key` names; false if none.
+  bool deallocate_window(uint32_t window_key);
+  // The window's rkey now; nullopt if `window_key` names no window.
+  std::optional<uint32_t> window_rkey(uint32_t window_key) const;
+  // Executes a bind posted on QP `qpn` of PD `qp_pd`: false (the work
+  // request completes with IBV_WC_MW_BIND_ERR) if the IB spec's checks fail.
+  bool bind_window(const WindowBind& bind, uint32_t qp_pd, uint32_t qpn);
+  // Invalidates the type 2 window of `rkey` bound to QP `qpn` (LOCAL_INV,
+  // or a SEND with invalidate arriving there); false if there is none.
+  bool invalidate_window(uint32_t rkey, uint32_t qp_pd, uint32_t qpn);
 
   size_t live_count() const { return live_; }
 
@@ -117,12 +158,17 @@ class MemoryRegionTable {
   }
 
  private:
-  // A key is its slot's index in the low 16 bits and a random tag above
-  // them, as rxe puts random bits in every key: a peer cannot guess a key
-  // from another it has seen.
+  // A key is its slot's index in bits 8-23 and a random tag around it (the
+  // top 8 bits and the low 8), as rxe puts random bits in every key: a peer
+  // cannot guess a key from another it has seen. The low 8 bits are a
+  // window's consumer key, which each bind may change (ibv_inc_rkey).
   static constexpr unsigned kIndexBits = 16;
+  static constexpr unsigned kIndexShift = 8;
   static_assert(kCapacity == 1u << kIndexBits);
-  static uint32_t index_of(uint32_t key) { return key & (kCapacity - 1); }
+  static uint32_t index_of(uint32_t key) { return (key >> kIndexShift) & (kCapacity - 1); }
+  static uint32_t key_of(uint32_t index, uint16_t tag) {
+    return (uint32_t{tag} >> 8 << 24) | (index << kIndexShift) | (tag & 0xffu);
+  }
 
   struct Slot {
     MemoryRegion region;
@@ -136,11 +182,24 @@ class MemoryRegionTable {
     uint32_t key, pd_handle, access;
     int32_t owner_pid;
     uint64_t address, iova, length;
+    KeyKind kind;
+    uint8_t window_type;
+    uint32_t bound_qpn;
   };
-  static KeyCheck check_against(const Checked& region, uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length,
-                                uint32_t needed_access, ResolvedRange* resolved);
-  KeyCheck check(uint32_t key, uint32_t pd_handle, uint64_t iova, uint64_t length, uint32_t needed_access,
+  // Who uses a key: a local SGE (regions only), or a remote access by a QP.
+  struct Use {
+    bool remote;
+    uint32_t qpn;
+  };
+  static KeyCheck check_against(const Checked& region, uint32_t key, uint32_t pd_handle, Use use, uint64_t iova,
+                                uint64_t length, uint32_t needed_access, ResolvedRange* resolved);
+  KeyCheck check(uint32_t key, uint32_t pd_handle, Use use, uint64_t iova, uint64_t length, uint32_t needed_access,
                  ResolvedRange* resolved, Lock lock) const;
+  // The slot of the live window `window_key` names, whatever its low 8 bits.
+  Slot* window_slot(uint32_t window_key);
+  const Slot* window_slot(uint32_t window_key) const;
+  // Takes a free slot and draws its new tag; nullptr when full.
+  Slot* take_free_slot(uint32_t& index);
   // A slot's fields as they are (the table's lock held).
   static Checked read(const Slot& slot);
   // A consistent copy without the lock; none if a writer keeps it changing.

@@ -8,7 +8,7 @@ namespace {
 
 using namespace wr_mask;
 
-constexpr std::array<SendOpcodeInfo, 7> kSendOpcodes = {{
+constexpr std::array<SendOpcodeInfo, 10> kSendOpcodes = {{
     // name, mask, completes as, RC, UC, UD
     {"RDMA_WRITE", kWrite | kRemoteRange, WcOpcode::RdmaWrite, true, true, false},
     {"RDMA_WRITE_WITH_IMM", kWrite | kRemoteRange | kImmediate, WcOpcode::RdmaWrite, true, true, false},
@@ -17,9 +17,14 @@ constexpr std::array<SendOpcodeInfo, 7> kSendOpcodes = {{
     {"RDMA_READ", kRead | kRemoteRange | kIntoLocal, WcOpcode::RdmaRead, true, false, false},
     {"ATOMIC_CMP_AND_SWP", kAtomic | kRemoteRange | kIntoLocal, WcOpcode::CompareSwap, true, false, false},
     {"ATOMIC_FETCH_AND_ADD", kAtomic | kRemoteRange | kIntoLocal, WcOpcode::FetchAdd, true, false, false},
+    {"LOCAL_INV", kLocal, WcOpcode::LocalInvalidate, true, true, false},
+    {"BIND_MW", kLocal, WcOpcode::BindMw, true, true, false},
+    // The wire has SEND with invalidate for RC only (IBA table 38).
+    {"SEND_WITH_INV", kSend | kInvalidate, WcOpcode::Send, true, false, false},
 }};
 static_assert(kSendOpcodes[static_cast<size_t>(SendOpcode::RdmaRead)].completion == WcOpcode::RdmaRead &&
-                  kSendOpcodes[static_cast<size_t>(SendOpcode::AtomicFetchAdd)].completion == WcOpcode::FetchAdd,
+                  kSendOpcodes[static_cast<size_t>(SendOpcode::AtomicFetchAdd)].completion == WcOpcode::FetchAdd &&
+                  kSendOpcodes[static_cast<size_t>(SendOpcode::BindMemoryWindow)].completion == WcOpcode::BindMw,
               "indexed by the IBV_WR_* value");
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "device/completion_ring.h"
+#include "device/memory_region_table.h"
 #include "device/qp_state_machine.h"
 
 namespace softverbs {
@@ -29,6 +30,9 @@ enum class SendOpcode : uint32_t {
   RdmaRead = 4,
   AtomicCompareSwap = 5,
   AtomicFetchAdd = 6,
+  LocalInvalidate = 7,
+  BindMemoryWindow = 8,
+  SendWithInvalidate = 9,
 };
 
 namespace send_flag {
@@ -41,28 +45,32 @@ inline constexpr uint32_t kInline = 1u << 3;
 // What each send opcode is, in one table (as rxe's rxe_wr_opcode_info): the
 // QP types that may post it, what it completes as, and how it moves data.
 namespace wr_mask {
-inline constexpr uint8_t kSend = 1u << 0;
-inline constexpr uint8_t kWrite = 1u << 1;
-inline constexpr uint8_t kRead = 1u << 2;
-inline constexpr uint8_t kAtomic = 1u << 3;
-inline constexpr uint8_t kImmediate = 1u << 4;  // carries imm_data
+inline constexpr uint16_t kSend = 1u << 0;
+inline constexpr uint16_t kWrite = 1u << 1;
+inline constexpr uint16_t kRead = 1u << 2;
+inline constexpr uint16_t kAtomic = 1u << 3;
+inline constexpr uint16_t kImmediate = 1u << 4;  // carries imm_data
 // Names a remote range (RETH or AtomicETH): remote_address and rkey.
-inline constexpr uint8_t kRemoteRange = 1u << 5;
+inline constexpr uint16_t kRemoteRange = 1u << 5;
 // Its data comes back into the local SGEs (READ, atomics): they need
 // local write access and cannot be inline.
-inline constexpr uint8_t kIntoLocal = 1u << 6;
+inline constexpr uint16_t kIntoLocal = 1u << 6;
+// Executed by the device itself, no packet (BIND_MW, LOCAL_INV).
+inline constexpr uint16_t kLocal = 1u << 7;
+// Carries an rkey the responder invalidates (an IETH).
+inline constexpr uint16_t kInvalidate = 1u << 8;
 }  // namespace wr_mask
 
 struct SendOpcodeInfo {
   const char* name = nullptr;  // nullptr: not an opcode the device takes
-  uint8_t mask = 0;
+  uint16_t mask = 0;
   WcOpcode completion = WcOpcode::Send;
   bool rc = false, uc = false, ud = false;  // the QP types that may post it
 
   bool valid_for(QpType type) const {
     return name != nullptr && (type == QpType::Rc ? rc : type == QpType::Uc ? uc : ud);
   }
-  bool is(uint8_t bits) const { return (mask & bits) != 0; }
+  bool is(uint16_t bits) const { return (mask & bits) != 0; }
   // READs and atomics: the requester waits for response packets.
   bool expects_response() const { return is(wr_mask::kRead | wr_mask::kAtomic); }
 };
@@ -130,6 +138,8 @@ struct SendWqe {
   uint32_t rkey = 0;
   uint64_t compare_add = 0;
   uint64_t swap = 0;
+  uint32_t invalidate_rkey = 0;  // LOCAL_INV, SEND_WITH_INV
+  WindowBind bind;               // BIND_MW
   // UD: the address handle's part.
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;

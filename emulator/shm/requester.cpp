@@ -13,6 +13,7 @@
 
 #include "device/cm_routing.h"
 #include "device/event_socket.h"
+#include "device/memory_window.h"
 #include "device/queues.h"
 #include "device/receive_queue.h"
 #include "shm/memory_copy.h"
@@ -147,10 +148,20 @@ bool take_target_receive(DeviceMemory& memory, QpRecord& target, const SendWqe& 
   return take_receive(memory, target, out);
 }
 
-// A SEND (with or without immediate) into `target`'s next receive WQE; the
-// target's lock is held by the caller.
+// A SEND with invalidate's receive completion, held back until the window
+// is invalidated, which takes the table's lock as a writer (see execute_send).
+struct HeldReceive {
+  bool held = false;
+  Completion receive;
+  int recv_cq = -1;
+  uint32_t pd_handle = 0;
+};
+
+// A SEND (with or without immediate, or invalidate) into `target`'s next
+// receive WQE; the target's lock is held by the caller. With `held`, a
+// receive that succeeds is left there rather than delivered.
 SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_record, const SendWqe& request,
-                       const LocalBuffers& local, Completion& completion) {
+                       const LocalBuffers& local, Completion& completion, HeldReceive* held = nullptr) {
   QpRecord* target = &target_record;
   const bool reliable = qp.type == QpType::Rc;
   ReceivePlacement receive;
@@ -166,6 +177,10 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
   if (send_opcode_info(request.opcode).is(wr_mask::kImmediate)) {
     received.imm_data = request.imm_data;
     received.flags |= wc_flag::kWithImm;
+  }
+  if (send_opcode_info(request.opcode).is(wr_mask::kInvalidate)) {
+    received.imm_data = request.invalidate_rkey;
+    received.flags |= wc_flag::kWithInvalidate;
   }
   uint64_t header = qp.type == QpType::Ud ? kGrhBytes : 0;
   if (receive.protection_error) {
@@ -206,6 +221,10 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
   if (received.status != WcStatus::Success && qp.type != QpType::Ud) {
     // A receive-side error takes the responder QP to ERR as well.
     set_state(*target, QpState::Error);
+  }
+  if (held != nullptr && received.status == WcStatus::Success) {
+    *held = HeldReceive{true, received, receive.completion_cq(*target), target->pd_handle};
+    return SendOutcome::Completed;
   }
   deliver_completion(memory, receive.completion_cq(*target), received, request.flags & send_flag::kSolicited);
   return SendOutcome::Completed;
@@ -280,8 +299,8 @@ class Execution {
     // A zero-length RDMA READ or WRITE touches no memory, so no key is
     // checked (IBA C9-88): UCX flushes with one that names rkey 0.
     if (length == 0 && needed != access::kRemoteAtomic) return true;
-    return memory_.shared().mrs.check_remote(request_.rkey, target_pd_, request_.remote_address, length, needed,
-                                             &where) == KeyCheck::Ok &&
+    return memory_.shared().mrs.check_remote(request_.rkey, target_pd_, target_.qpn, request_.remote_address,
+                                             length, needed, &where) == KeyCheck::Ok &&
            where.owner_pid == target_.owner_pid;
   }
   void deliver_write_immediate(const ReceivePlacement& receive);
@@ -401,14 +420,8 @@ uint32_t target_of(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, c
   return request.remote_qpn;
 }
 
-}  // namespace
-
-SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, Completion& completion) {
-  completion = {};
-  completion.wr_id = request.wr_id;
-  completion.opcode = completion_opcode(request.opcode);
-  completion.qp_num = qp.qpn;
-
+SendOutcome execute_with_target(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, Completion& completion,
+                                HeldReceive* held) {
   MemoryReadLock memory_lock(memory);  // keeps every key valid while bytes move
   LocalBuffers local;
   completion.status = resolve_local(memory, qp, request, local);
@@ -449,7 +462,46 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& requ
   if (info.is(wr_mask::kWrite)) return execution.write();
   if (info.is(wr_mask::kRead)) return execution.read();
   if (info.is(wr_mask::kAtomic)) return execution.atomic();
-  return place_send(memory, qp, *target, request, local, completion);
+  const SendOutcome outcome = place_send(memory, qp, *target, request, local, completion, held);
+  if (held != nullptr && held->held) held->pd_handle = target_pd;  // an XRC SRQ's PD, not the QP's
+  return outcome;
+}
+
+// A SEND with invalidate whose receive succeeded: the window goes now, or
+// the receive fails (IBA class J) and both sides see the error.
+void invalidate_at_target(DeviceMemory& memory, const SendWqe& request, HeldReceive& held, Completion& completion) {
+  Completion& received = held.receive;
+  if (!invalidate_on_receive(memory, held.pd_handle, received.qp_num, request.invalidate_rkey)) {
+    received.status = WcStatus::RemoteInvalidRequestError;
+    received.byte_len = 0;
+    completion.status = WcStatus::RemoteInvalidRequestError;
+    if (QpRecord* target = memory.qp_by_number(received.qp_num)) {
+      SharedLock lock(target->lock);
+      if (target->live && target->qpn == received.qp_num) set_state(*target, QpState::Error);
+    }
+  }
+  deliver_completion(memory, held.recv_cq, received, request.flags & send_flag::kSolicited);
+}
+
+}  // namespace
+
+SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, Completion& completion) {
+  completion = {};
+  completion.wr_id = request.wr_id;
+  completion.opcode = completion_opcode(request.opcode);
+  completion.qp_num = qp.qpn;
+  const SendOpcodeInfo& info = send_opcode_info(request.opcode);
+  if (info.is(wr_mask::kLocal)) {
+    completion.status = execute_local_operation(memory, qp.pd_handle, qp.qpn, request);
+    return SendOutcome::Completed;
+  }
+  if (!info.is(wr_mask::kInvalidate)) return execute_with_target(memory, qp, request, completion, nullptr);
+  // The invalidation takes the table's lock as a writer: after the
+  // placement has let go of it as a reader, and of the target's lock.
+  HeldReceive held;
+  const SendOutcome outcome = execute_with_target(memory, qp, request, completion, &held);
+  if (held.held) invalidate_at_target(memory, request, held, completion);
+  return outcome;
 }
 
 }  // namespace softverbs

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "device/memory_window.h"
 #include "support/debug_log.h"
 #include "support/process_id.h"
 #include "udp/internal.h"
@@ -69,6 +70,9 @@ uint8_t segment_opcode(const UdpQp& qp, const SendWqe& wqe, uint32_t index, uint
   OpPosition position = first ? (last ? OpPosition::Only : OpPosition::First)  //
                               : (last ? OpPosition::Last : OpPosition::Middle);
   if (write && !immediate && configured_write_framing() == WriteFraming::Packets) position = OpPosition::Only;
+  // A SEND with invalidate's last (or only) packet carries the IETH (RC only).
+  if (info.is(wr_mask::kInvalidate) && (position == OpPosition::Last || position == OpPosition::Only))
+    return opcode(Service::Rc, position == OpPosition::Only ? op::kSendOnlyInvalidate : op::kSendLastInvalidate);
   const bool with_immediate = immediate && (position == OpPosition::Last || position == OpPosition::Only);
   return opcode_for(service_of(qp), write ? OpKind::Write : OpKind::Send, position, with_immediate);
 }
@@ -91,7 +95,9 @@ void note_sent(TransportPort& port, UdpQp& qp, uint32_t psn) {
 
 void assign_psns(UdpQp& qp, SendWqe& wqe) {
   RequesterState& r = qp.requester;
-  if (wqe.expects_response())
+  if (send_opcode_info(wqe.opcode).is(wr_mask::kLocal))
+    wqe.psn_count = 0;
+  else if (wqe.expects_response())
     wqe.psn_count = wqe.is_read() ? packets_for(wqe.length, qp.mtu) : 1;
   else
     wqe.psn_count = qp.type == QpType::Ud ? 1 : packets_for(wqe.length, qp.mtu);
@@ -124,6 +130,7 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) 
                  static_cast<uint32_t>(
                      segment.kind == OpKind::Write && segment.position == OpPosition::First ? wqe.length : length)};
   packet.immediate = be32toh(wqe.imm_data);
+  packet.invalidate_rkey = wqe.invalidate_rkey;
 
   LocalVectors payload;
   if (!gather_local(port.memory(), qp, wqe, offset, length, 0, payload)) {
@@ -228,6 +235,7 @@ void requester_run(TransportPort& port, UdpQp& qp) {
   RequesterState& r = qp.requester;
   if (!qp.sending || port.now() < r.resume_at) return;
   const uint32_t rd_atomic_limit = std::max<uint32_t>(1, qp.attributes.max_rd_atomic);
+  bool executed_local = false;
   while (r.cursor < r.queue.size()) {
     SendWqe& wqe = r.queue[r.cursor];
     if (wqe.error != WcStatus::Success) break;
@@ -236,6 +244,18 @@ void requester_run(TransportPort& port, UdpQp& qp) {
       // A fenced request waits for every earlier READ and atomic.
       if ((wqe.flags & send_flag::kFence) && r.rd_atomic_in_flight > 0) break;
       assign_psns(qp, wqe);
+    }
+    if (send_opcode_info(wqe.opcode).is(wr_mask::kLocal)) {
+      // Executed once, here in queue order; it takes no PSN, so it
+      // completes once everything before it is acknowledged.
+      if (!wqe.finished) {
+        wqe.finished = true;
+        wqe.error = execute_local_operation(port.memory(), qp.pd_handle, qp.qpn, wqe);
+        executed_local = true;
+        if (wqe.error != WcStatus::Success) break;
+      }
+      ++r.cursor;
+      continue;
     }
     if (qp.type == QpType::Ud) {
       if (send_ud(port, qp, wqe)) wqe.packets_sent = 1;
@@ -276,7 +296,7 @@ void requester_run(TransportPort& port, UdpQp& qp) {
   }
   // UC and UD requests are done once sent; a request that failed before it
   // went out completes (in order) with its error.
-  if (qp.type != QpType::Rc || (!r.queue.empty() && r.queue.front().error != WcStatus::Success)) {
+  if (qp.type != QpType::Rc || executed_local || (!r.queue.empty() && r.queue.front().error != WcStatus::Success)) {
     complete_in_order(port, qp);
     if (!qp.sending) return;
   }

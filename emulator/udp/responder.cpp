@@ -11,6 +11,7 @@
 #include <cstring>
 #include <optional>
 
+#include "device/memory_window.h"
 #include "device/queues.h"
 #include "device/receive_queue.h"
 #include "support/debug_log.h"
@@ -94,6 +95,10 @@ void complete_receive(TransportPort& port, UdpQp& qp, WcStatus status, WcOpcode 
   if (with_immediate && packet != nullptr) {
     c.imm_data = htobe32(packet->immediate);
     c.flags |= wc_flag::kWithImm;
+  }
+  if (status == WcStatus::Success && packet != nullptr && (opcode_info(packet->bth.opcode).headers & header::kIeth)) {
+    c.imm_data = packet->invalidate_rkey;
+    c.flags |= wc_flag::kWithInvalidate;
   }
   bool solicited = packet != nullptr && packet->bth.solicited;
   deliver_completion(port.memory(), s.receive_cq >= 0 ? s.receive_cq : qp.recv_cq, c, solicited);
@@ -185,10 +190,7 @@ Verdict check_op_valid(TransportPort& port, UdpQp& qp, const TransportPacket& pa
   if (what.kind == Kind::Write) needed = access::kRemoteWrite;
   if (what.kind == Kind::ReadRequest) needed = access::kRemoteRead;
   if (what.kind == Kind::Atomic) needed = access::kRemoteAtomic;
-  const uint8_t operation = packet.bth.opcode & 0x1f;
-  // Send with invalidate needs memory windows, which softverbs lacks.
-  const bool unsupported = operation == op::kSendLastInvalidate || operation == op::kSendOnlyInvalidate;
-  if (!unsupported && (qp.attributes.access_flags & needed) == needed) return Verdict::Continue;
+  if ((qp.attributes.access_flags & needed) == needed) return Verdict::Continue;
   if (qp.type == QpType::Uc) {
     drop_message(qp, what);
     qp.responder.expected_psn = psn_add(packet.bth.psn, 1);
@@ -197,9 +199,8 @@ Verdict check_op_valid(TransportPort& port, UdpQp& qp, const TransportPacket& pa
   debug_log("QP %#x: %s refused by the QP's access flags %#x", qp.qpn, opcode_info(packet.bth.opcode).name,
             qp.attributes.access_flags);
   // An operation the QP does not allow is a remote access error, as HCAs
-  // report it; one softverbs cannot do at all is an invalid request.
-  fail_request(port, qp, packet.bth.psn, unsupported ? aeth::kNakInvalidRequest : aeth::kNakRemoteAccessError,
-               unsupported ? WcStatus::RemoteInvalidRequestError : WcStatus::RemoteAccessError);
+  // report it.
+  fail_request(port, qp, packet.bth.psn, aeth::kNakRemoteAccessError, WcStatus::RemoteAccessError);
   return Verdict::Done;
 }
 
@@ -321,7 +322,8 @@ Verdict check_length(TransportPort& port, UdpQp& qp, const TransportPacket& pack
 KeyCheck check_remote(TransportPort& port, const UdpQp& qp, uint32_t rkey, uint64_t iova, uint64_t length,
                       uint32_t needed, ResolvedRange& where,
                       MemoryRegionTable::Lock lock = MemoryRegionTable::Lock::NotHeld) {
-  KeyCheck verdict = port.memory().shared().mrs.check_remote(rkey, qp.pd_handle, iova, length, needed, &where, lock);
+  KeyCheck verdict =
+      port.memory().shared().mrs.check_remote(rkey, qp.pd_handle, qp.qpn, iova, length, needed, &where, lock);
   if (verdict == KeyCheck::Ok && where.owner_pid != current_pid()) verdict = KeyCheck::InvalidKey;
   return verdict;
 }
@@ -407,6 +409,13 @@ void execute_send(TransportPort& port, UdpQp& qp, const TransportPacket& packet,
       return;
     }
     fail_request(port, qp, packet.bth.psn, aeth::kNakRemoteOperationalError, WcStatus::LocalProtectionError);
+    return;
+  }
+  if (ends_message(what.position) && (opcode_info(packet.bth.opcode).headers & header::kIeth) &&
+      !invalidate_on_receive(port.memory(), qp.pd_handle, qp.qpn, packet.invalidate_rkey)) {
+    // IBA class J: the receive fails, the QP goes to ERR, and the requester
+    // hears of it as an invalid request.
+    fail_request(port, qp, packet.bth.psn, aeth::kNakInvalidRequest, WcStatus::RemoteInvalidRequestError);
     return;
   }
   s.expected_psn = psn_add(packet.bth.psn, 1);
