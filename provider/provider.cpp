@@ -120,6 +120,8 @@ const abi::verbs_context_ops kContextOps = [] {
   add_address_handle_ops(ops);
   add_shared_receive_queue_ops(ops);
   add_queue_pair_ops(ops);
+  add_on_demand_paging_ops(ops);
+  add_device_memory_ops(ops);
   return ops;
 }();
 

@@ -327,6 +327,7 @@ void DeviceMemory::reclaim_dead_owners() {
   }
   // Nothing refers to a dead process's record now: it can be claimed again.
   SharedLock lock(shared().objects_lock);
+  shared().device_memory.release_owned_if(dead);
   for (int slot : dead_before) shared().processes.release_if_dead(slot);
 }
 
