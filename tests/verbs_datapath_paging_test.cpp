@@ -299,6 +299,17 @@ TEST_F(DeviceMemoryVerbs, AllocationRules) {
     }
 }
 
+// Importing a device (and so a DM) is not supported: ibv_import_device
+// finds the device behind a context's descriptor and says so.
+TEST_F(DeviceMemoryVerbs, ImportIsNotSupported) {
+  const int fd = dup(context_->cmd_fd);
+  ASSERT_GE(fd, 0);
+  errno = 0;
+  EXPECT_EQ(ibv_import_device(fd), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  close(fd);
+}
+
 // Copies stay within the allocation and move 4-byte words, as mlx5's.
 TEST_F(DeviceMemoryVerbs, CopiesStayWithinTheAllocation) {
   ibv_dm* dm = allocate(100);
