@@ -299,6 +299,34 @@ TEST_F(DeviceMemoryVerbs, AllocationRules) {
     }
 }
 
+// A process that dies holding device memory gives it back: the next
+// process to open the device reclaims it, as it reclaims the rest.
+TEST_F(DeviceMemoryVerbs, MemoryOfAProcessThatDiedIsReclaimed) {
+  ibv_device_attr_ex device{};
+  ASSERT_EQ(ibv_query_device_ex(context_, nullptr, &device), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ibv_context* context = open_softverbs0();
+    ibv_alloc_dm_attr attr{};
+    attr.length = device.max_dm_size;
+    _exit(context && ibv_alloc_dm(context, &attr) ? 0 : 1);  // no ibv_free_dm
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << describe_exit(status);
+  ibv_context* later = open_softverbs0();
+  ASSERT_NE(later, nullptr);
+  ibv_alloc_dm_attr attr{};
+  attr.length = device.max_dm_size;
+  ibv_dm* all = ibv_alloc_dm(later, &attr);
+  EXPECT_NE(all, nullptr) << std::strerror(errno);
+  if (all) {
+    EXPECT_EQ(ibv_free_dm(all), 0);
+  }
+  EXPECT_EQ(ibv_close_device(later), 0);
+}
+
 // Importing a device (and so a DM) is not supported: ibv_import_device
 // finds the device behind a context's descriptor and says so.
 TEST_F(DeviceMemoryVerbs, ImportIsNotSupported) {
