@@ -186,6 +186,31 @@ TEST_F(OnDemandPaging, RemotePageNotResolvableIsARemoteAccessError) {
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
 }
 
+// A SEND into a receive buffer whose page is gone: the receiver's
+// completion is a local protection error, the sender's a remote operation
+// error, as for a receive buffer an HCA cannot reach.
+TEST_F(OnDemandPaging, ReceiveIntoAPageNotMappedFailsOnBothSides) {
+  Pages pages(1);
+  ibv_mr* mr = ibv_reg_mr(pd_, pages.page(0), page_size(), kOnDemandAll);
+  ASSERT_NE(mr, nullptr);
+  connect(IBV_QPT_RC);
+  ibv_sge sge{pages.address(0), 64, mr->lkey};
+  ibv_recv_wr receive{};
+  receive.sg_list = &sge;
+  receive.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_recv(qp_b_, &receive, &bad), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 1, 0, 64), 0);
+  EXPECT_EQ(status_of(cq_a_), IBV_WC_SUCCESS);
+  EXPECT_EQ(status_of(cq_b_), IBV_WC_SUCCESS);
+  ASSERT_TRUE(pages.unmap(0));
+  ASSERT_EQ(ibv_post_recv(qp_b_, &receive, &bad), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 2, 0, 64), 0);
+  EXPECT_EQ(status_of(cq_a_), IBV_WC_REM_OP_ERR);
+  EXPECT_EQ(status_of(cq_b_), IBV_WC_LOC_PROT_ERR);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+}
+
 // Implicit ODP: one key over the whole address space, for local SGEs,
 // receives and remote access, and still nothing that is not mapped.
 TEST_F(OnDemandPaging, ImplicitRegionCoversTheAddressSpace) {
