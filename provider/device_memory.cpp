@@ -126,18 +126,23 @@ ibv_mr* reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t dm_offset, size_t length, uns
   }
   std::optional<uint32_t> key;
   {
-    // Zero based: the MR's iova 0 is dm_offset in the device memory.
-    ExclusiveLock lock(memory.shared().memory_lock);
-    key = memory.shared().mrs.register_region(pd->handle, getpid(), mine->backing.base + dm_offset, 0, length,
-                                              access_flags, mine->backing, process);
+    // Held across the registration: a concurrent ibv_free_dm sees the key.
+    std::lock_guard guard(mine->keys_mutex);
+    {
+      // Zero based: the MR's iova 0 is dm_offset in the device memory.
+      ExclusiveLock lock(memory.shared().memory_lock);
+      std::erase_if(mine->keys, [&](uint32_t old) {  // those deregistered since
+        std::optional<MemoryRegion> region = memory.shared().mrs.find(old);
+        return !region || region->backing.id != mine->backing.id;
+      });
+      key = memory.shared().mrs.register_region(pd->handle, getpid(), mine->backing.base + dm_offset, 0, length,
+                                                access_flags, mine->backing, process);
+    }
+    if (key) mine->keys.push_back(*key);
   }
   if (!key) {
     errno = ENOMEM;
     return nullptr;
-  }
-  {
-    std::lock_guard guard(mine->keys_mutex);
-    mine->keys.push_back(*key);
   }
   auto mr = std::make_unique<abi::verbs_mr>();
   mr->ibv_mr.context = pd->context;
