@@ -75,6 +75,12 @@ void fill_device_attr(const DeviceAttributes& a, ibv_device_attr_ex& out) {
   d.local_ca_ack_delay = a.local_ca_ack_delay;
   d.phys_port_cnt = a.physical_port_count;
   out.phys_port_cnt_ex = a.physical_port_count;
+  out.odp_caps.general_caps = a.odp.general;
+  out.odp_caps.per_transport_caps.rc_odp_caps = a.odp.rc;
+  out.odp_caps.per_transport_caps.uc_odp_caps = a.odp.uc;
+  out.odp_caps.per_transport_caps.ud_odp_caps = a.odp.ud;
+  out.xrc_odp_caps = a.odp.xrc;
+  out.max_dm_size = a.max_dm_size;
 }
 
 void fill_port_attr(const PortAttributes& a, ibv_port_attr& out) {

@@ -41,14 +41,19 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
     errno = error;
     return nullptr;
   }
-  if (length > limits::kMaxMrSize || (addr == nullptr && length != 0)) {
+  const bool on_demand = (access_flags & IBV_ACCESS_ON_DEMAND) != 0;
+  // Implicit ODP: one key for the whole address space, as mlx5 makes it.
+  const bool implicit = on_demand && addr == nullptr && length == SIZE_MAX;
+  if ((implicit && hca_va != 0) || (!implicit && (length > limits::kMaxMrSize || (addr == nullptr && length != 0)))) {
     errno = EINVAL;
     return nullptr;
   }
   if (device_removed(pd->context)) return nullptr;
   // Pages an HCA could not pin with the access asked for are refused now,
-  // not found out when a peer's WRITE lands on them.
-  if (int error = check_registrable(reinterpret_cast<uint64_t>(addr), length, access_flags & kWritableAccess)) {
+  // not found out when a peer's WRITE lands on them. On-demand pages are
+  // not pinned: they are resolved at each access (on_demand_paging.h).
+  if (int error =
+          on_demand ? 0 : check_registrable(reinterpret_cast<uint64_t>(addr), length, access_flags & kWritableAccess)) {
     errno = error;
     return nullptr;
   }
@@ -60,10 +65,11 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
   }
   uint64_t iova = (access_flags & IBV_ACCESS_ZERO_BASED) ? 0 : hca_va;
   // Memory that other processes write or read (receive buffers, remote
-  // access) becomes mappable by them, where it qualifies.
+  // access) becomes mappable by them, where it qualifies; on-demand memory
+  // never, since the mapping would not follow the application's changes.
   SharedBacking backing;
-  if (access_flags &
-      (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) {
+  if (!on_demand && (access_flags & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE |
+                                     IBV_ACCESS_REMOTE_ATOMIC))) {
     const char* why = "";
     if (auto shared = share_pages(reinterpret_cast<uint64_t>(addr), length, &why))
       backing = *shared;
@@ -111,7 +117,8 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     const int access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access_flags : vmr->access;
     if (length > limits::kMaxMrSize || (addr == nullptr && length != 0)) error = EINVAL;
-    if (error == 0) error = check_registrable(reinterpret_cast<uint64_t>(addr), length, access & kWritableAccess);
+    if (error == 0 && !(access & IBV_ACCESS_ON_DEMAND))
+      error = check_registrable(reinterpret_cast<uint64_t>(addr), length, access & kWritableAccess);
     if (error != 0) {
       errno = error;
       return error;

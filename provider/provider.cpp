@@ -122,6 +122,8 @@ const abi::verbs_context_ops kContextOps = [] {
   add_shared_receive_queue_ops(ops);
   add_queue_pair_ops(ops);
   add_xrc_ops(ops);
+  add_on_demand_paging_ops(ops);
+  add_device_memory_ops(ops);
   return ops;
 }();
 

@@ -178,5 +178,7 @@ void add_address_handle_ops(abi::verbs_context_ops& ops);
 void add_shared_receive_queue_ops(abi::verbs_context_ops& ops);
 void add_queue_pair_ops(abi::verbs_context_ops& ops);
 void add_xrc_ops(abi::verbs_context_ops& ops);
+void add_on_demand_paging_ops(abi::verbs_context_ops& ops);
+void add_device_memory_ops(abi::verbs_context_ops& ops);
 
 }  // namespace softverbs::provider

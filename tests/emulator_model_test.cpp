@@ -1,6 +1,8 @@
 // Unit tests of the device model: GIDs, device records, attributes, the GID
 // table and the generated sysfs tree.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -226,7 +228,11 @@ TEST(SysfsTree, HasEveryFileLibibverbsReads) {
   auto line = [&](const fs::path& relative) { return read_first_line(root / relative).value_or("<missing>"); };
   EXPECT_EQ(line("class/infiniband_verbs/abi_version"), "6");
   EXPECT_EQ(line("class/infiniband_verbs/uverbs70/ibdev"), "softverbs7");
-  EXPECT_EQ(line("class/infiniband_verbs/uverbs70/dev"), "0:0");
+  // The node is /dev/null: its numbers, so that ibv_import_device finds the device.
+  struct stat null_device {};
+  ASSERT_EQ(stat("/dev/null", &null_device), 0);
+  EXPECT_EQ(line("class/infiniband_verbs/uverbs70/dev"),
+            std::to_string(major(null_device.st_rdev)) + ":" + std::to_string(minor(null_device.st_rdev)));
   EXPECT_EQ(line("class/infiniband_verbs/uverbs70/abi_version"), std::to_string(limits::kUverbsAbiVersion));
   fs::path device = "class/infiniband/softverbs7";
   EXPECT_EQ(line(device / "node_type"), "1: CA");

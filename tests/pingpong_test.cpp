@@ -58,6 +58,7 @@ TEST_P(Pingpong, ServerAndClientExitZero) {
   for (const ProcessResult* r : {&client, &served}) {
     EXPECT_NE(r->out.find(c.finished), std::string::npos) << r->out << r->err;
     EXPECT_EQ(r->err.find("Failed status"), std::string::npos) << r->err;
+    EXPECT_EQ(r->err.find("Couldn't prefetch"), std::string::npos) << r->err;  // -P goes on without it
   }
 }
 
@@ -85,6 +86,13 @@ const PingpongCase kCases[] = {
     // The fallback for kernels that refuse process_vm_*, forced.
     {"rc_agent_copies", "ibv_rc_pingpong", {"-e", "-c", "-s", "65536", "-n", "50"}, "agent"},
     {"ud_agent_copies", "ibv_ud_pingpong", {"-e", "-c", "-n", "50"}, "agent"},
+    // On-demand paging (explicit, implicit, prefetched) and device memory.
+    {"rc_odp_validated", "ibv_rc_pingpong", {"-o", "-c", "-n", "200"}},
+    {"rc_implicit_odp_validated", "ibv_rc_pingpong", {"-O", "-c", "-n", "200"}},
+    {"rc_odp_prefetch_validated", "ibv_rc_pingpong", {"-o", "-P", "-c", "-n", "200"}},
+    {"rc_odp_agent_copies", "ibv_rc_pingpong", {"-o", "-c", "-s", "65536", "-n", "50"}, "agent"},
+    {"rc_device_memory_validated", "ibv_rc_pingpong", {"-j", "-c", "-n", "200"}},
+    {"ib_send_bw_odp", "ib_send_bw", {"--odp", "-n", "1000"}, "auto", "BW average"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Tools, Pingpong, ::testing::ValuesIn(kCases),

@@ -128,6 +128,8 @@ TEST_P(UdpPingpong, RunsOverRoceV2) {
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
   EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
   EXPECT_NE(r.client.out.find(c.finished), std::string::npos) << r.client.out;
+  for (const auto* end : {&r.client, &r.server})
+    EXPECT_EQ(end->err.find("Couldn't prefetch"), std::string::npos) << end->err;  // -P goes on without it
   auto count = counters();
   EXPECT_GT(count["rx_packets"], 0u) << "the traffic went over UDP";
   EXPECT_EQ(count["icrc_errors"], 0u);
@@ -146,6 +148,10 @@ const PingpongCase kPingpongs[] = {
     {"srq_validated", "ibv_srq_pingpong", {"-s", "4096", "-c", "-n", "200"}},
     {"xsrq", "ibv_xsrq_pingpong", {"-n", "200"}, "success"},
     {"xsrq_events", "ibv_xsrq_pingpong", {"-e", "-s", "8192", "-n", "200"}, "success"},
+    {"rc_odp_validated", "ibv_rc_pingpong", {"-o", "-c", "-n", "200"}},
+    {"rc_implicit_odp_validated", "ibv_rc_pingpong", {"-O", "-c", "-n", "200"}},
+    {"rc_odp_prefetch_validated", "ibv_rc_pingpong", {"-o", "-P", "-c", "-n", "200"}},
+    {"rc_device_memory_validated", "ibv_rc_pingpong", {"-j", "-c", "-n", "200"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Tools, UdpPingpong, ::testing::ValuesIn(kPingpongs),
@@ -182,6 +188,7 @@ const PerftestCase kPerftests[] = {
     {"ib_write_bw", {"ib_write_bw", "-n", "2000", "-s", "65536"}, 2000 * 16},  // 16 packets at MTU 4096
     {"ib_read_bw", {"ib_read_bw", "-n", "1000", "-s", "65536"}},
     {"ib_send_bw", {"ib_send_bw", "-n", "2000"}},
+    {"ib_send_bw_odp", {"ib_send_bw", "--odp", "-n", "2000"}},
     {"ib_atomic_bw", {"ib_atomic_bw", "-n", "2000"}},
     {"ib_write_lat", {"ib_write_lat", "-n", "1000"}},
     {"ib_read_lat", {"ib_read_lat", "-n", "1000", "-s", "8192"}},

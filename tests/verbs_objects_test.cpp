@@ -1,6 +1,8 @@
 // Unit tests of the verbs object model: the QP state machine's Modify QP
 // rules, the MR key table's checks and the completion ring.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -190,6 +192,31 @@ TEST_F(MrTable, BoundsAreCheckedWithoutOverflow) {
   EXPECT_EQ(table->check_remote(key, 7, /*qpn=*/0, 0x1800, UINT64_MAX, access::kRemoteRead, nullptr),
             KeyCheck::OutOfBounds);
   EXPECT_EQ(table->check_remote(key, 7, /*qpn=*/0, UINT64_MAX, 2, access::kRemoteRead, nullptr), KeyCheck::OutOfBounds);
+}
+
+// An on-demand region's pages are resolved by the checks of its owner, with
+// the access asked for; one that cannot be is a page fault, another
+// process's pages are left to the copy that reaches them.
+TEST_F(MrTable, OnDemandPagesAreResolvedAtTheCheck) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* area = mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(area, MAP_FAILED);
+  const uint64_t base = reinterpret_cast<uint64_t>(area);
+  ASSERT_EQ(munmap(reinterpret_cast<void*>(base + page), page), 0);
+  ASSERT_EQ(mprotect(reinterpret_cast<void*>(base + 2 * page), page, PROT_READ), 0);
+  const uint32_t all = access::kLocalWrite | access::kRemoteWrite | access::kRemoteRead | access::kOnDemand;
+  const uint32_t mine = *table->register_region(1, getpid(), base, base, 3 * page, all);
+  EXPECT_EQ(table->check_local(mine, 1, base, 8, access::kLocalWrite, nullptr), KeyCheck::Ok);
+  EXPECT_EQ(table->check_local(mine, 1, base + page, 8, 0, nullptr), KeyCheck::PageFault) << "not mapped";
+  EXPECT_EQ(table->check_local(mine, 1, base + page - 4, 8, 0, nullptr), KeyCheck::PageFault) << "running into it";
+  EXPECT_EQ(table->check_remote(mine, 1, 0, base + 2 * page, 8, access::kRemoteRead, nullptr), KeyCheck::Ok);
+  EXPECT_EQ(table->check_remote(mine, 1, 0, base + 2 * page, 8, access::kRemoteWrite, nullptr), KeyCheck::PageFault)
+      << "read-only";
+  EXPECT_EQ(table->check_local(mine, 1, base + page, 0, 0, nullptr), KeyCheck::Ok) << "no bytes, no page";
+  const uint32_t peers = *table->register_region(1, getpid() + 1, base, base, 3 * page, all);
+  EXPECT_EQ(table->check_remote(peers, 1, 0, base + page, 8, access::kRemoteWrite, nullptr), KeyCheck::Ok)
+      << "another process's pages are its kernel's to resolve";
+  munmap(area, 3 * page);
 }
 
 TEST_F(MrTable, AccessRightsAndProtectionDomains) {

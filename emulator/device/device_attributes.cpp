@@ -1,6 +1,7 @@
 #include "device/device_attributes.h"
 
 #include "device/device_limits.h"
+#include "device/device_memory_allocation.h"
 
 namespace softverbs {
 
@@ -23,6 +24,7 @@ DeviceAttributes device_attributes(const DeviceConfig& config) {
   attributes.node_guid = config.node_guid;
   attributes.sys_image_guid = config.node_guid;
   attributes.max_mr_size = limits::kMaxMrSize;
+  attributes.max_dm_size = device_memory::kMaxBytes;
   attributes.page_size_cap = limits::kPageSizeCap;
   attributes.vendor_id = limits::kVendorId;
   attributes.vendor_part_id = limits::kVendorPartId;

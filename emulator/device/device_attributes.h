@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "device/on_demand_paging.h"
 #include "host/device_config.h"
 #include "host/gid.h"
 #include "host/netdev.h"
@@ -68,6 +69,8 @@ struct DeviceAttributes {
   uint8_t local_ca_ack_delay = 0;
   uint8_t physical_port_count = 0;
   int max_inline_data = 0;
+  OdpCapabilities odp;       // on-demand paging, what each transport does with it
+  uint64_t max_dm_size = 0;  // device memory (ibv_alloc_dm)
 };
 
 struct PortAttributes {

@@ -21,7 +21,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 16;
+constexpr uint32_t kVersion = 17;
 // Sparse: pages are committed only as rings and queues use them, so the
 // heap can hold rings as large as the device allows (a 4 Mi-entry CQ is
 // 256 MiB of address space).
@@ -342,6 +342,7 @@ void DeviceMemory::reclaim_dead_owners() {
   // Nothing refers to a dead process's record now: it can be claimed again.
   SharedLock lock(shared().objects_lock);
   shared().xrc_domains.forget_openers_if(dead);
+  shared().device_memory.release_owned_if(dead);
   for (int slot : dead_before) shared().processes.release_if_dead(slot);
 }
 

@@ -16,6 +16,7 @@
 #include "device/cm_routing.h"
 #include "device/completion_ring.h"
 #include "device/device_limits.h"
+#include "device/device_memory_allocation.h"
 #include "device/event_socket.h"
 #include "device/memory_region_table.h"
 #include "device/multicast_table.h"
@@ -209,6 +210,7 @@ struct DeviceShared {
   TransportCounters counters;
   SharedFaultSettings faults;
   CaptureControl capture;
+  DeviceMemoryAllocations device_memory;  // ibv_alloc_dm's, under objects_lock
 };
 
 // What a device holds now: `softverbs stat` shows it, and tests check that

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cerrno>
 
+#include "device/on_demand_paging.h"
+#include "support/process_id.h"
 #include "support/random_bits.h"
 
 namespace softverbs {
@@ -145,6 +147,12 @@ KeyCheck MemoryRegionTable::check_against(const Checked& region, uint32_t key, u
   uint64_t offset = iova - region.iova;
   if (offset > region.length || length > region.length - offset) return KeyCheck::OutOfBounds;
   if ((region.access & needed_access) != needed_access) return KeyCheck::AccessDenied;
+  // An on-demand region's pages are resolved at access, by its owner (a
+  // peer's copy into them goes through the kernel or the owner's agent).
+  if ((region.access & access::kOnDemand) && region.owner_pid == current_pid() &&
+      fault_in_pages(region.address + offset, length,
+                     (needed_access & (access::kLocalWrite | access::kRemoteWrite | access::kRemoteAtomic)) != 0) != 0)
+    return KeyCheck::PageFault;
   if (resolved != nullptr) *resolved = ResolvedRange{region.owner_pid, region.address + offset};
   return KeyCheck::Ok;
 }

@@ -22,8 +22,8 @@ inline constexpr uint32_t kOnDemand = 1u << 6;
 inline constexpr uint32_t kHugetlb = 1u << 7;
 inline constexpr uint32_t kRelaxedOrdering = 1u << 20;
 // What softverbs accepts at registration.
-inline constexpr uint32_t kSupported =
-    kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic | kMwBind | kZeroBased | kHugetlb | kRelaxedOrdering;
+inline constexpr uint32_t kSupported = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic | kMwBind | kZeroBased |
+                                       kOnDemand | kHugetlb | kRelaxedOrdering;
 }  // namespace access
 
 // ibv_reg_mr's rule: remote write or atomic needs local write. Returns 0 or EINVAL.
@@ -35,6 +35,7 @@ enum class KeyCheck : uint8_t {
   WrongPd,       // the key belongs to another protection domain
   OutOfBounds,   // [address, address+length) leaves the region
   AccessDenied,  // the region does not grant the access asked for
+  PageFault,     // an on-demand region's page that could not be resolved (on_demand_paging.h)
 };
 
 // What a key names: a memory region (lkey and rkey), or a memory window

@@ -1,10 +1,13 @@
 #include "host/sysfs_tree.h"
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <string>
 #include <system_error>
 
 #include "device/device_limits.h"
@@ -15,6 +18,17 @@ namespace softverbs {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The numbers of the device's uverbs node, which is /dev/null (see the
+// CLI's sandbox): libibverbs opens it as the device's, and
+// ibv_import_device finds the device behind a context's descriptor (and
+// answers that importing is not supported). 0:0 where it cannot be read:
+// any character device is then accepted.
+std::string null_device_numbers() {
+  struct stat info {};
+  if (stat("/dev/null", &info) != 0 || !S_ISCHR(info.st_mode)) return "0:0";
+  return std::to_string(major(info.st_rdev)) + ":" + std::to_string(minor(info.st_rdev));
+}
 
 class TreeWriter {
  public:
@@ -158,7 +172,7 @@ bool write_device_tree(const fs::path& sysfs_root, const DeviceConfig& config, c
   fs::path uverbs_dir = verbs_class / config.uverbs_name();
   tree.directory(uverbs_dir);
   tree.file(uverbs_dir / "ibdev", config.name + "\n");
-  tree.file(uverbs_dir / "dev", "0:0\n");  // any character device is accepted
+  tree.file(uverbs_dir / "dev", null_device_numbers() + "\n");
   tree.file(uverbs_dir / "abi_version", std::to_string(limits::kUverbsAbiVersion) + "\n");
   return tree.ok();
 }

@@ -19,6 +19,7 @@
 
 #include "device/device_memory.h"
 #include "device/event_socket.h"
+#include "device/on_demand_paging.h"
 #include "shm/shared_regions.h"
 #include "support/payload_copy.h"
 #include "support/process_id.h"
@@ -147,6 +148,11 @@ int serve_copy_request(DeviceMemory& memory, std::span<const uint8_t> datagram) 
     if (!region || region->owner_pid != current_pid() || s.address < region->address ||
         s.address - region->address > region->length || s.length > region->length - (s.address - region->address) ||
         !right_fits_direction(s.access, request.write == 1) || (region->access & s.access) != s.access)
+      return EFAULT;
+    // An on-demand region's pages are resolved now, as the requester's
+    // kernel copy would have: one not mapped fails the copy.
+    if ((region->access & access::kOnDemand) &&
+        fault_in_pages(s.address, s.length, request.write == 1 || s.access == access::kRemoteAtomic) != 0)
       return EFAULT;
     if (s.length > kChunkBytes - bytes) return EINVAL;
     bytes += s.length;
@@ -289,8 +295,11 @@ int copy(DeviceMemory& memory, pid_t pid, bool write, std::span<const iovec> loc
     bool all = true;
     for (const RemoteRange& range : remote) {
       auto region = memory.shared().mrs.find(range.key);
-      uint8_t* view =
-          region && region->owner_pid == pid ? peer_view(pid, region->backing, range.address, range.length) : nullptr;
+      // On-demand pages are never reached through a mapping of the owner's
+      // memory, which would not see them unmapped.
+      uint8_t* view = region && region->owner_pid == pid && !(region->access & access::kOnDemand)
+                          ? peer_view(pid, region->backing, range.address, range.length)
+                          : nullptr;
       if (view == nullptr) {
         all = false;
         break;

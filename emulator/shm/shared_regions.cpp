@@ -325,6 +325,34 @@ uint8_t* peer_view(pid_t owner, const SharedBacking& backing, uint64_t address, 
   return it->second.mapping + (address - backing.base);
 }
 
+std::optional<SharedBacking> map_device_memory(uint64_t length) {
+  SharedBacking backing;
+  backing.id = random_u64();
+  backing.length = (length + page_size() - 1) / page_size() * page_size();
+  int fd = memfd_create(memfd_name(backing.id).c_str(), MFD_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  void* mapping = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(backing.length)) == 0)
+    mapping = mmap(nullptr, backing.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mapping == MAP_FAILED) {
+    const int error = errno;
+    close(fd);
+    errno = error;
+    return std::nullopt;
+  }
+  // A forked child does not inherit a device's memory.
+  madvise(mapping, backing.length, MADV_DONTFORK);
+  backing.fd = fd;
+  backing.base = reinterpret_cast<uint64_t>(mapping);
+  return backing;
+}
+
+void unmap_device_memory(const SharedBacking& backing) {
+  if (backing.fd < 0) return;
+  munmap(reinterpret_cast<void*>(backing.base), backing.length);
+  close(backing.fd);
+}
+
 size_t peer_view_count() {
   std::lock_guard guard(peer_mutex);
   size_t count = 0;

@@ -54,4 +54,11 @@ uint8_t* peer_view(pid_t owner, const SharedBacking& backing, uint64_t address, 
 // Mappings of other processes' regions this process holds (for tests).
 size_t peer_view_count();
 
+// Device memory (device_memory_allocation.h) of `length` bytes: a memfd
+// mapping in this process, zero-filled, whole pages, which peers map as a
+// region's backing (peer_view). nullopt if it cannot be made (errno says).
+std::optional<SharedBacking> map_device_memory(uint64_t length);
+// Unmaps it and closes its descriptor.
+void unmap_device_memory(const SharedBacking& backing);
+
 }  // namespace softverbs
