@@ -48,6 +48,7 @@ enum class WcOpcode : uint32_t {
   CompareSwap = 3,
   FetchAdd = 4,
   BindMw = 5,
+  AtomicWrite = 9,
   Receive = 128,
   ReceiveRdmaWithImm = 129,
 };

@@ -30,6 +30,7 @@ struct DeviceCapabilities {
   bool srq_resize = true;
   bool port_active_event = true;
   bool n_notify_cq = true;
+  bool atomic_write = true;  // IBA 1.5 ATOMIC WRITE
 };
 
 struct DeviceAttributes {

@@ -243,6 +243,7 @@ class Execution {
   SendOutcome write();
   SendOutcome read();
   SendOutcome atomic();
+  SendOutcome atomic_write();
 
  private:
   bool reliable() const { return qp_.type == QpType::Rc; }
@@ -341,6 +342,30 @@ SendOutcome Execution::atomic() {
   return SendOutcome::Completed;
 }
 
+// The key is checked before the alignment, as rxe's responder does (a
+// misaligned ATOMIC WRITE is an invalid request, IBV_WC_REM_INV_REQ_ERR).
+// The store is one aligned 8-byte store where the target's memory is this
+// process's, and under the device's atomics lock in every case, so device
+// atomics never interleave with it.
+SendOutcome Execution::atomic_write() {
+  if (local_.length != 8) return fail(WcStatus::LocalLengthError);
+  ResolvedRange where;
+  if (!check_remote(access::kRemoteWrite, 8, where)) return fail(WcStatus::RemoteAccessError);
+  if (request_.remote_address % 8 != 0) return fail(WcStatus::RemoteInvalidRequestError);
+  uint64_t value = 0;
+  iovec into{&value, 8};
+  copy_within_process(std::span(&into, 1), local_.vectors);
+  SharedLock atomics(memory_.shared().atomics_lock);
+  if (where.owner_pid == current_pid() && where.address % 8 == 0) {
+    __atomic_store_n(reinterpret_cast<uint64_t*>(where.address), value, __ATOMIC_RELEASE);
+    return SendOutcome::Completed;
+  }
+  RemoteRange remote{where.address, 8, request_.rkey, access::kRemoteWrite};
+  if (int error = copy_to_process(memory_, where.owner_pid, std::span(&into, 1), std::span(&remote, 1)))
+    return copy_failed(error);
+  return SendOutcome::Completed;
+}
+
 // A qkey with the high bit set means "use the QP's own qkey".
 uint32_t effective_qkey(const QpRecord& qp, const SendWqe& request) {
   return (request.remote_qkey & 0x80000000u) ? qp.attributes.qkey : request.remote_qkey;
@@ -415,6 +440,7 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& requ
   }
   Execution execution(memory, qp, request, local, completion, *target);
   const SendOpcodeInfo& info = send_opcode_info(request.opcode);
+  if (request.opcode == SendOpcode::AtomicWrite) return execution.atomic_write();
   if (info.is(wr_mask::kWrite)) return execution.write();
   if (info.is(wr_mask::kRead)) return execution.read();
   if (info.is(wr_mask::kAtomic)) return execution.atomic();
