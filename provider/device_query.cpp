@@ -53,6 +53,11 @@ void fill_device_attr(const DeviceAttributes& a, ibv_device_attr_ex& out) {
   d.max_qp = a.max_qp;
   d.max_qp_wr = a.max_qp_wr;
   d.device_cap_flags = capability_flags(a.capabilities);
+  // The extended flags hold the same bits and those above 32, as the
+  // kernel fills them; ATOMIC WRITE's (IB_UVERBS_DEVICE_ATOMIC_WRITE) has
+  // no name in rdma-core 44's verbs.h.
+  constexpr uint64_t kDeviceAtomicWrite = uint64_t{1} << 40;
+  out.device_cap_flags_ex = d.device_cap_flags | (a.capabilities.atomic_write ? kDeviceAtomicWrite : 0);
   d.max_sge = a.max_sge;
   d.max_sge_rd = a.max_sge_rd;
   d.max_cq = a.max_cq;

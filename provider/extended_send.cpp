@@ -69,6 +69,14 @@ void wr_local_inv(ibv_qp_ex* ex, uint32_t invalidate_rkey) {
 void wr_send_inv(ibv_qp_ex* ex, uint32_t invalidate_rkey) {
   begin_request(ex, IBV_WR_SEND_WITH_INV).invalidate_rkey = invalidate_rkey;
 }
+// The 8 bytes are copied now: the caller may reuse atomic_wr on return.
+void wr_atomic_write(ibv_qp_ex* ex, uint32_t rkey, uint64_t remote, const void* atomic_wr) {
+  begin_request(ex, IBV_WR_ATOMIC_WRITE).wr.rdma = {remote, rkey};
+  BuiltRequest& built = to_qp(ex)->batch.back();
+  const auto* bytes = static_cast<const uint8_t*>(atomic_wr);
+  built.inline_bytes.assign(bytes, bytes + 8);
+  built.wr.send_flags |= IBV_SEND_INLINE;
+}
 void wr_set_ud_addr(ibv_qp_ex* ex, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
   if (BuiltRequest* built = last_request(ex)) built->wr.wr.ud = {ah, remote_qpn, remote_qkey};
 }
@@ -126,7 +134,8 @@ int wr_complete(ibv_qp_ex* ex) {
 constexpr uint64_t kSupportedSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
                                        IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
                                        IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
-                                       IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV;
+                                       IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV |
+                                       IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 }  // namespace
 
@@ -158,7 +167,10 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   if ((attr->comp_mask & ~kKnownMask) || (create_flags & ~uint32_t{IBV_QP_CREATE_SOURCE_QPN}) ||
       (cm_agent && attr->source_qpn != kGsiQpn) ||
       ((attr->comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) && attr->max_tso_header != 0) ||
-      ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & ~kSupportedSendOps))) {
+      ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & ~kSupportedSendOps)) ||
+      // ATOMIC WRITE is an RC operation (rxe refuses it on other QP types).
+      ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & IBV_QP_EX_WITH_ATOMIC_WRITE) &&
+       attr->qp_type != IBV_QPT_RC)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
@@ -193,6 +205,7 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
     ex.wr_bind_mw = wr_bind_mw;
     ex.wr_local_inv = wr_local_inv;
     ex.wr_send_inv = wr_send_inv;
+    ex.wr_atomic_write = wr_atomic_write;
     ex.wr_set_ud_addr = wr_set_ud_addr;
     ex.wr_set_xrc_srqn = wr_set_xrc_srqn;
     ex.wr_set_sge = wr_set_sge;

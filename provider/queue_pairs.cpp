@@ -326,7 +326,12 @@ int translate_send(const ibv_qp* qp, const QpRecord& record, const ibv_send_wr* 
   const auto* sges = reinterpret_cast<const Sge*>(wr->sg_list);
   r.sges.assign(sges, sges + wr->num_sge);
   for (const Sge& sge : r.sges) r.length += sge.length;
-  if ((wr->send_flags & IBV_SEND_INLINE) && (info.is(wr_mask::kIntoLocal) || r.length > record.caps.max_inline_data))
+  // An ATOMIC WRITE carries exactly 8 bytes; inline, the device keeps them
+  // in the WQE (as rxe does) whatever max_inline_data says.
+  const bool atomic_write = r.opcode == SendOpcode::AtomicWrite;
+  if (atomic_write && r.length != 8) return EINVAL;
+  if ((wr->send_flags & IBV_SEND_INLINE) &&
+      (info.is(wr_mask::kIntoLocal) || (r.length > record.caps.max_inline_data && !atomic_write)))
     return EINVAL;
   if (info.is(wr_mask::kAtomic)) {
     r.remote_address = wr->wr.atomic.remote_addr;

@@ -33,15 +33,16 @@ std::vector<uint8_t> valid_opcodes() {
 
 TEST(RoceHeaders, TheOpcodeTableHasRcUcAndUdAsIbaTable38Lists) {
   auto opcodes = valid_opcodes();
-  // RC: 23 opcodes (6 sends, 6 writes, READ and its 4 responses, ACK, two
-  // atomics and their ACK, 2 sends with invalidate); UC: 12; UD: 2.
+  // RC: 24 opcodes (6 sends, 6 writes, READ and its 4 responses, ACK, two
+  // atomics and their ACK, 2 sends with invalidate, ATOMIC WRITE); UC: 12;
+  // UD: 2.
   size_t rc = 0, uc = 0, ud = 0;
   for (uint8_t value : opcodes) {
     if ((value & 0xe0) == 0x00) ++rc;
     if ((value & 0xe0) == 0x20) ++uc;
     if ((value & 0xe0) == 0x60) ++ud;
   }
-  EXPECT_EQ(rc, 23u);
+  EXPECT_EQ(rc, 24u);
   EXPECT_EQ(uc, 12u);
   EXPECT_EQ(ud, 2u);
   EXPECT_STREQ(opcode_info(0x04).name, "SEND_ONLY");
@@ -50,6 +51,8 @@ TEST(RoceHeaders, TheOpcodeTableHasRcUcAndUdAsIbaTable38Lists) {
   EXPECT_FALSE(opcode_info(0x2c).valid) << "no READ on UC";
   EXPECT_FALSE(opcode_info(0x40).valid) << "RD is not supported";
   EXPECT_FALSE(opcode_info(0x15).valid) << "reserved";
+  EXPECT_STREQ(opcode_info(0x1d).name, "ATOMIC_WRITE");
+  EXPECT_FALSE(opcode_info(0x3d).valid) << "no ATOMIC WRITE on UC";
 }
 
 // What each opcode is, as the requester, responder and completer ask the
@@ -108,7 +111,8 @@ TEST(RoceHeaders, TheTableSaysWhatEachOpcodeIsAndFindsItBack) {
     EXPECT_EQ(info.position == OpPosition::First, names("FIRST")) << name;
     EXPECT_EQ(info.position == OpPosition::Middle, names("MIDDLE")) << name;
     EXPECT_EQ(info.position == OpPosition::Last, names("LAST")) << name;
-    if ((info.headers & header::kIeth) || info.kind == OpKind::Atomic) continue;  // named by the work request
+    if ((info.headers & header::kIeth) || info.kind == OpKind::Atomic || info.kind == OpKind::AtomicWrite)
+      continue;  // named by the work request
     EXPECT_EQ(opcode_for(static_cast<Service>(value & 0xe0), info.kind, info.position, info.immediate()), value)
         << name;
   }
@@ -117,6 +121,7 @@ TEST(RoceHeaders, TheTableSaysWhatEachOpcodeIsAndFindsItBack) {
   EXPECT_EQ(opcode_for(Service::Uc, OpKind::ReadRequest, OpPosition::Only, false), 0xff) << "no READ on UC";
   EXPECT_EQ(opcode_for(Service::Rc, OpKind::Send, OpPosition::Middle, true), 0xff) << "only LAST and ONLY carry one";
   EXPECT_EQ(opcode_for(Service::Rc, OpKind::Atomic, OpPosition::Only, false), 0xff) << "CMP_AND_SWP or FETCH_ADD";
+  EXPECT_EQ(opcode_for(Service::Rc, OpKind::AtomicWrite, OpPosition::Only, false), 0xff) << "the work request's";
 }
 
 TEST(RoceHeaders, EveryOpcodeRoundTrips) {

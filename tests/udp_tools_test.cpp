@@ -469,6 +469,76 @@ TEST_F(UdpOnLoopback, CaptureOfXrcShowsXrcOpcodesAndTheXrcethsSrqNumber) {
   for (const auto& [opcode, n] : count) EXPECT_GE(opcode, 0xa0) << "only XRC opcodes";
 }
 
+// ATOMIC WRITE on the wire, from the data-path tests' own requests: RC
+// opcode 0x1d (29) with its RETH and 8 bytes, answered by an RDMA READ
+// RESPONSE ONLY without payload at the same PSN whose AETH says ACK; the
+// misaligned one by a NAK Invalid Request. tshark 4.0 names no opcode 29,
+// so its RETH is read from the UDP payload.
+TEST_F(UdpOnLoopback, CaptureShowsAtomicWriteAndItsEmptyReadResponse) {
+  std::string capture = dir_.path() + "/atomic_write.pcap";
+  std::string cli = SOFTVERBS_CLI;
+  std::string script = cli + " capture -w " + capture + " & capture=$!\n" + "while [ ! -s " + capture +
+                       " ]; do sleep 0.05; done; sleep 0.2\n" + cli + " run -- " + VERBS_DATAPATH_TEST +
+                       " --gtest_filter='AtomicWrite.PlacesEight*:AtomicWrite.AMisaligned*'; status=$?\n" +
+                       "kill -INT $capture; wait $capture; exit $status\n";
+  auto r = run_process({"bash", "-c", script}, env_, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto decoded =
+      run_process({"tshark", "-r", capture, "-T", "fields", "-E", "separator=,", "-e", "infiniband.bth.opcode", "-e",
+                   "infiniband.bth.psn", "-e", "infiniband.aeth.syndrome", "-e", "udp.length", "-e", "udp.payload"});
+  ASSERT_EQ(decoded.exit_code, 0) << decoded.err;
+  struct Packet {
+    int opcode = -1;
+    unsigned psn = 0, syndrome = 0, udp_length = 0;
+    std::string bytes;  // the UDP payload, in hex
+  };
+  std::vector<Packet> packets;
+  std::istringstream lines(decoded.out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::vector<std::string> fields;
+    std::istringstream parts(line);
+    std::string field;
+    while (std::getline(parts, field, ',')) fields.push_back(field);
+    fields.resize(5);
+    if (fields[0].empty()) continue;
+    Packet p;
+    p.opcode = std::stoi(fields[0]);
+    p.psn = fields[1].empty() ? 0 : std::stoul(fields[1]);
+    p.syndrome = fields[2].empty() ? 0 : std::stoul(fields[2]);
+    p.udp_length = fields[3].empty() ? 0 : std::stoul(fields[3]);
+    p.bytes = fields[4];
+    packets.push_back(p);
+  }
+  std::vector<size_t> requests;
+  for (size_t i = 0; i < packets.size(); ++i)
+    if (packets[i].opcode == 29) requests.push_back(i);
+  ASSERT_EQ(requests.size(), 2u) << decoded.out;
+  for (size_t i : requests) {
+    // UDP header, BTH, RETH, 8 bytes, ICRC.
+    EXPECT_EQ(packets[i].udp_length, 8u + 12 + 16 + 8 + 4) << decoded.out;
+  }
+  // After the BTH (12 bytes) the RETH: its DMA length is 8; then the first
+  // test's value, as the sender's memory holds it.
+  const std::string& first = packets[requests[0]].bytes;
+  ASSERT_GE(first.size(), 2u * (12 + 16 + 8)) << decoded.out;
+  EXPECT_EQ(first.substr(48, 8), "00000008") << "RETH DMA length";
+  EXPECT_EQ(first.substr(56, 16), "efcdab8967452301") << "the 8 bytes";
+  auto answer_to = [&](size_t request) {
+    for (size_t i = request + 1; i < packets.size(); ++i)
+      if (packets[i].psn == packets[request].psn && (packets[i].opcode == 16 || packets[i].opcode == 17))
+        return packets[i];
+    return Packet{};
+  };
+  Packet placed = answer_to(requests[0]);
+  EXPECT_EQ(placed.opcode, 16) << "RDMA READ RESPONSE ONLY\n" << decoded.out;
+  EXPECT_EQ(placed.syndrome >> 5, 0u) << "an ACK in its AETH";
+  EXPECT_EQ(placed.udp_length, 8u + 12 + 4 + 4) << "no payload";
+  Packet refused = answer_to(requests[1]);
+  EXPECT_EQ(refused.opcode, 17) << decoded.out;
+  EXPECT_EQ(refused.syndrome, 0x61u) << "NAK, Invalid Request";
+}
+
 TEST_F(UdpOnLoopback, CaptureDecodesInTsharkAndScapyAgreesWithEveryIcrc) {
   std::string capture = dir_.path() + "/traffic.pcap";
   std::string gid = ipv4_gid_index();

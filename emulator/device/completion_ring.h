@@ -49,6 +49,7 @@ enum class WcOpcode : uint32_t {
   FetchAdd = 4,
   BindMw = 5,
   LocalInvalidate = 6,
+  AtomicWrite = 9,
   Receive = 128,
   ReceiveRdmaWithImm = 129,
 };

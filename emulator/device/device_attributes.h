@@ -34,6 +34,7 @@ struct DeviceCapabilities {
   bool xrc = true;  // XRC domains, SRQs and QPs
   bool memory_windows = true;          // type 1
   bool memory_windows_type_2b = true;  // type 2, bound to a QP
+  bool atomic_write = true;  // IBA 1.5 ATOMIC WRITE
 };
 
 struct DeviceAttributes {

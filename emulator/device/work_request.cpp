@@ -27,10 +27,16 @@ static_assert(kSendOpcodes[static_cast<size_t>(SendOpcode::RdmaRead)].completion
                   kSendOpcodes[static_cast<size_t>(SendOpcode::BindMemoryWindow)].completion == WcOpcode::BindMw,
               "indexed by the IBV_WR_* value");
 
+// ATOMIC WRITE (IBA 1.5, Memory Placement Extensions): 8 bytes from the
+// local SGEs (or inline) placed at an 8-byte aligned remote address in one
+// store; it needs remote write access, as in rxe.
+constexpr SendOpcodeInfo kAtomicWrite{"ATOMIC_WRITE", kRemoteRange, WcOpcode::AtomicWrite, true, false, false, true};
+
 }  // namespace
 
 const SendOpcodeInfo& send_opcode_info(uint32_t opcode) {
   static constexpr SendOpcodeInfo kUnknown{};
+  if (opcode == static_cast<uint32_t>(SendOpcode::AtomicWrite)) return kAtomicWrite;
   return opcode < kSendOpcodes.size() ? kSendOpcodes[opcode] : kUnknown;
 }
 

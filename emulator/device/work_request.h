@@ -33,6 +33,7 @@ enum class SendOpcode : uint32_t {
   LocalInvalidate = 7,
   BindMemoryWindow = 8,
   SendWithInvalidate = 9,
+  AtomicWrite = 15,  // IBA 1.5's Memory Placement Extensions
 };
 
 namespace send_flag {
@@ -66,13 +67,16 @@ struct SendOpcodeInfo {
   uint16_t mask = 0;
   WcOpcode completion = WcOpcode::Send;
   bool rc = false, uc = false, ud = false;  // the QP types that may post it
+  // ATOMIC WRITE: one request packet that a responder answers with a
+  // zero-length RDMA READ RESPONSE ONLY (as it does a FLUSH).
+  bool answered_by_empty_read_response = false;
 
   bool valid_for(QpType type) const {
     return name != nullptr && (type == QpType::Rc ? rc : type == QpType::Uc ? uc : ud);
   }
   bool is(uint16_t bits) const { return (mask & bits) != 0; }
-  // READs and atomics: the requester waits for response packets.
-  bool expects_response() const { return is(wr_mask::kRead | wr_mask::kAtomic); }
+  // READs, atomics and ATOMIC WRITE: the requester waits for response packets.
+  bool expects_response() const { return is(wr_mask::kRead | wr_mask::kAtomic) || answered_by_empty_read_response; }
 };
 
 // The entry for `opcode` (an IBV_WR_* value); an empty one (name nullptr)
@@ -179,6 +183,7 @@ struct SendWqe {
   uint32_t last_psn() const { return (first_psn + psn_count - 1) & 0xffffff; }
   bool is_read() const { return send_opcode_info(opcode).is(wr_mask::kRead); }
   bool is_atomic() const { return send_opcode_info(opcode).is(wr_mask::kAtomic); }
+  bool is_atomic_write() const { return opcode == SendOpcode::AtomicWrite; }
   bool expects_response() const { return send_opcode_info(opcode).expects_response(); }
   bool fully_sent() const { return expects_response() ? packets_sent >= 1 : packets_sent >= psn_count; }
 

@@ -277,6 +277,7 @@ class Execution {
   SendOutcome write();
   SendOutcome read();
   SendOutcome atomic();
+  SendOutcome atomic_write();
 
  private:
   bool reliable() const { return qp_.type == QpType::Rc; }
@@ -299,8 +300,8 @@ class Execution {
     // A zero-length RDMA READ or WRITE touches no memory, so no key is
     // checked (IBA C9-88): UCX flushes with one that names rkey 0.
     if (length == 0 && needed != access::kRemoteAtomic) return true;
-    return memory_.shared().mrs.check_remote(request_.rkey, target_pd_, target_.qpn, request_.remote_address,
-                                             length, needed, &where) == KeyCheck::Ok &&
+    return memory_.shared().mrs.check_remote(request_.rkey, target_pd_, target_.qpn, request_.remote_address, length,
+                                             needed, &where) == KeyCheck::Ok &&
            where.owner_pid == target_.owner_pid;
   }
   void deliver_write_immediate(const ReceivePlacement& receive);
@@ -373,6 +374,30 @@ SendOutcome Execution::atomic() {
       return copy_failed(error);
   }
   copy_within_process(local_.vectors, std::span(&value, 1));
+  return SendOutcome::Completed;
+}
+
+// The key is checked before the alignment, as rxe's responder does (a
+// misaligned ATOMIC WRITE is an invalid request, IBV_WC_REM_INV_REQ_ERR).
+// The store is one aligned 8-byte store where the target's memory is this
+// process's, and under the device's atomics lock in every case, so device
+// atomics never interleave with it.
+SendOutcome Execution::atomic_write() {
+  if (local_.length != 8) return fail(WcStatus::LocalLengthError);
+  ResolvedRange where;
+  if (!check_remote(access::kRemoteWrite, 8, where)) return fail(WcStatus::RemoteAccessError);
+  if (request_.remote_address % 8 != 0) return fail(WcStatus::RemoteInvalidRequestError);
+  uint64_t value = 0;
+  iovec into{&value, 8};
+  copy_within_process(std::span(&into, 1), local_.vectors);
+  SharedLock atomics(memory_.shared().atomics_lock);
+  if (where.owner_pid == current_pid() && where.address % 8 == 0) {
+    __atomic_store_n(reinterpret_cast<uint64_t*>(where.address), value, __ATOMIC_RELEASE);
+    return SendOutcome::Completed;
+  }
+  RemoteRange remote{where.address, 8, request_.rkey, access::kRemoteWrite};
+  if (int error = copy_to_process(memory_, where.owner_pid, std::span(&into, 1), std::span(&remote, 1)))
+    return copy_failed(error);
   return SendOutcome::Completed;
 }
 
@@ -459,6 +484,7 @@ SendOutcome execute_with_target(DeviceMemory& memory, QpRecord& qp, const SendWq
   }
   Execution execution(memory, qp, request, local, completion, *target, target_pd);
   const SendOpcodeInfo& info = send_opcode_info(request.opcode);
+  if (request.opcode == SendOpcode::AtomicWrite) return execution.atomic_write();
   if (info.is(wr_mask::kWrite)) return execution.write();
   if (info.is(wr_mask::kRead)) return execution.read();
   if (info.is(wr_mask::kAtomic)) return execution.atomic();

@@ -1,10 +1,11 @@
 // The completer: what comes back to a requester. ACKs (coalesced: one ACK
 // acknowledges every request up to its PSN), NAKs (PSN sequence error: go
 // back and resend; RNR: wait the encoded time, then resend; the others: the
-// work request fails), READ responses and atomic ACKs. It retires work
-// requests strictly in order and runs the retransmission timer: after
-// 4.096 us x 2^timeout without progress it resends from the oldest
-// unacknowledged PSN, retry_cnt times, then fails with IBV_WC_RETRY_EXC_ERR.
+// work request fails), READ responses (an ATOMIC WRITE's among them) and
+// atomic ACKs. It retires work requests strictly in order and runs the
+// retransmission timer: after 4.096 us x 2^timeout without progress it
+// resends from the oldest unacknowledged PSN, retry_cnt times, then fails
+// with IBV_WC_RETRY_EXC_ERR.
 #include <algorithm>
 #include <cstring>
 
@@ -135,17 +136,33 @@ void on_acknowledge(TransportPort& port, UdpQp& qp, const TransportPacket& packe
   }
 }
 
-// The READ or atomic that a response with this PSN answers, if it still
-// waits for it and no earlier one lost its response (then that one is asked
-// again instead).
-SendWqe* awaiting_response(TransportPort& port, UdpQp& qp, uint32_t psn, bool read) {
+// The requests a response answers: a READ's data, an atomic's ACK, an
+// ATOMIC WRITE's zero-length READ RESPONSE ONLY.
+enum class Answering : uint8_t { Read, Atomic, AtomicWrite };
+
+bool answers(const SendWqe& wqe, Answering what) {
+  switch (what) {
+    case Answering::Read:
+      return wqe.is_read();
+    case Answering::Atomic:
+      return wqe.is_atomic();
+    case Answering::AtomicWrite:
+      return wqe.is_atomic_write();
+  }
+  return false;
+}
+
+// The request of that kind that a response with this PSN answers, if it
+// still waits for it and no earlier one lost its response (then that one is
+// asked again instead).
+SendWqe* awaiting_response(TransportPort& port, UdpQp& qp, uint32_t psn, Answering what) {
   RequesterState& r = qp.requester;
   if (!was_sent(r, psn)) return nullptr;
   ptrdiff_t found = find_wqe(r, psn);
   if (found < 0) return nullptr;
   const size_t index = static_cast<size_t>(found);
   SendWqe& wqe = r.queue[index];
-  if ((read ? !wqe.is_read() : !wqe.is_atomic()) || wqe.finished) {
+  if (!answers(wqe, what) || wqe.finished) {
     port.counters().add(Counter::DuplicatesReceived);
     return nullptr;
   }
@@ -153,10 +170,31 @@ SendWqe* awaiting_response(TransportPort& port, UdpQp& qp, uint32_t psn, bool re
   return &wqe;
 }
 
+// An ATOMIC WRITE is done once its zero-length READ RESPONSE ONLY, an ACK
+// in its AETH, is in (IBA 1.5, as rxe answers it).
+void on_atomic_write_response(TransportPort& port, UdpQp& qp, const TransportPacket& packet) {
+  const uint32_t psn = packet.bth.psn;
+  SendWqe* waiting = awaiting_response(port, qp, psn, Answering::AtomicWrite);
+  if (waiting == nullptr) return;
+  SendWqe& wqe = *waiting;
+  if ((packet.bth.opcode & 0x1f) != op::kReadResponseOnly || !packet.payload.empty() ||
+      aeth::kind(packet.aeth.syndrome) != 0) {
+    debug_log("QP %#x: ATOMIC WRITE at PSN %#x answered by %s with %zu bytes", qp.qpn, psn,
+              opcode_info(packet.bth.opcode).name, packet.payload.size());
+    wqe.error = WcStatus::BadResponseError;
+    return;
+  }
+  wqe.finished = true;
+  advance(port, qp, psn);
+}
+
 void on_read_response(TransportPort& port, UdpQp& qp, const TransportPacket& packet) {
   RequesterState& r = qp.requester;
   const uint32_t psn = packet.bth.psn;
-  SendWqe* waiting = awaiting_response(port, qp, psn, true);
+  const ptrdiff_t answered = find_wqe(r, psn);
+  if (answered >= 0 && r.queue[static_cast<size_t>(answered)].is_atomic_write())
+    return on_atomic_write_response(port, qp, packet);
+  SendWqe* waiting = awaiting_response(port, qp, psn, Answering::Read);
   if (waiting == nullptr) return;
   SendWqe& wqe = *waiting;
   advance(port, qp, psn_add(wqe.first_psn, kPsnMask));  // everything before the READ
@@ -201,7 +239,7 @@ void on_read_response(TransportPort& port, UdpQp& qp, const TransportPacket& pac
 
 void on_atomic_acknowledge(TransportPort& port, UdpQp& qp, const TransportPacket& packet) {
   const uint32_t psn = packet.bth.psn;
-  SendWqe* waiting = awaiting_response(port, qp, psn, false);
+  SendWqe* waiting = awaiting_response(port, qp, psn, Answering::Atomic);
   if (waiting == nullptr) return;
   SendWqe& wqe = *waiting;
   if (aeth::kind(packet.aeth.syndrome) != 0) {

@@ -2,9 +2,9 @@
 // packets: SEND and RDMA WRITE segmented at the path MTU into first, middle,
 // last or only packets (a WRITE without immediate into WRITE ONLY packets
 // unless asked otherwise: see WriteFraming); an RDMA READ as one request
-// whose responses use one PSN each; an atomic as one request. For RC it
-// keeps at most kWindow PSNs unacknowledged and at most max_rd_atomic READs
-// and atomics outstanding.
+// whose responses use one PSN each; an atomic or an ATOMIC WRITE as one
+// request. For RC it keeps at most kWindow PSNs unacknowledged and at most
+// max_rd_atomic READs and atomics (ATOMIC WRITEs among them) outstanding.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -171,6 +171,25 @@ void send_atomic_request(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
   port.transmit(qp, qp.path, qp.dest_qpn, packet, {});
 }
 
+// An ATOMIC WRITE: RETH and its 8 bytes; false if they failed the lkey
+// check (the WQE then carries the error).
+bool send_atomic_write_request(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
+  TransportPacket packet;
+  packet.bth.opcode = opcode(Service::Rc, op::kAtomicWrite);
+  packet.bth.dest_qp = qp.dest_qpn;
+  packet.bth.psn = wqe.first_psn;
+  packet.bth.ack_request = true;
+  packet.reth = {wqe.remote_address, wqe.rkey, static_cast<uint32_t>(wqe.length)};
+  LocalVectors payload;
+  if (!gather_local(port.memory(), qp, wqe, 0, wqe.length, 0, payload)) {
+    wqe.error = WcStatus::LocalProtectionError;
+    return false;
+  }
+  note_sent(port, qp, packet.bth.psn);
+  port.transmit(qp, qp.path, qp.dest_qpn, packet, payload);
+  return true;
+}
+
 bool send_ud(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
   TransportPacket packet;
   const bool immediate = send_opcode_info(wqe.opcode).is(wr_mask::kImmediate);
@@ -276,7 +295,9 @@ void requester_run(TransportPort& port, UdpQp& qp) {
       if (!window_open(qp, psn)) break;
       if (wqe.is_read())
         send_read_request(port, qp, wqe);
-      else
+      else if (wqe.is_atomic_write()) {
+        if (!send_atomic_write_request(port, qp, wqe)) break;
+      } else
         send_atomic_request(port, qp, wqe);
       wqe.packets_sent = 1;
       ++r.cursor;

@@ -187,7 +187,7 @@ Verdict check_op_sequence(TransportPort& port, UdpQp& qp, const TransportPacket&
 
 Verdict check_op_valid(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
   uint32_t needed = 0;
-  if (what.kind == Kind::Write) needed = access::kRemoteWrite;
+  if (what.kind == Kind::Write || what.kind == Kind::AtomicWrite) needed = access::kRemoteWrite;
   if (what.kind == Kind::ReadRequest) needed = access::kRemoteRead;
   if (what.kind == Kind::Atomic) needed = access::kRemoteAtomic;
   if ((qp.attributes.access_flags & needed) == needed) return Verdict::Continue;
@@ -288,6 +288,7 @@ Verdict check_length(TransportPort& port, UdpQp& qp, const TransportPacket& pack
     if (before + length > total || (ends_message(what.position) && before + length != total)) valid = false;
   }
   if (what.kind == Kind::ReadRequest && packet.reth.dma_length > limits::kMaxMessageSize) valid = false;
+  if (what.kind == Kind::AtomicWrite && (length != 8 || packet.reth.dma_length != 8)) valid = false;
   if (valid && what.kind == Kind::Send && s.received + length > s.receive_capacity) {
     // The message does not fit the receive buffer: the receiver sees
     // IBV_WC_LOC_LEN_ERR, the sender IBV_WC_REM_INV_REQ_ERR.
@@ -347,7 +348,7 @@ Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet
     rkey = packet.reth.rkey;
     iova = packet.reth.virtual_address;
     length = packet.reth.dma_length;
-    needed = what.kind == Kind::Write ? access::kRemoteWrite : access::kRemoteRead;
+    needed = what.kind == Kind::ReadRequest ? access::kRemoteRead : access::kRemoteWrite;
   }
   // A zero-length RDMA operation touches no memory and checks no key (IBA 9.4.4).
   if (length == 0) return Verdict::Continue;
@@ -355,6 +356,12 @@ Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet
   KeyCheck verdict = check_remote(port, qp, rkey, iova, length, needed, where);
   if (verdict == KeyCheck::Ok) {
     if (what.kind == Kind::Write) what.write_checked_address = where.address;
+    // An ATOMIC WRITE's alignment is checked after its key, as rxe does.
+    if (what.kind == Kind::AtomicWrite && iova % 8 != 0) {
+      debug_log("QP %#x: ATOMIC WRITE at unaligned address %#llx", qp.qpn, static_cast<unsigned long long>(iova));
+      fail_request(port, qp, packet.bth.psn, aeth::kNakInvalidRequest, WcStatus::RemoteInvalidRequestError);
+      return Verdict::Done;
+    }
     return Verdict::Continue;
   }
   debug_log("QP %#x: %s rkey %#x addr %#llx len %llu refused (check %d)", qp.qpn, opcode_info(packet.bth.opcode).name,
@@ -547,8 +554,36 @@ void execute_atomic(TransportPort& port, UdpQp& qp, const TransportPacket& packe
   s.expected_psn = psn_add(packet.bth.psn, 1);
 }
 
+// Its 8 bytes in one store, under the device's atomics lock so that device
+// atomics never interleave with it; answered by a zero-length READ RESPONSE
+// ONLY, and remembered so that a duplicate is answered again, not redone.
+void execute_atomic_write(TransportPort& port, UdpQp& qp, const TransportPacket& packet) {
+  ResponderState& s = qp.responder;
+  DeviceMemory& memory = port.memory();
+  {
+    MemoryReadLock memory_lock(memory);
+    SharedLock atomics(memory.shared().atomics_lock);
+    ResolvedRange where;
+    uint64_t value;
+    std::memcpy(&value, packet.payload.data(), 8);
+    // Checked in check_rkey; cannot change under memory_lock.
+    if (check_remote(port, qp, packet.reth.rkey, packet.reth.virtual_address, 8, access::kRemoteWrite, where,
+                     MemoryRegionTable::Lock::Held) == KeyCheck::Ok) {
+      if (where.address % 8 == 0)
+        __atomic_store_n(reinterpret_cast<uint64_t*>(where.address), value, __ATOMIC_RELEASE);
+      else  // an iova aligned where the address is not: atomic under the lock only
+        std::memcpy(reinterpret_cast<void*>(where.address), &value, 8);
+    }
+  }
+  s.msn = psn_add(s.msn, 1);
+  queue_read_response(qp, packet.bth.psn, Reth{packet.reth.virtual_address, packet.reth.rkey, 0});
+  remember(qp, {packet.bth.psn, 1, false, 0});
+  s.expected_psn = psn_add(packet.bth.psn, 1);
+}
+
 // A request seen before (RC): SEND and WRITE are acknowledged again, a READ
-// answered again from memory, an atomic answered with its saved result.
+// answered again from memory, an atomic answered with its saved result, an
+// ATOMIC WRITE with its empty READ RESPONSE.
 Verdict handle_duplicate(TransportPort& port, UdpQp& qp, const TransportPacket& packet, const Classified& what) {
   ResponderState& s = qp.responder;
   port.counters().add(Counter::DuplicatesReceived);
@@ -569,6 +604,10 @@ Verdict handle_duplicate(TransportPort& port, UdpQp& qp, const TransportPacket& 
       ack.msn = s.msn;
       ack.original = entry->original;
       s.outbox.push_back(ack);
+      return Verdict::Done;
+    }
+    if (what.kind == Kind::AtomicWrite) {
+      if (into == 0) queue_read_response(qp, psn, Reth{packet.reth.virtual_address, packet.reth.rkey, 0});
       return Verdict::Done;
     }
     if (what.kind != Kind::ReadRequest) return Verdict::Done;
@@ -708,11 +747,14 @@ Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& p
     case Kind::Atomic:
       execute_atomic(port, qp, packet);
       break;
+    case Kind::AtomicWrite:
+      execute_atomic_write(port, qp, packet);
+      break;
     default:
       break;  // responses go to the completer
   }
   if (!qp.connected || qp.type != QpType::Rc) return Taken::Done;
-  // READ and atomic answers acknowledge by themselves. Every message is
+  // READ, atomic and ATOMIC WRITE answers acknowledge by themselves. Every message is
   // acknowledged (several in one ACK where they arrive close together);
   // AckReq asks for it without delay (see PortEngine::send_answers_locked).
   if (what.kind == Kind::Send || what.kind == Kind::Write) {

@@ -46,6 +46,7 @@ constexpr std::array<OpcodeInfo, 256> build_table() {
       {op::kFetchAdd, kAtomicEth, "FETCH_ADD", Atomic, Only},
       {op::kSendLastInvalidate, kIeth | kPayload, "SEND_LAST_WITH_INVALIDATE", Send, Last},
       {op::kSendOnlyInvalidate, kIeth | kPayload, "SEND_ONLY_WITH_INVALIDATE", Send, Only},
+      {op::kAtomicWrite, kReth | kPayload, "ATOMIC_WRITE", AtomicWrite, Only},
   };
   for (const Entry& e : kConnected) {
     table[opcode(Service::Rc, e.operation)] = {true, e.headers, e.name, e.kind, e.position};
@@ -125,14 +126,16 @@ namespace {
 // RC's opcodes, 0xff where none; built once from the table, so that the
 // requester's per-packet choice is one lookup. The invalidate forms are
 // chosen by no work request the device takes; the two atomics share a
-// kind, and the work request says which.
+// kind, and the work request says which; ATOMIC WRITE is the work
+// request's own.
 constexpr auto kOperations = [] {
   std::array<std::array<std::array<uint8_t, 2>, 4>, 7> operations{};
   for (auto& by_position : operations)
     for (auto& by_immediate : by_position) by_immediate = {0xff, 0xff};
   for (unsigned operation = 0; operation < 0x20; ++operation) {
     const OpcodeInfo& info = kOpcodes[operation];
-    if (!info.valid || (info.headers & kIeth) || info.kind == OpKind::Atomic) continue;
+    if (!info.valid || (info.headers & kIeth) || info.kind == OpKind::Atomic || info.kind == OpKind::AtomicWrite)
+      continue;
     operations[static_cast<size_t>(info.kind)][static_cast<size_t>(info.position)][info.immediate()] =
         static_cast<uint8_t>(operation);
   }
@@ -142,6 +145,7 @@ constexpr auto kOperations = [] {
 }  // namespace
 
 uint8_t opcode_for(Service service, OpKind kind, OpPosition position, bool immediate) {
+  if (static_cast<size_t>(kind) >= kOperations.size()) return 0xff;  // kinds the work request names
   const uint8_t operation = kOperations[static_cast<size_t>(kind)][static_cast<size_t>(position)][immediate];
   if (operation == 0xff || !kOpcodes[opcode(service, operation)].valid) return 0xff;
   return opcode(service, operation);

@@ -46,6 +46,8 @@ inline constexpr uint8_t kCompareSwap = 0x13;
 inline constexpr uint8_t kFetchAdd = 0x14;
 inline constexpr uint8_t kSendLastInvalidate = 0x16;
 inline constexpr uint8_t kSendOnlyInvalidate = 0x17;
+// IBA 1.5's Memory Placement Extensions (RC only).
+inline constexpr uint8_t kAtomicWrite = 0x1d;
 }  // namespace op
 
 inline constexpr uint8_t opcode(Service service, uint8_t operation) {
@@ -66,7 +68,16 @@ inline constexpr uint8_t kPayload = 1u << 7;  // the opcode may carry data
 
 // What a packet does (IBA 9.2, as rxe's opcode masks say it), and where it
 // sits in its message.
-enum class OpKind : uint8_t { Send, Write, ReadRequest, ReadResponse, Atomic, Acknowledge, AtomicAcknowledge };
+enum class OpKind : uint8_t {
+  Send,
+  Write,
+  ReadRequest,
+  ReadResponse,
+  Atomic,
+  Acknowledge,
+  AtomicAcknowledge,
+  AtomicWrite,  // RETH and 8 bytes of payload, answered by a zero-length READ RESPONSE ONLY
+};
 enum class OpPosition : uint8_t { First, Middle, Last, Only };
 
 struct OpcodeInfo {
@@ -92,8 +103,8 @@ const OpcodeInfo& opcode_info(uint8_t opcode);
 
 // The opcode of `service` for a packet of `kind` at `position` (with an
 // immediate or not); 0xff where there is none (SEND and WRITE have all four
-// positions, the others one) and for atomics, whose opcode the work request
-// names.
+// positions, the others one) and for atomics and ATOMIC WRITE, whose opcode
+// the work request names.
 uint8_t opcode_for(Service service, OpKind kind, OpPosition position, bool immediate);
 
 // The BTH and the extension headers an opcode carries, in bytes.
