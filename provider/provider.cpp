@@ -115,11 +115,13 @@ const abi::verbs_context_ops kContextOps = [] {
   ops.async_event = sanitize_async_event;
   ops.query_device_ex = query_device_ex;
   ops.query_port = query_port;
+  ops.query_rt_values = query_rt_values;
   add_memory_ops(ops);
   add_completion_queue_ops(ops);
   add_address_handle_ops(ops);
   add_shared_receive_queue_ops(ops);
   add_queue_pair_ops(ops);
+  add_domain_ops(ops);
   return ops;
 }();
 
