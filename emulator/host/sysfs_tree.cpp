@@ -158,7 +158,10 @@ bool write_device_tree(const fs::path& sysfs_root, const DeviceConfig& config, c
   fs::path uverbs_dir = verbs_class / config.uverbs_name();
   tree.directory(uverbs_dir);
   tree.file(uverbs_dir / "ibdev", config.name + "\n");
-  tree.file(uverbs_dir / "dev", "0:0\n");  // any character device is accepted
+  // /dev/null's number: /dev/infiniband/uverbsN links to it, and
+  // ibv_import_device finds the device of a command fd by it (to answer
+  // EOPNOTSUPP: importing is not emulated).
+  tree.file(uverbs_dir / "dev", "1:3\n");
   tree.file(uverbs_dir / "abi_version", std::to_string(limits::kUverbsAbiVersion) + "\n");
   return tree.ok();
 }
