@@ -18,6 +18,12 @@ ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
     errno = EINVAL;
     return nullptr;
   }
+  // On an Ethernet (RoCE) port the destination is a GID: HCAs refuse an
+  // address handle without a GRH.
+  if (!attr->is_global && state_of(pd->context).port.link_layer_ethernet) {
+    errno = EINVAL;
+    return nullptr;
+  }
   if (device_removed(pd->context)) return nullptr;
   auto ah = std::make_unique<ProviderAh>();
   ah->ibv.context = pd->context;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "device/device_clock.h"
 #include "device/event_socket.h"
 #include "device/receive_queue.h"
 #include "handle_registry.h"
@@ -21,7 +22,9 @@ namespace softverbs::provider {
 
 namespace {
 
-ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* channel, int comp_vector) {
+// `parent_domain`: an extended CQ's, whose allocator gives its memory.
+ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* channel, int comp_vector,
+                             bool timestamps = false, ibv_pd* parent_domain = nullptr) {
   ContextState& state = state_of(context);
   if (cqe < 1 || cqe > state.device.max_cqe || comp_vector < 0 || comp_vector >= context->num_comp_vectors) {
     errno = EINVAL;
@@ -48,7 +51,12 @@ ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* ch
     errno = ENOMEM;
     return nullptr;
   }
-  auto cq = std::make_unique<ProviderCq>();
+  ProviderObject<ProviderCq> cq(new_provider_object<ProviderCq>(parent_domain, DomainResource::Cq));
+  if (!cq) {
+    memory.release(ring, DeviceMemory::completion_ring_bytes(capacity));
+    memory.shared().cqs[index].live = 0;
+    return nullptr;
+  }
   cq->index = index;
   cq->verbs.cq.context = context;
   cq->verbs.cq.channel = channel;
@@ -63,6 +71,11 @@ ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* ch
     record.owner_handle = reinterpret_cast<uint64_t>(&cq->verbs.cq);
     record.channel = channel_address;
     record.owner_async = state.async_address;
+    record.stamps_completions = timestamps ? 1 : 0;
+  }
+  if (parent_domain) {
+    cq->parent_domain = parent_domain;
+    use_pd(parent_domain);
   }
   register_handle(HandleKind::Cq, &cq->verbs.cq);
   return cq.release();
@@ -117,23 +130,38 @@ unsigned int read_wc_flags_ex(ibv_cq_ex* cq) { return current_of(cq).flags; }
 uint32_t read_slid_ex(ibv_cq_ex*) { return 0; }
 uint8_t read_sl_ex(ibv_cq_ex* cq) { return current_of(cq).sl; }
 uint8_t read_dlid_path_bits_ex(ibv_cq_ex*) { return 0; }
+// The device clock counts nanoseconds (device_clock.h): a raw timestamp is one.
+uint64_t read_completion_ts_ex(ibv_cq_ex* cq) { return current_of(cq).timestamp_ns; }
+uint64_t read_completion_wallclock_ns_ex(ibv_cq_ex* cq) {
+  return device_clock_to_wallclock_ns(current_of(cq).timestamp_ns);
+}
 
+constexpr uint64_t kTimestampWcFlags =
+    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
 constexpr uint64_t kSupportedWcFlags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
                                        IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
-                                       IBV_WC_EX_WITH_DLID_PATH_BITS;
+                                       IBV_WC_EX_WITH_DLID_PATH_BITS | kTimestampWcFlags;
 
 ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
   if (attr->comp_mask & ~static_cast<uint32_t>(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD)) {
     errno = EINVAL;
     return nullptr;
   }
-  // Timestamps and the rest are not emulated: say so rather than return zeros.
+  // CVLAN, flow tags and the rest are not emulated: say so rather than return zeros.
   if ((attr->wc_flags & ~kSupportedWcFlags) || ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && attr->flags != 0)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
+  // A CQ may be made in a parent domain of this context (only in one).
+  ibv_pd* parent_domain = (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) ? attr->parent_domain : nullptr;
+  if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) &&
+      (parent_domain == nullptr || parent_domain->context != context || !to_pd(parent_domain)->is_parent_domain())) {
+    errno = EINVAL;
+    return nullptr;
+  }
   ProviderCq* cq =
-      create_cq_common(context, static_cast<int>(attr->cqe), attr->channel, static_cast<int>(attr->comp_vector));
+      create_cq_common(context, static_cast<int>(attr->cqe), attr->channel, static_cast<int>(attr->comp_vector),
+                       (attr->wc_flags & kTimestampWcFlags) != 0, parent_domain);
   if (cq == nullptr) return nullptr;
   ibv_cq_ex& ex = cq->verbs.cq_ex;
   ex.start_poll = start_poll_ex;
@@ -149,6 +177,8 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
   ex.read_slid = read_slid_ex;
   ex.read_sl = read_sl_ex;
   ex.read_dlid_path_bits = read_dlid_path_bits_ex;
+  ex.read_completion_ts = read_completion_ts_ex;
+  ex.read_completion_wallclock_ns = read_completion_wallclock_ns_ex;
   return &ex;
 }
 
@@ -169,7 +199,9 @@ int destroy_cq(ibv_cq* ibv) {
     bytes = record.ring_bytes;
   }
   state.memory->release(ring, bytes);
-  std::unique_ptr<ProviderCq> owner(cq);
+  ibv_pd* parent_domain = cq->parent_domain;
+  delete_provider_object(cq);
+  if (parent_domain) unuse_pd(parent_domain);
   return 0;
 }
 

@@ -27,6 +27,7 @@ ibv_pd* alloc_pd(ibv_context* context) {
 int dealloc_pd(ibv_pd* pd) {
   if (to_pd(pd)->users.load(std::memory_order_relaxed) > 0) return EBUSY;
   std::unique_ptr<ProviderPd> owner(to_pd(pd));
+  if (owner->is_parent_domain()) release_parent_domain(*owner);
   return 0;
 }
 

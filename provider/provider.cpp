@@ -115,6 +115,7 @@ const abi::verbs_context_ops kContextOps = [] {
   ops.async_event = sanitize_async_event;
   ops.query_device_ex = query_device_ex;
   ops.query_port = query_port;
+  ops.query_rt_values = query_rt_values;
   add_memory_ops(ops);
   add_memory_window_ops(ops);
   add_completion_queue_ops(ops);
@@ -124,6 +125,7 @@ const abi::verbs_context_ops kContextOps = [] {
   add_xrc_ops(ops);
   add_on_demand_paging_ops(ops);
   add_device_memory_ops(ops);
+  add_domain_ops(ops);
   return ops;
 }();
 

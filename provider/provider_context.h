@@ -42,5 +42,7 @@ void fill_port_attr(const PortAttributes& attributes, ibv_port_attr& out);
 int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
                     size_t attr_size);
 int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr);
+// The device clock (device/device_clock.h) as IBV_VALUES_MASK_RAW_CLOCK.
+int query_rt_values(ibv_context* context, ibv_values_ex* values);
 
 }  // namespace softverbs::provider

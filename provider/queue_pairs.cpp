@@ -105,7 +105,8 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
                 {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data},
                 state.async_address};
   if (xrc_send) setup.xrc = XrcRole::Send;
-  auto qp = std::make_unique<ProviderQp>();
+  ProviderObject<ProviderQp> qp(new_provider_object<ProviderQp>(pd, DomainResource::Qp));
+  if (!qp) return nullptr;
   qp->device = DeviceQp::create(state, setup);
   if (!qp->device) return nullptr;
   cap = {setup.caps.max_send_wr, setup.caps.max_recv_wr, setup.caps.max_send_sge, setup.caps.max_recv_sge,
@@ -143,7 +144,7 @@ int destroy_qp(ibv_qp* ibv) {
     if (qp->srq) --qp->srq->qp_references;
   }
   if (ibv->pd) unuse_pd(ibv->pd);
-  std::unique_ptr<ProviderQp> owner(qp);
+  delete_provider_object(qp);
   return 0;
 }
 

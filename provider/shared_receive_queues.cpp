@@ -37,7 +37,13 @@ ibv_srq* create_srq_in(ibv_pd* pd, ibv_srq_init_attr* init, ProviderXrcd* xrcd, 
     errno = ENOMEM;
     return nullptr;
   }
-  auto srq = std::make_unique<ProviderSrq>();
+  ProviderObject<ProviderSrq> srq(new_provider_object<ProviderSrq>(pd, DomainResource::Srq));
+  if (!srq) {
+    state.memory->release(rq.ring_offset, ring_bytes(rq));
+    SharedLock lock(record.lock);
+    record.live = 0;
+    return nullptr;
+  }
   srq->index = index;
   ibv_srq& ibv = srq->verbs.srq;
   ibv.context = pd->context;
@@ -142,7 +148,7 @@ int destroy_srq(ibv_srq* ibv) {
   }
   state.memory->release(ring, bytes);
   unuse_pd(ibv->pd);
-  std::unique_ptr<ProviderSrq> owner(srq);
+  delete_provider_object(srq);
   return 0;
 }
 

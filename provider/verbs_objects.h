@@ -39,16 +39,98 @@ inline T* container_of(Member* member, Member T::*field) {
 
 // ---- protection domains
 
+struct ProviderTd {
+  ibv_td ibv{};
+  std::atomic<int> users{0};  // parent domains made with it: EBUSY to ibv_dealloc_td
+};
+
+inline ProviderTd* to_td(ibv_td* td) { return reinterpret_cast<ProviderTd*>(td); }
+
 struct ProviderPd {
   ibv_pd ibv{};
   // MRs, QPs, SRQs and AHs made in it: an HCA refuses to free a PD that
   // still has any (EBUSY), and the PD stays usable.
   std::atomic<int> users{0};
+  // A parent domain (ibv_alloc_parent_domain) stands for `protection_domain`,
+  // whose handle it carries, so that what is made in either meets the same
+  // key checks; it may name a thread domain and the application's
+  // allocator for the QPs, CQs and SRQs made in it.
+  ibv_pd* protection_domain = nullptr;
+  ProviderTd* td = nullptr;
+  void* (*alloc)(ibv_pd*, void*, size_t, size_t, uint64_t) = nullptr;
+  void (*free)(ibv_pd*, void*, void*, uint64_t) = nullptr;
+  void* pd_context = nullptr;
+
+  bool is_parent_domain() const { return protection_domain != nullptr; }
 };
 
 inline ProviderPd* to_pd(ibv_pd* pd) { return reinterpret_cast<ProviderPd*>(pd); }
 inline void use_pd(ibv_pd* pd) { to_pd(pd)->users.fetch_add(1, std::memory_order_relaxed); }
 inline void unuse_pd(ibv_pd* pd) { to_pd(pd)->users.fetch_sub(1, std::memory_order_relaxed); }
+
+// ---- where a QP's, CQ's or SRQ's provider object lives
+//
+// In the memory of the allocator of the parent domain it was made in, when
+// that domain has one and the allocator does not answer
+// IBV_ALLOCATOR_USE_DEFAULT; else in the provider's own. (Its queues are
+// rings in device memory that peers reach: those stay there.) The resource
+// types the allocator is told are mlx5dv's numbers.
+enum class DomainResource : uint64_t { Qp = 1, Srq = 4, Cq = 5 };
+
+struct ObjectStorage {
+  ibv_pd* domain = nullptr;  // the parent domain whose allocator gave the memory; nullptr: ours
+  DomainResource resource = DomainResource::Qp;
+};
+
+// Memory for a T (value-initialized) from `domain`'s allocator if it has
+// one, else from ours; nullptr (errno ENOMEM) if the allocator has none.
+// The object records where it lives in its `storage` member.
+template <typename T>
+T* new_provider_object(ibv_pd* domain, DomainResource resource) {
+  ProviderPd* parent = domain ? to_pd(domain) : nullptr;
+  if (parent && parent->alloc) {
+    constexpr size_t kAlignment = alignof(T) > 64 ? alignof(T) : 64;
+    void* memory = parent->alloc(domain, parent->pd_context, sizeof(T), kAlignment, static_cast<uint64_t>(resource));
+    if (memory == nullptr) {
+      errno = ENOMEM;
+      return nullptr;
+    }
+    if (memory != IBV_ALLOCATOR_USE_DEFAULT) {
+      T* object = std::construct_at(static_cast<T*>(memory));
+      object->storage = {domain, resource};
+      use_pd(domain);  // the domain holds the allocator that frees it
+      return object;
+    }
+  }
+  T* object = new T();
+  object->storage = {nullptr, resource};
+  return object;
+}
+
+// Destroys an object made by new_provider_object and gives its memory back
+// to where it came from.
+template <typename T>
+void delete_provider_object(T* object) {
+  const ObjectStorage storage = object->storage;
+  if (storage.domain == nullptr) {
+    delete object;
+    return;
+  }
+  std::destroy_at(object);
+  ProviderPd* parent = to_pd(storage.domain);
+  parent->free(storage.domain, parent->pd_context, object, static_cast<uint64_t>(storage.resource));
+  unuse_pd(storage.domain);
+}
+
+// unique_ptr's deleter for them, while one is being made.
+struct ProviderObjectDelete {
+  template <typename T>
+  void operator()(T* object) const {
+    delete_provider_object(object);
+  }
+};
+template <typename T>
+using ProviderObject = std::unique_ptr<T, ProviderObjectDelete>;
 
 // Verbs that create objects fail with EIO once the device is gone, as
 // those of a removed HCA do.
@@ -62,6 +144,8 @@ inline bool device_removed(ibv_context* context) {
 
 struct ProviderCq {
   abi::verbs_cq verbs{};
+  ObjectStorage storage;
+  ibv_pd* parent_domain = nullptr;  // ibv_cq_init_attr_ex.parent_domain, held while the CQ lives
   int index = -1;
   int qp_references = 0;  // under the context's qps_mutex
   Completion current;     // the entry an extended poll is positioned on
@@ -98,6 +182,7 @@ inline ProviderXrcd* to_xrcd(ibv_xrcd* xrcd) { return reinterpret_cast<ProviderX
 
 struct ProviderSrq {
   abi::verbs_srq verbs{};
+  ObjectStorage storage;
   int index = -1;
   int qp_references = 0;  // under the context's qps_mutex
   // An XRC SRQ: its domain handle and the CQ its receives complete on.
@@ -137,6 +222,7 @@ struct BuiltRequest {
 
 struct ProviderQp {
   abi::verbs_qp verbs{};
+  ObjectStorage storage;
   int index = -1;
   ProviderCq* send_cq = nullptr;
   ProviderCq* recv_cq = nullptr;
@@ -180,5 +266,8 @@ void add_queue_pair_ops(abi::verbs_context_ops& ops);
 void add_xrc_ops(abi::verbs_context_ops& ops);
 void add_on_demand_paging_ops(abi::verbs_context_ops& ops);
 void add_device_memory_ops(abi::verbs_context_ops& ops);
+void add_domain_ops(abi::verbs_context_ops& ops);
+// ibv_dealloc_pd of a parent domain: lets go of its PD and thread domain.
+void release_parent_domain(ProviderPd& domain);
 
 }  // namespace softverbs::provider

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <string>
@@ -59,6 +60,11 @@ TEST_P(Pingpong, ServerAndClientExitZero) {
     EXPECT_NE(r->out.find(c.finished), std::string::npos) << r->out << r->err;
     EXPECT_EQ(r->err.find("Failed status"), std::string::npos) << r->err;
     EXPECT_EQ(r->err.find("Couldn't prefetch"), std::string::npos) << r->err;  // -P goes on without it
+    // With -t each receive carries the device clock: consecutive ones are
+    // apart by a round trip, never by nothing.
+    if (std::find(c.args.begin(), c.args.end(), "-t") != c.args.end()) {
+      EXPECT_GT(test::number_after(r->out, "Min receive completion clock cycles = "), 0u) << r->out;
+    }
   }
 }
 
@@ -73,10 +79,15 @@ const PingpongCase kCases[] = {
     {"uc", "ibv_uc_pingpong", {"-n", "200"}},
     {"uc_events", "ibv_uc_pingpong", {"-e", "-n", "200"}},
     {"uc_gid_v2", "ibv_uc_pingpong", {"-g", "3", "-c", "-n", "200"}},
-    {"ud", "ibv_ud_pingpong", {"-n", "200"}},
-    {"ud_events", "ibv_ud_pingpong", {"-e", "-n", "200"}},
+    // On the device's Ethernet (RoCE) port a UD address handle needs a GRH,
+    // as on an HCA: ibv_ud_pingpong names a GID.
+    {"ud", "ibv_ud_pingpong", {"-g", "1", "-n", "200"}},
+    {"ud_events", "ibv_ud_pingpong", {"-g", "3", "-e", "-n", "200"}},
     {"ud_gid_v2", "ibv_ud_pingpong", {"-g", "3", "-c", "-n", "200"}},
     {"srq", "ibv_srq_pingpong", {"-n", "200"}},
+    // Completion timestamps (the device clock, read by both processes).
+    {"rc_timestamps", "ibv_rc_pingpong", {"-t", "-n", "200"}},
+    {"rc_timestamps_validated", "ibv_rc_pingpong", {"-t", "-g", "3", "-c", "-s", "65536", "-n", "50"}},
     {"srq_events", "ibv_srq_pingpong", {"-e", "-n", "200"}},
     {"srq_gid_v2", "ibv_srq_pingpong", {"-g", "3", "-c", "-n", "200"}},
     // XRC: SENDs over XRC_SEND QPs into the peer's XRC SRQ (both in the
@@ -85,7 +96,7 @@ const PingpongCase kCases[] = {
     {"xsrq_events_gid_v2", "ibv_xsrq_pingpong", {"-e", "-g", "3", "-n", "200"}, "auto", "success"},
     // The fallback for kernels that refuse process_vm_*, forced.
     {"rc_agent_copies", "ibv_rc_pingpong", {"-e", "-c", "-s", "65536", "-n", "50"}, "agent"},
-    {"ud_agent_copies", "ibv_ud_pingpong", {"-e", "-c", "-n", "50"}, "agent"},
+    {"ud_agent_copies", "ibv_ud_pingpong", {"-g", "3", "-e", "-c", "-n", "50"}, "agent"},
     // On-demand paging (explicit, implicit, prefetched) and device memory.
     {"rc_odp_validated", "ibv_rc_pingpong", {"-o", "-c", "-n", "200"}},
     {"rc_implicit_odp_validated", "ibv_rc_pingpong", {"-O", "-c", "-n", "200"}},

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -130,6 +131,13 @@ TEST_P(UdpPingpong, RunsOverRoceV2) {
   EXPECT_NE(r.client.out.find(c.finished), std::string::npos) << r.client.out;
   for (const auto* end : {&r.client, &r.server})
     EXPECT_EQ(end->err.find("Couldn't prefetch"), std::string::npos) << end->err;  // -P goes on without it
+  // With -t each receive carries the device clock: consecutive ones are
+  // apart by a round trip, never by nothing.
+  if (std::find(c.args.begin(), c.args.end(), "-t") != c.args.end()) {
+    for (const ProcessResult* side : {&r.client, &r.server}) {
+      EXPECT_GT(test::number_after(side->out, "Min receive completion clock cycles = "), 0u) << side->out;
+    }
+  }
   auto count = counters();
   EXPECT_GT(count["rx_packets"], 0u) << "the traffic went over UDP";
   EXPECT_EQ(count["icrc_errors"], 0u);
@@ -142,6 +150,7 @@ const PingpongCase kPingpongs[] = {
     {"rc_mtu_256_validated", "ibv_rc_pingpong", {"-m", "256", "-s", "10000", "-c", "-n", "50"}},
     {"rc_events_validated", "ibv_rc_pingpong", {"-e", "-s", "65536", "-c", "-n", "50"}},
     {"rc_new_send_api", "ibv_rc_pingpong", {"-N", "-c", "-n", "200"}},
+    {"rc_timestamps_validated", "ibv_rc_pingpong", {"-t", "-c", "-n", "200"}},
     {"uc_validated", "ibv_uc_pingpong", {"-s", "8192", "-c", "-n", "200"}},
     {"ud_validated", "ibv_ud_pingpong", {"-s", "2048", "-c", "-n", "200"}},
     {"ud_events", "ibv_ud_pingpong", {"-e", "-n", "200"}},

@@ -391,11 +391,11 @@ TEST_F(RcDataPath, ExtendedQpAndCqApis) {
   cq_attr.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_IMM;
   ibv_cq_ex* cq_ex = ibv_create_cq_ex(context_, &cq_attr);
   ASSERT_NE(cq_ex, nullptr) << std::strerror(errno);
-  ibv_cq_init_attr_ex timestamped = cq_attr;
-  timestamped.wc_flags |= IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+  ibv_cq_init_attr_ex flow_tagged = cq_attr;
+  flow_tagged.wc_flags |= IBV_WC_EX_WITH_FLOW_TAG;
   errno = 0;
-  EXPECT_EQ(ibv_create_cq_ex(context_, &timestamped), nullptr);
-  EXPECT_EQ(errno, EOPNOTSUPP) << "timestamps are not emulated";
+  EXPECT_EQ(ibv_create_cq_ex(context_, &flow_tagged), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP) << "flow tags are not emulated";
 
   ibv_qp_init_attr_ex init{};
   init.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;

@@ -71,6 +71,7 @@ struct Completion {
   uint32_t flags = 0;
   uint16_t pkey_index = 0;
   uint8_t sl = 0;
+  uint64_t timestamp_ns = 0;  // the device clock at delivery, on CQs that ask for it
 };
 
 // An entry and the sequence number it was pushed as, plus one (0: never

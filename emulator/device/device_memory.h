@@ -76,6 +76,9 @@ struct CqRecord {
   uint64_t ring_offset = 0;    // CompletionSlots
   uint64_t ring_bytes = 0;
   CqArm armed = CqArm::None;
+  // Set for a CQ made with completion timestamps: deliveries stamp the
+  // device clock (device_clock.h).
+  uint32_t stamps_completions = 0;
   SocketAddress channel;      // the owner's completion channel; length 0: none
   SocketAddress owner_async;  // the owner's async event socket (CQ errors)
   CompletionRingHeader ring;  // its producers' and its consumer's halves on lines of their own

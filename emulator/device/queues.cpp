@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "device/device_clock.h"
 #include "device/event_socket.h"
 #include "device/receive_queue.h"
 
@@ -119,7 +120,13 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
     if (!cq.live) return false;
     CompletionRing ring = memory.completion_ring(cq);
     bool overflowed_before = ring.overflowed();
-    stored = ring.push(completion);
+    if (cq.stamps_completions) {
+      Completion stamped = completion;
+      stamped.timestamp_ns = device_clock_ns();
+      stored = ring.push(stamped);
+    } else {
+      stored = ring.push(completion);
+    }
     if (!stored && !overflowed_before) {
       // An HCA reports a CQ overrun as an asynchronous CQ error, once.
       send_async_event(cq.owner_async, cq.owner_handle, AsyncEventType::CqError);

@@ -2,6 +2,8 @@
 // way of driving the `softverbs` command and rdma-core's tools.
 #pragma once
 
+#include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,13 @@ class TemporaryDirectory {
  private:
   std::string path_;
 };
+
+// The unsigned number a process printed right after `label`; 0 if it
+// printed no such line.
+inline uint64_t number_after(const std::string& text, const std::string& label) {
+  const size_t at = text.find(label);
+  return at == std::string::npos ? 0 : std::strtoull(text.c_str() + at + label.size(), nullptr, 10);
+}
 
 }  // namespace softverbs::test
 
