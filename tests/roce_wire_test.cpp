@@ -70,7 +70,7 @@ TEST(RoceHeaders, XrcHasRcsOperationsAndItsRequestsCarryTheXrceth) {
     EXPECT_EQ(header_bytes(info), header_bytes(rc) + (info.xrceth ? 4 : 0));
     EXPECT_FALSE(rc.xrceth);
   }
-  EXPECT_EQ(xrc, 23u);
+  EXPECT_EQ(xrc, 24u);  // RC's 24, ATOMIC WRITE included
   EXPECT_EQ(opcode_for(Service::Xrc, OpKind::Send, OpPosition::First, false), 0xa0);
   EXPECT_EQ(opcode_for(Service::Xrc, OpKind::Write, OpPosition::Only, true), 0xab);
 

@@ -32,7 +32,15 @@ cd "$work/tests"
 # Debian's interpreter: pyverbs is installed for it, not for others on PATH.
 status=0
 "$cli" run -- /usr/bin/python3 run_tests.py --dev softverbs0 -v "$@" 2>&1 | tee "$work/output.txt" || status=$?
-passed=$(grep -c ' \.\.\. ok$' "$work/output.txt" || true)
+# unittest's summary: "Ran N tests in ..." then "OK (skipped=K)" or
+# "FAILED (failures=F, errors=E, skipped=K)".
+count() {
+  local value
+  value=$(sed -n "s/.*[(, ]$1=\([0-9]*\).*/\1/p" "$work/output.txt" | tail -n 1)
+  echo "${value:-0}"
+}
+ran=$(sed -n 's/^Ran \([0-9]*\) tests\{0,1\} in .*/\1/p' "$work/output.txt" | tail -n 1)
+passed=$((${ran:-0} - $(count skipped) - $(count failures) - $(count errors) - $(count 'expected failures')))
 echo "run_pyverbs: $passed passed"
 if [ "$status" -eq 0 ] && [ -n "${PYVERBS_MIN_PASSED:-}" ] && [ "$passed" -lt "$PYVERBS_MIN_PASSED" ]; then
   echo "run_pyverbs: $passed tests passed, fewer than the $PYVERBS_MIN_PASSED expected" >&2

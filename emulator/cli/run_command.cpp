@@ -43,6 +43,10 @@ int command_run(const RunOptions& options) {
     return kExitFailure;
   }
   link_real_devices(registry.sysfs_root(), "/sys");
+  for (const auto& config : *devices) {
+    std::string ignored;  // another user's device: its entry is not ours to write, and stays as it is
+    write_uverbs_entry(registry.sysfs_root(), config, &ignored);
+  }
   if (geteuid() == 0) {
     for (const auto& config : *devices) {
       if (!ensure_dev_entry(config, &error)) {

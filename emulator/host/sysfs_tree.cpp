@@ -168,8 +168,12 @@ bool write_device_tree(const fs::path& sysfs_root, const DeviceConfig& config, c
     return false;
   }
   fs::remove_all(old_dir, ec);
+  return write_uverbs_entry(sysfs_root, config, error);
+}
 
-  fs::path uverbs_dir = verbs_class / config.uverbs_name();
+bool write_uverbs_entry(const fs::path& sysfs_root, const DeviceConfig& config, std::string* error) {
+  TreeWriter tree(error);
+  fs::path uverbs_dir = sysfs_root / "class/infiniband_verbs" / config.uverbs_name();
   tree.directory(uverbs_dir);
   tree.file(uverbs_dir / "ibdev", config.name + "\n");
   tree.file(uverbs_dir / "dev", null_device_numbers() + "\n");

@@ -28,6 +28,10 @@ bool write_device_tree(const std::filesystem::path& sysfs_root, const DeviceConf
 // unused entries with a zero GID. Empty if unreadable.
 std::vector<GidEntry> read_gid_table(const std::filesystem::path& device_dir, const std::string& netdev);
 
+// The device's uverbs entry (class/infiniband_verbs/uverbsN); `run` rewrites
+// it as well, so that a device brought up by an older softverbs gets today's.
+bool write_uverbs_entry(const std::filesystem::path& sysfs_root, const DeviceConfig& config, std::string* error);
+
 void remove_device_tree(const std::filesystem::path& sysfs_root, const DeviceConfig& config);
 
 // Mirrors the real RDMA devices of `real_sysfs` into the tree as symlinks, so
