@@ -56,11 +56,8 @@ ibv_dm* alloc_dm(ibv_context* context, ibv_alloc_dm_attr* attr) {
   }
   if (device_removed(context)) return nullptr;
   DeviceMemory& memory = memory_of(context);
-  const int process = memory.process_slot();
-  if (process < 0) {
-    errno = ENOMEM;
-    return nullptr;
-  }
+  const int process = owner_process_slot(memory);
+  if (process < 0) return nullptr;
   std::optional<uint32_t> allocation;
   {
     SharedLock lock(memory.shared().objects_lock);
@@ -119,11 +116,8 @@ ibv_mr* reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t dm_offset, size_t length, uns
   }
   if (device_removed(pd->context)) return nullptr;
   DeviceMemory& memory = memory_of(pd->context);
-  const int process = memory.process_slot();
-  if (process < 0) {
-    errno = ENOMEM;
-    return nullptr;
-  }
+  const int process = owner_process_slot(memory);
+  if (process < 0) return nullptr;
   std::optional<uint32_t> key;
   {
     // Held across the registration: a concurrent ibv_free_dm sees the key.

@@ -59,11 +59,8 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
     return nullptr;
   }
   DeviceMemory& memory = memory_of(pd->context);
-  const int process = memory.process_slot();
-  if (process < 0) {
-    errno = ENOMEM;
-    return nullptr;
-  }
+  const int process = owner_process_slot(memory);
+  if (process < 0) return nullptr;
   uint64_t iova = (access_flags & IBV_ACCESS_ZERO_BASED) ? 0 : hca_va;
   // Memory that other processes write or read (receive buffers, remote
   // access) becomes mappable by them, where it qualifies; on-demand memory

@@ -21,11 +21,8 @@ ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type) {
   }
   if (device_removed(pd->context)) return nullptr;
   DeviceMemory& memory = memory_of(pd->context);
-  const int process = memory.process_slot();
-  if (process < 0) {
-    errno = ENOMEM;
-    return nullptr;
-  }
+  const int process = owner_process_slot(memory);
+  if (process < 0) return nullptr;
   std::optional<uint32_t> key;
   {
     ExclusiveLock lock(memory.shared().memory_lock);

@@ -140,6 +140,15 @@ inline bool device_removed(ibv_context* context) {
   return true;
 }
 
+// This process's record in the device's process table, which the device
+// objects a verb makes name as their owner: -1 with errno ENOMEM when the
+// table is full.
+inline int owner_process_slot(DeviceMemory& memory) {
+  const int process = memory.process_slot();
+  if (process < 0) errno = ENOMEM;
+  return process;
+}
+
 // ---- completion queues
 
 struct ProviderCq {

@@ -44,11 +44,8 @@ ibv_xrcd* open_xrcd(ibv_context* context, ibv_xrcd_init_attr* init) {
   }
   if (device_removed(context)) return nullptr;
   DeviceMemory& memory = memory_of(context);
-  const int process = memory.process_slot();
-  if (process < 0) {
-    errno = ENOMEM;
-    return nullptr;
-  }
+  const int process = owner_process_slot(memory);
+  if (process < 0) return nullptr;
   XrcDomainOpen opened;
   {
     SharedLock lock(memory.shared().objects_lock);

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "device_fixture.h"
 #include "qp_setup.h"
 
 namespace softverbs::test {
@@ -39,16 +40,11 @@ inline std::vector<ibv_wc> poll_n(ibv_cq* cq, int n, std::chrono::milliseconds p
   return out;
 }
 
-class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
+class DataPath : public DeviceObjects<::testing::TestWithParam<ibv_qp_type>> {
  protected:
   void SetUp() override {
-    context_ = open_softverbs0();
-    ASSERT_NE(context_, nullptr);
-    pd_ = ibv_alloc_pd(context_);
-    ASSERT_NE(pd_, nullptr);
-    cq_a_ = ibv_create_cq(context_, 64, nullptr, nullptr, 0);
-    cq_b_ = ibv_create_cq(context_, 64, nullptr, nullptr, 0);
-    ASSERT_TRUE(cq_a_ && cq_b_);
+    DeviceObjects::SetUp();
+    if (HasFatalFailure()) return;
     buffer_a_.assign(8192, 0);
     buffer_b_.assign(8192, 0);
     mr_a_ = ibv_reg_mr(pd_, buffer_a_.data(), buffer_a_.size(), kAllAccess);
@@ -65,16 +61,7 @@ class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
       if (mr) {
         EXPECT_EQ(ibv_dereg_mr(mr), 0);
       }
-    for (ibv_cq* cq : {cq_a_, cq_b_})
-      if (cq) {
-        EXPECT_EQ(ibv_destroy_cq(cq), 0);
-      }
-    if (pd_) {
-      EXPECT_EQ(ibv_dealloc_pd(pd_), 0);
-    }
-    if (context_) {
-      EXPECT_EQ(ibv_close_device(context_), 0);
-    }
+    DeviceObjects::TearDown();
   }
 
   ibv_qp* make_qp(ibv_qp_type type, ibv_cq* cq) {
@@ -176,10 +163,6 @@ class DataPath : public ::testing::TestWithParam<ibv_qp_type> {
     return srq;
   }
 
-  ibv_context* context_ = nullptr;
-  ibv_pd* pd_ = nullptr;
-  ibv_cq* cq_a_ = nullptr;
-  ibv_cq* cq_b_ = nullptr;
   ibv_qp* qp_a_ = nullptr;
   ibv_qp* qp_b_ = nullptr;
   ibv_ah* ah_ = nullptr;

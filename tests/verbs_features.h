@@ -12,39 +12,12 @@
 #include <thread>
 #include <vector>
 
+#include "device_fixture.h"
 #include "qp_setup.h"
 
 namespace softverbs::test {
 
-class DeviceFixture : public ::testing::Test {
- protected:
-  void SetUp() override {
-    context_ = open_softverbs0();
-    ASSERT_NE(context_, nullptr);
-    pd_ = ibv_alloc_pd(context_);
-    ASSERT_NE(pd_, nullptr);
-    cq_a_ = ibv_create_cq(context_, 64, nullptr, nullptr, 0);
-    cq_b_ = ibv_create_cq(context_, 64, nullptr, nullptr, 0);
-    ASSERT_TRUE(cq_a_ && cq_b_);
-  }
-  void TearDown() override {
-    for (ibv_cq* cq : {cq_a_, cq_b_})
-      if (cq) {
-        EXPECT_EQ(ibv_destroy_cq(cq), 0);
-      }
-    if (pd_) {
-      EXPECT_EQ(ibv_dealloc_pd(pd_), 0);
-    }
-    if (context_) {
-      EXPECT_EQ(ibv_close_device(context_), 0);
-    }
-  }
-
-  ibv_context* context_ = nullptr;
-  ibv_pd* pd_ = nullptr;
-  ibv_cq* cq_a_ = nullptr;
-  ibv_cq* cq_b_ = nullptr;
-};
+class DeviceFixture : public DeviceObjects<::testing::Test> {};
 
 // Polls `cq` until one completion arrives (false after 5 s).
 inline bool poll_one(ibv_cq* cq, ibv_wc& wc) {
