@@ -168,9 +168,9 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
       (cm_agent && attr->source_qpn != kGsiQpn) ||
       ((attr->comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) && attr->max_tso_header != 0) ||
       ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & ~kSupportedSendOps)) ||
-      // ATOMIC WRITE is an RC operation (rxe refuses it on other QP types).
+      // ATOMIC WRITE is a reliable-connection operation: RC and XRC (refused on UC and UD).
       ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (attr->send_ops_flags & IBV_QP_EX_WITH_ATOMIC_WRITE) &&
-       attr->qp_type != IBV_QPT_RC)) {
+       attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_XRC_SEND)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }

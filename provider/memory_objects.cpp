@@ -45,7 +45,9 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
   const bool on_demand = (access_flags & IBV_ACCESS_ON_DEMAND) != 0;
   // Implicit ODP: one key for the whole address space, as mlx5 makes it.
   const bool implicit = on_demand && addr == nullptr && length == SIZE_MAX;
-  if ((implicit && hca_va != 0) || (!implicit && (length > limits::kMaxMrSize || (addr == nullptr && length != 0)))) {
+  const uint64_t start = reinterpret_cast<uint64_t>(addr);
+  if ((implicit && hca_va != 0) ||
+      (!implicit && (length > limits::kMaxMrSize || (addr == nullptr && length != 0) || start + length < start))) {
     errno = EINVAL;
     return nullptr;
   }
@@ -103,6 +105,15 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
   ibv_mr& mr = vmr->ibv_mr;
   DeviceMemory& memory = memory_of(mr.context);
   int error = 0;
+  // Neither an implicit on-demand region (the whole address space) nor one
+  // of device memory (no address of the process) has a translation that a
+  // re-registration could keep or change; nor does a region change between
+  // pinned and on-demand, whose pages were checked (or not) for that.
+  if ((mr.addr == nullptr && mr.length != 0) ||
+      ((flags & IBV_REREG_MR_CHANGE_ACCESS) && ((access_flags ^ vmr->access) & IBV_ACCESS_ON_DEMAND))) {
+    errno = EINVAL;
+    return EINVAL;
+  }
   if ((flags & IBV_REREG_MR_CHANGE_ACCESS) &&
       (error = validate_registration_access(static_cast<uint32_t>(access_flags))) != 0) {
     errno = error;

@@ -28,11 +28,9 @@ ibv_xrcd* open_xrcd(ibv_context* context, ibv_xrcd_init_attr* init) {
     return nullptr;
   }
   const int fd = (init->comp_mask & IBV_XRCD_INIT_ATTR_FD) ? init->fd : -1;
+  // Only O_CREAT and O_EXCL mean anything; the kernel ignores other bits
+  // (O_RDWR, say), and so do we.
   const int oflags = (init->comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS) ? init->oflags : 0;
-  if (oflags & ~(O_CREAT | O_EXCL)) {
-    errno = EINVAL;
-    return nullptr;
-  }
   std::optional<InodeKey> inode;
   if (fd != -1) {
     struct stat info {};

@@ -7,6 +7,8 @@
 // device, over UDP, with kernel copies and with the copy agent.
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -475,6 +477,50 @@ TEST_F(MemoryWindow, ExtendedQpRefusesWindowOpsNotAskedFor) {
   errno = 0;
   EXPECT_EQ(ibv_create_qp_ex(context_, &init), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
+}  // namespace
+
+namespace {
+
+// A window over on-demand pages resolves them as its region does: one not
+// there fails the access, it does not fault the owner.
+TEST_F(MemoryWindow, WindowOverOnDemandPagesResolvesThemAtAccess) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* area = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(area, MAP_FAILED);
+  auto* pages = static_cast<uint8_t*>(area);
+  ibv_mr* odp =
+      ibv_reg_mr(pd_, pages, 2 * page,
+                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND);
+  ASSERT_NE(odp, nullptr) << std::strerror(errno);
+  ibv_mw* mw = allocate(IBV_MW_TYPE_1);
+  ASSERT_NE(mw, nullptr);
+  const uint64_t base = reinterpret_cast<uint64_t>(pages);
+  ASSERT_EQ(bind_type1(mw, bind_info(IBV_ACCESS_REMOTE_WRITE, odp, base, 2 * page)), IBV_WC_SUCCESS);
+  ASSERT_EQ(munmap(pages + page, page), 0);
+  buffer_a_[0] = 0x5a;
+  EXPECT_EQ(from_a(IBV_WR_RDMA_WRITE, mw->rkey, base, 1), IBV_WC_SUCCESS);
+  EXPECT_EQ(pages[0], 0x5a);
+  EXPECT_EQ(from_a(IBV_WR_RDMA_WRITE, mw->rkey, base + page, 1), IBV_WC_REM_ACCESS_ERR);
+  forget(mw);
+  EXPECT_EQ(ibv_dealloc_mw(mw), 0);
+  EXPECT_EQ(ibv_dereg_mr(odp), 0);
+  munmap(pages, page);
+}
+
+// A type 2 window goes with the QP it is bound to: no later QP that draws
+// the same number finds it bound, and its region is free to go.
+TEST_F(MemoryWindow, DestroyingItsQpUnbindsAType2Window) {
+  ibv_mw* mw = allocate(IBV_MW_TYPE_2);
+  ASSERT_NE(mw, nullptr);
+  const uint32_t rkey = ibv_inc_rkey(mw->rkey);
+  ASSERT_EQ(bind_type2(mw, rkey, bind_info(IBV_ACCESS_REMOTE_WRITE)), IBV_WC_SUCCESS);
+  EXPECT_EQ(ibv_dereg_mr(window_mr_), EBUSY) << "bound";
+  ASSERT_EQ(ibv_destroy_qp(qp_b_), 0);
+  qp_b_ = nullptr;
+  EXPECT_EQ(ibv_dereg_mr(window_mr_), 0);
+  window_mr_ = nullptr;
 }
 
 }  // namespace

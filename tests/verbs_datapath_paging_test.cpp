@@ -16,6 +16,8 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "rc_endpoint.h"
@@ -563,6 +565,79 @@ TEST(PagingCrossProcess, PeersReachOnDemandPagesAndDeviceMemory) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child " << describe_exit(status);
   close(to_child[1]);
   close(to_parent[0]);
+}
+
+}  // namespace
+
+namespace {
+
+// Where this process maps the device's shared state (its key table among
+// it): a line of /proc/self/maps naming the device memory file.
+uint64_t device_state_mapping() {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("softverbs0.mem") != std::string::npos) return std::stoull(line, nullptr, 16);
+  return 0;
+}
+
+// An implicit region covers the whole address space, but never softverbs'
+// own mappings in it: a peer holding its rkey must not rewrite the device's
+// key table, nor a local SGE name it.
+TEST_F(OnDemandPaging, ImplicitRegionNeverReachesTheDevicesOwnState) {
+  const uint64_t state = device_state_mapping();
+  ASSERT_NE(state, 0u) << "no mapping of softverbs0.mem in /proc/self/maps";
+  ibv_mr* implicit = ibv_reg_mr(pd_, nullptr, SIZE_MAX, kOnDemandAll);
+  ASSERT_NE(implicit, nullptr) << std::strerror(errno);
+  connect(IBV_QPT_RC);
+  std::memset(buffer_a_.data(), 0xee, 64);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 1, 0, 64, state + 4096, implicit->rkey), 0);
+  EXPECT_EQ(status_of(cq_a_), IBV_WC_REM_ACCESS_ERR);
+  reconnect();
+  ASSERT_EQ(post_a(IBV_WR_RDMA_READ, 2, 0, 64, state, implicit->rkey), 0);
+  EXPECT_EQ(status_of(cq_a_), IBV_WC_REM_ACCESS_ERR);
+  reconnect();
+  ASSERT_EQ(post_from(qp_a_, IBV_WR_RDMA_WRITE, state, 64, implicit->lkey, addr_b(0), mr_b_->rkey), 0);
+  EXPECT_EQ(status_of(cq_a_), IBV_WC_LOC_PROT_ERR);
+  reconnect();
+  // The device is unharmed: ordinary traffic still flows.
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 3, 0, 64, addr_b(0), mr_b_->rkey), 0);
+  EXPECT_EQ(status_of(cq_a_), IBV_WC_SUCCESS);
+  EXPECT_EQ(buffer_b_[63], 0xee);
+  EXPECT_EQ(ibv_dereg_mr(implicit), 0);
+}
+
+TEST_F(OnDemandPaging, RangesThatWrapOrChangeKindAreRefused) {
+  const uint64_t last_page = ~uint64_t{0} & ~uint64_t{page_size() - 1};
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd_, reinterpret_cast<void*>(last_page), 2 * page_size(), kOnDemandAll), nullptr);
+  EXPECT_EQ(errno, EINVAL) << "a range past the end of the address space";
+
+  ibv_mr* implicit = ibv_reg_mr(pd_, nullptr, SIZE_MAX, kOnDemandAll);
+  ASSERT_NE(implicit, nullptr);
+  EXPECT_EQ(ibv_rereg_mr(implicit, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, kAllAccess), IBV_REREG_MR_ERR_CMD)
+      << "an implicit region has no range to keep pinned";
+  EXPECT_EQ(ibv_dereg_mr(implicit), 0);
+
+  Pages pages(2);
+  ibv_mr* odp = ibv_reg_mr(pd_, pages.page(0), 2 * page_size(), kOnDemandAll);
+  ASSERT_NE(odp, nullptr);
+  ASSERT_TRUE(pages.unmap(1));
+  EXPECT_EQ(ibv_rereg_mr(odp, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, kAllAccess), IBV_REREG_MR_ERR_CMD)
+      << "on-demand to pinned, over a page that is not there";
+  EXPECT_EQ(ibv_dereg_mr(odp), 0);
+}
+
+TEST_F(DeviceMemoryVerbs, RegionsOfDeviceMemoryAreNotReregistered) {
+  ibv_dm* dm = allocate(256);
+  ASSERT_NE(dm, nullptr);
+  ibv_mr* mr = ibv_reg_dm_mr(pd_, dm, 0, 256, IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(
+      ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND),
+      IBV_REREG_MR_ERR_CMD)
+      << "dropping ZERO_BASED, adding MW_BIND";
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_free_dm(dm), 0);
 }
 
 }  // namespace

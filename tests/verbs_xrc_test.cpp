@@ -326,6 +326,21 @@ TEST_F(Xrc, RdmaAndAtomicsUseTheSrqsProtectionDomain) {
   EXPECT_EQ(received[0].qp_num, recv_qp_->qp_num);
 }
 
+// ATOMIC WRITE is a reliable-connection operation: on XRC too, in the XRC
+// opcodes over UDP (0xBD, with the XRCETH), its rkey checked in the SRQ's PD.
+TEST_F(Xrc, AtomicWriteLandsThroughTheSrqsDomain) {
+  connect();
+  const uint64_t value = 0x0123456789abcdefull;
+  std::memcpy(local_.data() + 512, &value, 8);
+  ASSERT_EQ(post(IBV_WR_ATOMIC_WRITE, 6, srqn(srq_), 512, 8, 6000), 0);
+  ibv_wc done = send_completion();
+  EXPECT_EQ(done.status, IBV_WC_SUCCESS) << ibv_wc_status_str(done.status);
+  EXPECT_EQ(done.opcode, IBV_WC_ATOMIC_WRITE);
+  uint64_t landed = 0;
+  std::memcpy(&landed, remote_.data() + 6000, 8);
+  EXPECT_EQ(landed, value);
+}
+
 TEST_F(Xrc, ExtendedSendApiSetsTheSrqNumber) {
   connect(nullptr, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM);
   ASSERT_EQ(post_srq_recv(srq_, 31, 0, 64), 0);

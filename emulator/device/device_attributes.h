@@ -31,10 +31,10 @@ struct DeviceCapabilities {
   bool srq_resize = true;
   bool port_active_event = true;
   bool n_notify_cq = true;
-  bool xrc = true;  // XRC domains, SRQs and QPs
+  bool xrc = true;                     // XRC domains, SRQs and QPs
   bool memory_windows = true;          // type 1
   bool memory_windows_type_2b = true;  // type 2, bound to a QP
-  bool atomic_write = true;  // IBA 1.5 ATOMIC WRITE
+  bool atomic_write = true;            // IBA 1.5 ATOMIC WRITE
 };
 
 struct DeviceAttributes {

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "support/internal_mappings.h"
 #include "support/process_id.h"
 #include "support/random_bits.h"
 
@@ -123,7 +124,12 @@ std::shared_ptr<DeviceMemory> DeviceMemory::open_or_recreate(const std::filesyst
   return std::shared_ptr<DeviceMemory>(new DeviceMemory(static_cast<char*>(base), total));
 }
 
-DeviceMemory::~DeviceMemory() { munmap(base_, size_); }
+DeviceMemory::DeviceMemory(char* base, size_t size) : base_(base), size_(size) { note_internal_mapping(base, size); }
+
+DeviceMemory::~DeviceMemory() {
+  forget_internal_mapping(base_);
+  munmap(base_, size_);
+}
 
 void DeviceMemory::install_completion_ring(CqRecord& cq, uint64_t offset, uint32_t capacity) {
   cq.ring_offset = offset;

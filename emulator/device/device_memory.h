@@ -296,7 +296,7 @@ class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
   size_t memory_lock_slot();
 
  private:
-  DeviceMemory(char* base, size_t size) : base_(base), size_(size) {}
+  DeviceMemory(char* base, size_t size);
   static std::shared_ptr<DeviceMemory> open_or_recreate(const std::filesystem::path& path, std::string* error,
                                                         bool may_recreate);
   char* base_;

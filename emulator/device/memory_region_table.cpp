@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include "device/on_demand_paging.h"
+#include "support/internal_mappings.h"
 #include "support/process_id.h"
 #include "support/random_bits.h"
 
@@ -84,10 +85,13 @@ MemoryRegionTable::Slot* MemoryRegionTable::take_free_slot(uint32_t& index) {
     index = (next_free_hint_ + probe) % kCapacity;
     Slot& slot = slots_[index];
     if (slot.live) continue;
-    // Key 0 is never handed out: a zeroed SGE must not name a region.
+    // The key's top byte differs from the slot's last one, so that no key of
+    // the slot's last life (a window's low byte runs through all 256 values)
+    // names this one. Key 0 is never handed out: a zeroed SGE must not name a
+    // region.
     uint16_t tag;
     do tag = static_cast<uint16_t>(random_u64());
-    while (tag == slot.tag || (index == 0 && tag == 0));
+    while ((tag >> 8) == (slot.tag >> 8) || (index == 0 && (tag >> 8) == 0));
     slot.tag = tag;
     next_free_hint_ = (index + 1) % kCapacity;
     return &slot;
@@ -150,8 +154,10 @@ KeyCheck MemoryRegionTable::check_against(const Checked& region, uint32_t key, u
   // An on-demand region's pages are resolved at access, by its owner (a
   // peer's copy into them goes through the kernel or the owner's agent).
   if ((region.access & access::kOnDemand) && region.owner_pid == current_pid() &&
-      fault_in_pages(region.address + offset, length,
-                     (needed_access & (access::kLocalWrite | access::kRemoteWrite | access::kRemoteAtomic)) != 0) != 0)
+      (overlaps_internal_mapping(region.address + offset, length) ||
+       fault_in_pages(region.address + offset, length,
+                      (needed_access & (access::kLocalWrite | access::kRemoteWrite | access::kRemoteAtomic)) != 0) !=
+           0))
     return KeyCheck::PageFault;
   if (resolved != nullptr) *resolved = ResolvedRange{region.owner_pid, region.address + offset};
   return KeyCheck::Ok;

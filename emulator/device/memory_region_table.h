@@ -140,6 +140,9 @@ class MemoryRegionTable {
   // Invalidates the type 2 window of `rkey` bound to QP `qpn` (LOCAL_INV,
   // or a SEND with invalidate arriving there); false if there is none.
   bool invalidate_window(uint32_t rkey, uint32_t qp_pd, uint32_t qpn);
+  // A destroyed QP's type 2 windows are unbound, so that no later QP that
+  // draws the same number is served by them; returns how many.
+  size_t unbind_windows_of_qp(uint32_t qpn);
 
   size_t live_count() const { return live_; }
 

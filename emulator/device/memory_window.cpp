@@ -125,10 +125,23 @@ bool MemoryRegionTable::bind_window(const WindowBind& bind, uint32_t qp_pd, uint
     window.owner_pid = region.owner_pid;
     window.address = region.address + (bind.address - region.iova);
     window.backing = region.backing;
+    // A window over on-demand pages resolves them at each access, as its region does.
+    window.access |= region.access & access::kOnDemand;
     if (window.window_type == 2) window.bound_qpn = qpn;
   }
   write_slot(*slot, window, true);
   return true;
+}
+
+size_t MemoryRegionTable::unbind_windows_of_qp(uint32_t qpn) {
+  size_t unbound = 0;
+  for (Slot& slot : slots_) {
+    const MemoryRegion& window = slot.region;
+    if (slot.live && window.kind == KeyKind::Window && window.window_type == 2 && window.length != 0 &&
+        window.bound_qpn == qpn && invalidate_window(window.key, window.pd_handle, qpn))
+      ++unbound;
+  }
+  return unbound;
 }
 
 bool MemoryRegionTable::invalidate_window(uint32_t rkey, uint32_t qp_pd, uint32_t qpn) {

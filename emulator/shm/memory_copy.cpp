@@ -21,6 +21,7 @@
 #include "device/event_socket.h"
 #include "device/on_demand_paging.h"
 #include "shm/shared_regions.h"
+#include "support/internal_mappings.h"
 #include "support/payload_copy.h"
 #include "support/process_id.h"
 #include "support/small_vector.h"
@@ -152,7 +153,8 @@ int serve_copy_request(DeviceMemory& memory, std::span<const uint8_t> datagram) 
     // An on-demand region's pages are resolved now, as the requester's
     // kernel copy would have: one not mapped fails the copy.
     if ((region->access & access::kOnDemand) &&
-        fault_in_pages(s.address, s.length, request.write == 1 || s.access == access::kRemoteAtomic) != 0)
+        (overlaps_internal_mapping(s.address, s.length) ||
+         fault_in_pages(s.address, s.length, request.write == 1 || s.access == access::kRemoteAtomic) != 0))
       return EFAULT;
     if (s.length > kChunkBytes - bytes) return EINVAL;
     bytes += s.length;
@@ -314,6 +316,13 @@ int copy(DeviceMemory& memory, pid_t pid, bool write, std::span<const iovec> loc
       return 0;
     }
   }
+  // Another process's on-demand pages are resolved by its own agent, which
+  // also keeps them out of softverbs' mappings there (internal_mappings.h).
+  if (std::any_of(remote.begin(), remote.end(), [&](const RemoteRange& range) {
+        auto region = memory.shared().mrs.find(range.key);
+        return region && (region->access & access::kOnDemand);
+      }))
+    return agent_copy(memory, pid, write, local, remote);
   CopyMethod method = configured_copy_method();
   if (method != CopyMethod::AgentOnly) {
     int error = kernel_copy(pid, local, remote_vectors, kernel_call);

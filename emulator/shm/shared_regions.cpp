@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "support/debug_log.h"
+#include "support/internal_mappings.h"
 #include "support/random_bits.h"
 
 namespace softverbs {
@@ -312,12 +313,16 @@ uint8_t* peer_view(pid_t owner, const SharedBacking& backing, uint64_t address, 
       auto oldest = peer_views.begin();
       for (auto at = peer_views.begin(); at != peer_views.end(); ++at)
         if (at->second.last_use < oldest->second.last_use) oldest = at;
-      if (oldest->second.mapping) munmap(oldest->second.mapping, oldest->second.length);
+      if (oldest->second.mapping) {
+        forget_internal_mapping(oldest->second.mapping);
+        munmap(oldest->second.mapping, oldest->second.length);
+      }
       peer_views.erase(oldest);
     }
     PeerView view;
     view.mapping = map_peer(owner, backing);
     view.length = backing.length;
+    if (view.mapping) note_internal_mapping(view.mapping, view.length);
     it = peer_views.emplace(backing.id, view).first;
   }
   it->second.last_use = ++peer_clock;

@@ -50,8 +50,9 @@ size_t known_length(std::span<const uint8_t> read, uint32_t path_mtu) {
   // gives its length; the rest end where the read does.
   if (info.position == OpPosition::First || info.position == OpPosition::Middle) return headers + path_mtu + kIcrcBytes;
   if (info.kind == OpKind::Write && info.position == OpPosition::Only) {
-    if (read.size() < kBthBytes + 16) return 0;
-    const uint32_t length = load32(read.data() + kBthBytes + 12);  // the RETH's DMA length
+    const size_t reth = kBthBytes + (info.xrceth ? 4 : 0);  // an XRC request's XRCETH comes first
+    if (read.size() < reth + 16) return 0;
+    const uint32_t length = load32(read.data() + reth + 12);  // the RETH's DMA length
     return length <= path_mtu ? headers + length + pad_bytes(length) + kIcrcBytes : 0;
   }
   return 0;

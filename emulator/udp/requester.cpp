@@ -70,9 +70,9 @@ uint8_t segment_opcode(const UdpQp& qp, const SendWqe& wqe, uint32_t index, uint
   OpPosition position = first ? (last ? OpPosition::Only : OpPosition::First)  //
                               : (last ? OpPosition::Last : OpPosition::Middle);
   if (write && !immediate && configured_write_framing() == WriteFraming::Packets) position = OpPosition::Only;
-  // A SEND with invalidate's last (or only) packet carries the IETH (RC only).
+  // A SEND with invalidate's last (or only) packet carries the IETH (RC and XRC).
   if (info.is(wr_mask::kInvalidate) && (position == OpPosition::Last || position == OpPosition::Only))
-    return opcode(Service::Rc, position == OpPosition::Only ? op::kSendOnlyInvalidate : op::kSendLastInvalidate);
+    return opcode(service_of(qp), position == OpPosition::Only ? op::kSendOnlyInvalidate : op::kSendLastInvalidate);
   const bool with_immediate = immediate && (position == OpPosition::Last || position == OpPosition::Only);
   return opcode_for(service_of(qp), write ? OpKind::Write : OpKind::Send, position, with_immediate);
 }
@@ -175,7 +175,8 @@ void send_atomic_request(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
 // check (the WQE then carries the error).
 bool send_atomic_write_request(TransportPort& port, UdpQp& qp, SendWqe& wqe) {
   TransportPacket packet;
-  packet.bth.opcode = opcode(Service::Rc, op::kAtomicWrite);
+  packet.bth.opcode = opcode(service_of(qp), op::kAtomicWrite);
+  packet.xrc_srqn = wqe.remote_srqn;
   packet.bth.dest_qp = qp.dest_qpn;
   packet.bth.psn = wqe.first_psn;
   packet.bth.ack_request = true;

@@ -715,7 +715,9 @@ Taken responder_receive(TransportPort& port, UdpQp& qp, const TransportPacket& p
     return Taken::Done;
   }
   const Service service = qp.xrc != XrcRole::None ? Service::Xrc : qp.type == QpType::Rc ? Service::Rc : Service::Uc;
-  if ((packet.bth.opcode & 0xe0) != static_cast<uint8_t>(service)) {
+  // An XRC_SEND QP only initiates: a request to it is as malformed as one of
+  // another service (its PD's memory is no XRC target's).
+  if ((packet.bth.opcode & 0xe0) != static_cast<uint8_t>(service) || qp.xrc == XrcRole::Send) {
     port.counters().add(Counter::MalformedPackets);
     return Taken::Done;
   }

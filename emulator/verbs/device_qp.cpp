@@ -97,6 +97,7 @@ DeviceQp::~DeviceQp() {
   {
     ExclusiveLock lock(memory_.shared().memory_lock);
     memory_.shared().multicast.detach_everywhere(qpn_);
+    memory_.shared().mrs.unbind_windows_of_qp(qpn_);
   }
   if (UdpTransport* udp = context_.udp_if_running(); udp && qp.type == QpType::Ud) udp->leave_groups(qpn_);
   purge_own_completions();
