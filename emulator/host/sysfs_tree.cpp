@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -45,6 +46,22 @@ class TreeWriter {
 
   void file(const fs::path& path, std::string_view contents) {
     if (ok_ && !write_text_file(path, contents)) fail(path, std::strerror(errno));
+  }
+
+  // For a tree that programs may be reading: a file that already says
+  // `contents` is left alone, another is replaced whole (written aside and
+  // renamed), so a reader never sees it empty or half written.
+  void replace_file(const fs::path& path, std::string_view contents) {
+    if (!ok_ || read_text_file(path) == std::optional<std::string>(contents)) return;
+    fs::path aside = path;
+    aside += ".new-" + std::to_string(getpid());
+    std::error_code ec;
+    if (!write_text_file(aside, contents)) return fail(aside, std::strerror(errno));
+    fs::rename(aside, path, ec);
+    if (ec) {
+      fs::remove(aside, ec);
+      fail(path, ec.message());
+    }
   }
 
   void symlink(const fs::path& target, const fs::path& link) {
@@ -175,9 +192,9 @@ bool write_uverbs_entry(const fs::path& sysfs_root, const DeviceConfig& config, 
   TreeWriter tree(error);
   fs::path uverbs_dir = sysfs_root / "class/infiniband_verbs" / config.uverbs_name();
   tree.directory(uverbs_dir);
-  tree.file(uverbs_dir / "ibdev", config.name + "\n");
-  tree.file(uverbs_dir / "dev", null_device_numbers() + "\n");
-  tree.file(uverbs_dir / "abi_version", std::to_string(limits::kUverbsAbiVersion) + "\n");
+  tree.replace_file(uverbs_dir / "ibdev", config.name + "\n");
+  tree.replace_file(uverbs_dir / "dev", null_device_numbers() + "\n");
+  tree.replace_file(uverbs_dir / "abi_version", std::to_string(limits::kUverbsAbiVersion) + "\n");
   return tree.ok();
 }
 
