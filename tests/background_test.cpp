@@ -34,6 +34,13 @@ TEST(Background, ATimerFiresWhileTheCallerWaits) { EXPECT_TRUE(timer_fires_on_th
 TEST(Background, TheSameIoContextServesEveryCaller) { EXPECT_EQ(&background::io_context(), &background::io_context()); }
 
 TEST(Background, AForkedChildRunsARuntimeOfItsOwn) {
+#if defined(__SANITIZE_ADDRESS__)
+  // GCC 12's ASan allocator takes no lock around fork(): the child's new
+  // runtime thread can wait forever on an allocator lock that the parent's
+  // runtime thread held at that moment (seen: a futex in
+  // SizeClassAllocator64::GetFromAllocator). The release build runs it.
+  GTEST_SKIP() << "fork() with threads is not safe under this ASan";
+#endif
   boost::asio::io_context& parents = background::io_context();
   const uint64_t parent_generation = background::generation();
   // A timer pending in the parent at fork() belongs to the parent.

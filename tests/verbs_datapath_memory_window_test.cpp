@@ -498,7 +498,9 @@ TEST_F(MemoryWindow, WindowOverOnDemandPagesResolvesThemAtAccess) {
   ASSERT_NE(mw, nullptr);
   const uint64_t base = reinterpret_cast<uint64_t>(pages);
   ASSERT_EQ(bind_type1(mw, bind_info(IBV_ACCESS_REMOTE_WRITE, odp, base, 2 * page)), IBV_WC_SUCCESS);
-  ASSERT_EQ(munmap(pages + page, page), 0);
+  // Taken away but kept reserved, so that no mapping made meanwhile lands there.
+  ASSERT_EQ(mmap(pages + page, page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0),
+            pages + page);
   buffer_a_[0] = 0x5a;
   EXPECT_EQ(from_a(IBV_WR_RDMA_WRITE, mw->rkey, base, 1), IBV_WC_SUCCESS);
   EXPECT_EQ(pages[0], 0x5a);
@@ -506,7 +508,7 @@ TEST_F(MemoryWindow, WindowOverOnDemandPagesResolvesThemAtAccess) {
   forget(mw);
   EXPECT_EQ(ibv_dealloc_mw(mw), 0);
   EXPECT_EQ(ibv_dereg_mr(odp), 0);
-  munmap(pages, page);
+  munmap(pages, 2 * page);
 }
 
 // A type 2 window goes with the QP it is bound to: no later QP that draws

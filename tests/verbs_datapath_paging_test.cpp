@@ -43,7 +43,13 @@ class Pages {
   Pages& operator=(const Pages&) = delete;
   uint8_t* page(size_t index) const { return base_ + index * page_size(); }
   uint64_t address(size_t index) const { return reinterpret_cast<uint64_t>(page(index)); }
-  bool unmap(size_t index) const { return munmap(page(index), page_size()) == 0; }
+  // Takes a page away as unmapping would, but keeps its addresses reserved
+  // (no access): a mapping made meanwhile (a thread's stack, an allocator's
+  // arena) cannot land there, where a test's WRITE would then be legitimate.
+  bool unmap(size_t index) const {
+    return mmap(page(index), page_size(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) ==
+           page(index);
+  }
   // A fresh zeroed page where one was unmapped, as an application maps memory again.
   bool map_again(size_t index) const {
     return mmap(page(index), page_size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
