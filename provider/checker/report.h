@@ -1,0 +1,34 @@
+// The verbs checker's reports (`softverbs run --check`). Every check in the
+// provider and in the check preload reports through here, so that all
+// reports share one format on stderr, one JSON-lines file and one count
+// that `softverbs run --check=error` turns into the exit status.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace softverbs::provider::check {
+
+// Whether this process runs under `softverbs run --check` (SOFTVERBS_CHECK
+// is set in its environment). Read once; cheap to call on every post.
+bool enabled();
+
+struct Finding {
+  std::string_view check;  // stable identifier, e.g. "send-buffer-modified" (documented in docs/checking.md)
+  std::string what;        // one sentence: what the application did and why it is wrong on an HCA
+  uint32_t qp_num = 0;     // 0 when no QP is concerned
+  std::optional<uint64_t> wr_id;
+  std::string_view opcode;           // e.g. "IBV_WR_RDMA_WRITE"; empty when no WR is concerned
+  const void* call_site = nullptr;   // the application's return address at the verb call (the post)
+  bool backtrace_of_caller = false;  // also print the stack of the thread reporting
+};
+
+void report(const Finding& finding);
+
+// The name of a send opcode and a work completion opcode, for reports.
+std::string_view send_opcode_name(int ibv_wr_opcode);
+std::string_view completion_opcode_name(int ibv_wc_opcode);
+
+}  // namespace softverbs::provider::check
