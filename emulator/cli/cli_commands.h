@@ -30,7 +30,15 @@ struct DownOptions {
 };
 struct RunOptions {
   bool use_namespace = true;
+  std::optional<std::string> trace_file;  // --trace: as `softverbs trace -o FILE`
   std::vector<std::string> command;
+};
+struct TraceOptions {
+  std::string file;
+  std::vector<std::string> command;
+};
+struct DiffOptions {
+  std::string a, b;
 };
 struct StatOptions {
   std::string name;  // empty: every device
@@ -51,7 +59,14 @@ int command_down(const DownOptions& options);
 int command_status(const std::string& name);  // empty: every device
 int command_env();
 int command_run(const RunOptions& options);
+int command_trace(const TraceOptions& options);
+int command_diff(const DiffOptions& options);  // 0 equal, 1 different, 2 trouble (as diff(1))
 int command_stat(const StatOptions& options);
+
+// Sets this process's environment so that the program it execs is traced
+// into `file` (LD_PRELOAD and the trace variables); false and a message if
+// the trace library is missing or `file` cannot be written.
+bool prepare_trace(const std::string& file, std::string* error);
 int command_faults(const FaultsOptions& options);
 int command_capture(const CaptureOptions& options);
 

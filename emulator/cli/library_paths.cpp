@@ -33,4 +33,15 @@ LibraryPaths locate_libraries() {
   return paths;
 }
 
+fs::path locate_trace_library() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    fs::path built = exe.parent_path().parent_path() / "lib" / "libsoftverbs-trace.so";
+    if (fs::exists(built, ec)) return built;
+  }
+  fs::path installed = SOFTVERBS_INSTALLED_TRACE;
+  return fs::exists(installed, ec) ? installed : fs::path();
+}
+
 }  // namespace softverbs::cli

@@ -17,4 +17,7 @@ struct LibraryPaths {
 
 LibraryPaths locate_libraries();
 
+// libsoftverbs-trace.so, found the same way; empty if it is nowhere.
+std::filesystem::path locate_trace_library();
+
 }  // namespace softverbs::cli

@@ -2,6 +2,7 @@
 // programs on them and shows their state. CLI11 parses and checks the
 // command line and writes every --help; the commands get checked values.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <array>
 #include <iostream>
 #include <optional>
@@ -51,20 +52,30 @@ class CommandLine {
     declare_stat();
     declare_faults();
     declare_capture();
+    declare_trace();
+    declare_diff();
     version_command = app_.add_subcommand("version", "print the version");
   }
 
   // nullopt once parsed; else the exit code (help or version printed, or a
   // usage error reported).
   std::optional<int> parse(int argc, char** argv) {
-    // `run`'s command starts at `--` or at the first word that is not one
-    // of run's options; CLI11 parses only what comes before it.
+    // `run`'s and `trace`'s command starts at `--` or at the first word
+    // that is not one of their options (nor an option's value); CLI11 parses
+    // only what comes before it.
     int parsed_argc = argc;
-    if (argc > 1 && std::string_view(argv[1]) == "run") {
+    const std::string_view verb = argc > 1 ? argv[1] : "";
+    if (verb == "run" || verb == "trace") {
+      const std::vector<std::string_view> with_value =
+          verb == "run" ? std::vector<std::string_view>{"--trace"} : std::vector<std::string_view>{"-o", "--output"};
+      std::vector<std::string>& command = verb == "run" ? run.command : trace.command;
       for (int i = 2; i < argc; ++i) {
         const std::string_view word = argv[i];
-        if (word != "--" && word.starts_with('-')) continue;
-        run.command.assign(argv + i + (word == "--" ? 1 : 0), argv + argc);
+        if (word != "--" && word.starts_with('-')) {
+          if (std::find(with_value.begin(), with_value.end(), word) != with_value.end()) ++i;
+          continue;
+        }
+        command.assign(argv + i + (word == "--" ? 1 : 0), argv + argc);
         parsed_argc = i;
         break;
       }
@@ -99,6 +110,10 @@ class CommandLine {
   StatOptions stat;
   std::array<std::string, 2> faults_words;
   CaptureOptions capture;
+  TraceOptions trace;
+  std::string run_trace_file;
+  DiffOptions diff;
+  CLI::App *trace_command = nullptr, *diff_command = nullptr;
   CLI::App *up_command = nullptr, *down_command = nullptr, *status_command = nullptr, *env_command = nullptr,
            *run_command = nullptr, *stat_command = nullptr, *faults_command = nullptr, *capture_command = nullptr,
            *version_command = nullptr;
@@ -159,6 +174,11 @@ class CommandLine {
     run_command->add_flag("--no-namespace", no_namespace,
                           "use only environment variables (SYSFS_PATH, RDMAV_DRIVERS, LD_PRELOAD); needs "
                           "/dev/infiniband/uverbsN (`sudo softverbs up`)");
+    run_command
+        ->add_option("--trace", run_trace_file,
+                     "record CMD's verbs calls and completions in FILE (as "
+                     "`softverbs trace -o FILE`)")
+        ->type_name("FILE");
     // CMD and everything after it are CMD's, its options included: they are
     // split off before CLI11 parses (see below), which sees run's own options.
     run_command->add_option("CMD", run_placeholder, "the program and its arguments (after `--` if it starts with -)");
@@ -205,8 +225,36 @@ class CommandLine {
         ->check(CLI::PositiveNumber);
   }
 
+  void declare_trace() {
+    trace_command = app_.add_subcommand(
+        "trace", "record a program's verbs calls and completions: trace -o FILE [--] CMD [ARGS...]");
+    trace_command->footer(
+        "Runs CMD with libsoftverbs-trace.so preloaded, on any device (a real HCA too; softverbs devices\n"
+        "through `softverbs run -- softverbs trace ...` or `softverbs run --trace FILE`). FILE gets the\n"
+        "verbs calls of CMD with their results and every completion, without times, addresses, keys, QP\n"
+        "numbers or GIDs, so that two runs compare with `softverbs diff`. Other processes of CMD that use\n"
+        "verbs (forked or started by it) write FILE.1, FILE.2, ... in the order they start; old FILE.<n>\n"
+        "are removed first. See docs/comparing.md. Exit status: CMD's; 127/126 if it cannot be run.");
+    trace_command->add_option("-o,--output", trace.file, "the trace file")->required()->type_name("FILE");
+    trace_command->add_option("CMD", trace_placeholder,
+                              "the program and its arguments (after `--` if it starts with -)");
+  }
+
+  void declare_diff() {
+    diff_command = app_.add_subcommand("diff", "show where two traces of `softverbs trace` differ");
+    diff_command->footer(
+        "Compares the traces object by object (qp1, cq2, ...): a QP's posted sends, send completions,\n"
+        "posted receives and receive completions each in order, but not how they interleave, nor how\n"
+        "different objects' calls interleave: that is timing. Output as unified-diff hunks under a\n"
+        "\"=== <object> <stream>\" header. Exit status as diff(1): 0 same, 1 different, 2 trouble (a file\n"
+        "unreadable, not a trace, or of another trace format version).");
+    diff_command->add_option("A", diff.a, "the first trace")->required()->type_name("FILE");
+    diff_command->add_option("B", diff.b, "the second trace")->required()->type_name("FILE");
+  }
+
   CLI::App app_;
-  std::vector<std::string> run_placeholder;  // CMD's place in run's help
+  std::vector<std::string> run_placeholder;    // CMD's place in run's help
+  std::vector<std::string> trace_placeholder;  // and in trace's
 };
 
 // The parsed `faults` words: a SPEC has '=' or is "none"; anything else
@@ -244,6 +292,7 @@ int main(int argc, char** argv) {
   if (line.env_command->parsed()) return command_env();
   if (line.run_command->parsed()) {
     line.run.use_namespace = !line.no_namespace;
+    if (!line.run_trace_file.empty()) line.run.trace_file = line.run_trace_file;
     if (line.run.command.empty()) return CommandLine::usage_error(*line.run_command, "no command given");
     return command_run(line.run);
   }
@@ -254,6 +303,11 @@ int main(int argc, char** argv) {
     return command_faults(*faults);
   }
   if (line.capture_command->parsed()) return command_capture(line.capture);
+  if (line.trace_command->parsed()) {
+    if (line.trace.command.empty()) return CommandLine::usage_error(*line.trace_command, "no command given");
+    return command_trace(line.trace);
+  }
+  if (line.diff_command->parsed()) return command_diff(line.diff);
   std::cout << "softverbs " << SOFTVERBS_VERSION << '\n';  // version
   return kExitOk;
 }

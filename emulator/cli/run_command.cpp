@@ -79,6 +79,10 @@ int command_run(const RunOptions& options) {
 
   for (const auto& [name, value] : sandbox_environment(registry, libraries, namespaced))
     setenv(name.c_str(), value.c_str(), 1);
+  if (options.trace_file && !prepare_trace(*options.trace_file, &error)) {
+    report_error("run: " + error);
+    return kExitFailure;
+  }
   std::vector<char*> argv;
   for (const std::string& word : options.command) argv.push_back(const_cast<char*>(word.c_str()));
   argv.push_back(nullptr);

@@ -24,16 +24,6 @@ constexpr const char* kHostDevDir = ".softverbs-host";
 
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-std::string prepend_path_list(const char* variable, const std::string& first, char separator) {
-  const char* existing = std::getenv(variable);
-  if (existing == nullptr || *existing == '\0') return first;
-  std::string list = existing;
-  // Keep it idempotent: nested `softverbs run` calls add nothing new.
-  std::string padded = std::string(1, separator) + list + separator;
-  if (padded.find(std::string(1, separator) + first + separator) != std::string::npos) return list;
-  return first + separator + list;
-}
-
 bool bind(const fs::path& source, const fs::path& target, std::string* error) {
   if (mount(source.c_str(), target.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
     *error = errno_text("cannot bind " + source.string() + " on " + target.string());
@@ -128,6 +118,16 @@ bool overlay_dev(const std::vector<DeviceConfig>& devices, const fs::path& stagi
 }
 
 }  // namespace
+
+std::string prepend_path_list(const char* variable, const std::string& first, char separator) {
+  const char* existing = std::getenv(variable);
+  if (existing == nullptr || *existing == '\0') return first;
+  std::string list = existing;
+  // Keep it idempotent: nested `softverbs run` calls add nothing new.
+  std::string padded = std::string(1, separator) + list + separator;
+  if (padded.find(std::string(1, separator) + first + separator) != std::string::npos) return list;
+  return first + separator + list;
+}
 
 Environment sandbox_environment(const DeviceRegistry& registry, const LibraryPaths& libraries, bool namespaced) {
   Environment environment;

@@ -15,6 +15,10 @@ namespace softverbs::cli {
 
 using Environment = std::vector<std::pair<std::string, std::string>>;
 
+// `first` put at the front of the list in $variable (once: a list that has
+// it already is kept as it is).
+std::string prepend_path_list(const char* variable, const std::string& first, char separator);
+
 // Variables a program needs. `namespaced`: the tree is mounted at /sys, so
 // SYSFS_PATH is not needed.
 Environment sandbox_environment(const DeviceRegistry& registry, const LibraryPaths& libraries, bool namespaced);
