@@ -99,7 +99,8 @@ TEST(TraceDiff, StreamsFollowTheQueues) {
   EXPECT_EQ(stream_of("qp3 wc r1 SUCCESS RECV cq=cq1"), "qp3 receive completions");
   EXPECT_EQ(stream_of("qp3 wc srq1 SUCCESS RECV cq=cq1"), "qp3 receive completions");
   EXPECT_EQ(stream_of("qp3 modify_qp mask=STATE state=RTS = 0"), "qp3");
-  EXPECT_EQ(stream_of("cq1 req_notify_cq solicited=0 = 0"), "cq1");
+  EXPECT_EQ(stream_of("cq1 req_notify_cq solicited=0 = 0"), "cq1 notifications");
+  EXPECT_EQ(stream_of("cq1 destroy_cq = 0"), "cq1");
 }
 
 }  // namespace

@@ -43,6 +43,8 @@ inline std::string stream_of(std::string_view line) {
   const std::string_view event = word(1);
   if (event == "post_send" || event == "wr_complete") return object + " posted sends";
   if (event == "post_recv") return object + " posted receives";
+  // How many events a program waits for depends on how completions batch up.
+  if (event == "req_notify_cq" || event == "get_cq_event" || event == "ack_cq_events") return object + " notifications";
   if (event == "wc") {
     const std::string_view work = word(2);
     if (work.starts_with("srq") || work.starts_with('r')) return object + " receive completions";
