@@ -30,6 +30,7 @@ struct DownOptions {
 };
 struct RunOptions {
   bool use_namespace = true;
+  std::optional<uint64_t> adversarial_seed;  // --adversarial[=SEED]: SOFTVERBS_ADVERSARIAL for CMD
   std::vector<std::string> command;
 };
 struct StatOptions {

@@ -14,6 +14,7 @@
 #include "host/device_config.h"
 #include "host/netdev.h"
 #include "install_paths.h"
+#include "support/random_bits.h"
 #include "udp/fault_injection.h"
 
 namespace {
@@ -96,6 +97,8 @@ class CommandLine {
   std::string status_name;
   RunOptions run;
   bool no_namespace = false;
+  std::string adversarial_text;
+  CLI::Option* adversarial_option = nullptr;
   StatOptions stat;
   std::array<std::string, 2> faults_words;
   CaptureOptions capture;
@@ -159,6 +162,15 @@ class CommandLine {
     run_command->add_flag("--no-namespace", no_namespace,
                           "use only environment variables (SYSFS_PATH, RDMAV_DRIVERS, LD_PRELOAD); needs "
                           "/dev/infiniband/uverbsN (`sudo softverbs up`)");
+    adversarial_option =
+        run_command
+            ->add_option("--adversarial", adversarial_text,
+                         "behave as unkindly as the IB spec allows (completions delayed, reordered across QPs and "
+                         "returned a few at a time, data placed in pieces, spurious events, RNR on first SENDs, "
+                         "UDP loss and duplicates, a slow peer), reproducibly from SEED (printed; random if not "
+                         "given): --adversarial=SEED")
+            ->expected(0, 1)
+            ->check(CLI::Number);
     // CMD and everything after it are CMD's, its options included: they are
     // split off before CLI11 parses (see below), which sees run's own options.
     run_command->add_option("CMD", run_placeholder, "the program and its arguments (after `--` if it starts with -)");
@@ -207,6 +219,7 @@ class CommandLine {
 
   CLI::App app_;
   std::vector<std::string> run_placeholder;  // CMD's place in run's help
+
 };
 
 // The parsed `faults` words: a SPEC has '=' or is "none"; anything else
@@ -244,6 +257,9 @@ int main(int argc, char** argv) {
   if (line.env_command->parsed()) return command_env();
   if (line.run_command->parsed()) {
     line.run.use_namespace = !line.no_namespace;
+    if (line.adversarial_option->count() > 0)
+      line.run.adversarial_seed =
+          line.adversarial_text.empty() ? random_u64() >> 1 : std::stoull(line.adversarial_text);
     if (line.run.command.empty()) return CommandLine::usage_error(*line.run_command, "no command given");
     return command_run(line.run);
   }
