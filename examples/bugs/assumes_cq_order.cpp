@@ -16,8 +16,8 @@ int main() {
   bugs::QpPair first(device, cq), second(device, cq);
   std::vector<char> source(256, 'x'), target(2 * 256);
   ibv_mr* source_mr = ibv_reg_mr(device.pd, source.data(), source.size(), IBV_ACCESS_LOCAL_WRITE);
-  ibv_mr* target_mr = ibv_reg_mr(device.pd, target.data(), target.size(),
-                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_mr* target_mr =
+      ibv_reg_mr(device.pd, target.data(), target.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (source_mr == nullptr || target_mr == nullptr) bugs::fail("ibv_reg_mr");
   const auto remote = reinterpret_cast<uint64_t>(target.data());
   for (int round = 0; round < 200; ++round) {
@@ -25,8 +25,7 @@ int main() {
     bugs::post_write(second.a, source_mr, 256, remote + 256, target_mr->rkey, 2);
     const ibv_wc earlier = bugs::wait_completion(cq);
     if (earlier.wr_id != 1 || earlier.qp_num != first.a->qp_num) {
-      std::fprintf(stderr,
-                   "BUG: round %d: expected the first QP's WRITE to complete first, got wr_id %llu of QP %#x\n",
+      std::fprintf(stderr, "BUG: round %d: expected the first QP's WRITE to complete first, got wr_id %llu of QP %#x\n",
                    round, static_cast<unsigned long long>(earlier.wr_id), earlier.qp_num);
       return 1;
     }

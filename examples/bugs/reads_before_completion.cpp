@@ -25,8 +25,8 @@ int main() {
   bugs::QpPair pair(device, cq);
   std::vector<unsigned char> source(kBytes), target(kBytes, 0);
   ibv_mr* source_mr = ibv_reg_mr(device.pd, source.data(), source.size(), IBV_ACCESS_LOCAL_WRITE);
-  ibv_mr* target_mr = ibv_reg_mr(device.pd, target.data(), target.size(),
-                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_mr* target_mr =
+      ibv_reg_mr(device.pd, target.data(), target.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (source_mr == nullptr || target_mr == nullptr) bugs::fail("ibv_reg_mr");
 
   std::atomic<int> bad_round{-1};
@@ -54,8 +54,7 @@ int main() {
   }
   receiver.join();
   if (bad_round >= 0) {
-    std::fprintf(stderr, "BUG: round %d: the last byte was written but earlier bytes were not yet\n",
-                 bad_round.load());
+    std::fprintf(stderr, "BUG: round %d: the last byte was written but earlier bytes were not yet\n", bad_round.load());
     return 1;
   }
   std::printf("the whole buffer was there each time its last byte was\n");
