@@ -219,7 +219,6 @@ class CommandLine {
 
   CLI::App app_;
   std::vector<std::string> run_placeholder;  // CMD's place in run's help
-
 };
 
 // The parsed `faults` words: a SPEC has '=' or is "none"; anything else
