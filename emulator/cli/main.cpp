@@ -170,7 +170,12 @@ class CommandLine {
                          "UDP loss and duplicates, a slow peer), reproducibly from SEED (printed; random if not "
                          "given): --adversarial=SEED")
             ->expected(0, 1)
-            ->check(CLI::Number);
+            ->check(CLI::Validator(
+                [](std::string& text) {
+                  const bool digits = text.size() <= 19 && text.find_first_not_of("0123456789") == std::string::npos;
+                  return digits ? std::string() : "SEED must be a whole number";
+                },
+                "SEED"));
     // CMD and everything after it are CMD's, its options included: they are
     // split off before CLI11 parses (see below), which sees run's own options.
     run_command->add_option("CMD", run_placeholder, "the program and its arguments (after `--` if it starts with -)");
