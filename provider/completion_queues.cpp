@@ -16,6 +16,7 @@
 #include "handle_registry.h"
 #include "provider_context.h"
 #include "support/small_vector.h"
+#include "verbs/adversary.h"
 #include "verbs_objects.h"
 
 namespace softverbs::provider {
@@ -101,11 +102,24 @@ size_t pop_completions(ProviderCq* cq, std::span<Completion> out) {
 // Pops the oldest completion of `cq` into `out`; false if there is none.
 bool pop_completion(ProviderCq* cq, Completion& out) { return pop_completions(cq, std::span(&out, 1)) == 1; }
 
+// The CQ's ring, as adversarial mode takes from it.
+struct RingOf final : adversary::CqPoller {
+  explicit RingOf(ProviderCq* cq) : cq(cq) {}
+  size_t pop_ready(std::span<Completion> out) override { return pop_completions(cq, out); }
+  ProviderCq* cq;
+};
+
+DeviceMemory& memory_of_cq(ProviderCq* cq) { return *state_of(cq->verbs.cq.context).memory; }
+
 // ibv_cq_ex: start/next/end_poll walk the ring one entry at a time; the
 // read_* getters read the current entry.
 int next_poll_ex(ibv_cq_ex* ibv) {
   ProviderCq* cq = to_cq(ibv);
-  if (!pop_completion(cq, cq->current)) return ENOENT;
+  if (adversary::enabled()) [[unlikely]] {
+    if (!adversary::next_poll(memory_of_cq(cq), cq->index, cq->current)) return ENOENT;
+  } else if (!pop_completion(cq, cq->current)) {
+    return ENOENT;
+  }
   ibv->wr_id = cq->current.wr_id;
   ibv->status = static_cast<ibv_wc_status>(cq->current.status);
   return 0;
@@ -114,6 +128,15 @@ int next_poll_ex(ibv_cq_ex* ibv) {
 int start_poll_ex(ibv_cq_ex* ibv, ibv_poll_cq_attr* attr) {
   if (attr != nullptr && attr->comp_mask != 0) return EINVAL;
   state_of(ibv->context).progress();
+  if (adversary::enabled()) [[unlikely]] {
+    ProviderCq* cq = to_cq(ibv);
+    adversary::maybe_stall();
+    RingOf ring(cq);
+    if (!adversary::start_poll(memory_of_cq(cq), cq->index, ring, cq->current)) return ENOENT;
+    ibv->wr_id = cq->current.wr_id;
+    ibv->status = static_cast<ibv_wc_status>(cq->current.status);
+    return 0;
+  }
   return next_poll_ex(ibv);
 }
 
@@ -190,6 +213,8 @@ int destroy_cq(ibv_cq* ibv) {
     if (cq->qp_references > 0) return EBUSY;
   }
   unregister_handle(HandleKind::Cq, ibv);
+  if (adversary::enabled()) [[unlikely]]
+    adversary::forget_cq(*state.memory, cq->index);
   CqRecord& record = state.memory->shared().cqs[cq->index];
   uint64_t ring, bytes;
   {
@@ -244,6 +269,8 @@ int req_notify_cq(ibv_cq* ibv, int solicited_only) {
     SharedLock lock(record.lock);
     record.armed = solicited_only ? CqArm::SolicitedOnly : CqArm::NextCompletion;
   }
+  if (adversary::enabled()) [[unlikely]]
+    adversary::armed(memory_of(ibv->context), to_cq(ibv)->index);
   // An armed CQ means the application is about to wait for an event.
   state_of(ibv->context).application_waits();
   return 0;
@@ -267,6 +294,14 @@ int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
   if (num_entries < 0) return -EINVAL;
   state_of(ibv->context).progress();
   UninitializedArray<Completion, 16> batch;  // pop_completions writes what it returns
+  if (adversary::enabled()) [[unlikely]] {
+    adversary::maybe_stall();
+    RingOf ring(to_cq(ibv));
+    size_t want = std::min<size_t>(batch.size(), static_cast<size_t>(num_entries));
+    size_t got = adversary::poll(memory_of(ibv->context), to_cq(ibv)->index, ring, std::span(batch.data(), want));
+    for (size_t i = 0; i < got; ++i) to_ibv_wc(batch.items[i], wc[i]);
+    return static_cast<int>(got);
+  }  // pop_completions writes what it returns
   int polled = 0;
   while (polled < num_entries) {
     size_t want = std::min<size_t>(batch.size(), static_cast<size_t>(num_entries - polled));

@@ -31,6 +31,7 @@ struct DownOptions {
 struct RunOptions {
   bool use_namespace = true;
   std::optional<std::string> trace_file;  // --trace: as `softverbs trace -o FILE`
+  std::optional<uint64_t> adversarial_seed;  // --adversarial[=SEED]: SOFTVERBS_ADVERSARIAL for CMD
   std::vector<std::string> command;
 };
 struct TraceOptions {

@@ -15,6 +15,7 @@
 #include "host/device_config.h"
 #include "host/netdev.h"
 #include "install_paths.h"
+#include "support/random_bits.h"
 #include "udp/fault_injection.h"
 
 namespace {
@@ -107,6 +108,8 @@ class CommandLine {
   std::string status_name;
   RunOptions run;
   bool no_namespace = false;
+  std::string adversarial_text;
+  CLI::Option* adversarial_option = nullptr;
   StatOptions stat;
   std::array<std::string, 2> faults_words;
   CaptureOptions capture;
@@ -179,6 +182,20 @@ class CommandLine {
                      "record CMD's verbs calls and completions in FILE (as "
                      "`softverbs trace -o FILE`)")
         ->type_name("FILE");
+    adversarial_option =
+        run_command
+            ->add_option("--adversarial", adversarial_text,
+                         "behave as unkindly as the IB spec allows (completions delayed, reordered across QPs and "
+                         "returned a few at a time, data placed in pieces, spurious events, RNR on first SENDs, "
+                         "UDP loss and duplicates, a slow peer), reproducibly from SEED (printed; random if not "
+                         "given): --adversarial=SEED")
+            ->expected(0, 1)
+            ->check(CLI::Validator(
+                [](std::string& text) {
+                  const bool digits = text.size() <= 19 && text.find_first_not_of("0123456789") == std::string::npos;
+                  return digits ? std::string() : "SEED must be a whole number";
+                },
+                "SEED"));
     // CMD and everything after it are CMD's, its options included: they are
     // split off before CLI11 parses (see below), which sees run's own options.
     run_command->add_option("CMD", run_placeholder, "the program and its arguments (after `--` if it starts with -)");
@@ -293,6 +310,9 @@ int main(int argc, char** argv) {
   if (line.run_command->parsed()) {
     line.run.use_namespace = !line.no_namespace;
     if (!line.run_trace_file.empty()) line.run.trace_file = line.run_trace_file;
+    if (line.adversarial_option->count() > 0)
+      line.run.adversarial_seed =
+          line.adversarial_text.empty() ? random_u64() >> 1 : std::stoull(line.adversarial_text);
     if (line.run.command.empty()) return CommandLine::usage_error(*line.run_command, "no command given");
     return command_run(line.run);
   }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include "cli_commands.h"
@@ -83,6 +84,7 @@ int command_run(const RunOptions& options) {
     report_error("run: " + error);
     return kExitFailure;
   }
+  if (options.adversarial_seed) setenv("SOFTVERBS_ADVERSARIAL", std::to_string(*options.adversarial_seed).c_str(), 1);
   std::vector<char*> argv;
   for (const std::string& word : options.command) argv.push_back(const_cast<char*>(word.c_str()));
   argv.push_back(nullptr);

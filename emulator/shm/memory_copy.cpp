@@ -25,6 +25,7 @@
 #include "support/payload_copy.h"
 #include "support/process_id.h"
 #include "support/small_vector.h"
+#include "verbs/adversary.h"
 
 namespace softverbs {
 
@@ -356,8 +357,52 @@ CopyMethod configured_copy_method() {
   return method;
 }
 
+namespace {
+
+// The bytes [offset, offset + length) of a list of ranges.
+template <typename Range, typename Start, typename Shift>
+std::vector<Range> slice(std::span<const Range> ranges, uint64_t offset, uint64_t length, Start start_of, Shift shift) {
+  std::vector<Range> out;
+  uint64_t at = 0;
+  for (const Range& range : ranges) {
+    const uint64_t size = start_of(range);
+    const uint64_t begin = std::max(at, offset), end = std::min(at + size, offset + length);
+    if (begin < end) out.push_back(shift(range, begin - at, end - begin));
+    at += size;
+  }
+  return out;
+}
+
+// Adversarial mode: the message lands in pieces, in a shuffled order, with
+// pauses between them, as an HCA may place it before its completion.
+int copy_in_pieces(DeviceMemory& memory, pid_t pid, std::span<const iovec> local, std::span<const RemoteRange> remote) {
+  const std::vector<adversary::Piece> pieces = adversary::placement_pieces(total(local));
+  if (pieces.size() <= 1) return copy(memory, pid, true, local, remote, process_vm_writev);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (i > 0) adversary::pause_between_pieces();
+    const adversary::Piece& piece = pieces[i];
+    auto local_piece = slice<iovec>(
+        local, piece.offset, piece.length, [](const iovec& v) { return v.iov_len; },
+        [](const iovec& v, uint64_t skip, uint64_t length) {
+          return iovec{static_cast<char*>(v.iov_base) + skip, length};
+        });
+    auto remote_piece = slice<RemoteRange>(
+        remote, piece.offset, piece.length, [](const RemoteRange& r) { return r.length; },
+        [](const RemoteRange& r, uint64_t skip, uint64_t length) {
+          return RemoteRange{r.address + skip, length, r.key, r.access};
+        });
+    if (remote_piece.empty()) continue;
+    if (int error = copy(memory, pid, true, local_piece, remote_piece, process_vm_writev)) return error;
+  }
+  return 0;
+}
+
+}  // namespace
+
 int copy_to_process(DeviceMemory& memory, pid_t pid, std::span<const iovec> local,
                     std::span<const RemoteRange> remote) {
+  if (adversary::enabled()) [[unlikely]]
+    return copy_in_pieces(memory, pid, local, remote);
   return copy(memory, pid, true, local, remote, process_vm_writev);
 }
 

@@ -13,6 +13,7 @@
 
 #include "host/netdev.h"
 #include "support/process_id.h"
+#include "verbs/adversary.h"
 
 namespace softverbs::udp {
 
@@ -29,6 +30,14 @@ PortEngine::PortEngine(std::shared_ptr<DeviceMemory> memory, DeviceConfig config
     fault_override_ = FaultSettings::parse(text, &error);
     if (!fault_override_) std::fprintf(stderr, "softverbs: SOFTVERBS_FAULTS ignored: %s\n", error.c_str());
   }
+  if (adversary::enabled()) [[unlikely]]
+    adversarial_faults_ = FaultSettings{.loss_ppm = 2000,
+                                        .duplicate_ppm = 10000,
+                                        .reorder_ppm = 20000,
+                                        .delay_ppm = 5000,
+                                        .corrupt_ppm = 0,
+                                        .delay_us = 300,
+                                        .seed = adversary::process_seed()};
 }
 
 PortEngine::~PortEngine() {

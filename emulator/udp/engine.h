@@ -350,6 +350,11 @@ class PortEngine : public TransportPort {
     capture_.record(memory_->shared().capture, flow, datagram);
   }
   FaultSettings fault_settings() const { return fault_override_ ? *fault_override_ : memory_->shared().faults.load(); }
+  // Adversarial mode's faults go to the reliable QPs only, whose PSNs make
+  // a duplicate or a loss invisible to a correct program.
+  FaultSettings fault_settings_for(const UdpQp& qp) const {
+    return adversarial_faults_ && !fault_override_ && qp.type == QpType::Rc ? *adversarial_faults_ : fault_settings();
+  }
 
   // ---- sending (send_batch.cpp; batch_room and send_bytes below) --------------------
 
@@ -468,6 +473,7 @@ class PortEngine : public TransportPort {
   mutable std::mutex netdev_addresses_mutex_;
   mutable std::vector<wire::IpAddress> netdev_addresses_;
   std::optional<FaultSettings> fault_override_;
+  std::optional<FaultSettings> adversarial_faults_;
   uint64_t instance_ = 0;
 
   boost::asio::io_context io_;

@@ -52,7 +52,7 @@ UdpQp* PortEngine::attach_locked(int qp_index, const QpSnapshot& record) {
   fresh.type = record.type;
   fresh.cm_agent = record.cm_agent;
   fresh.xrc = record.xrc;
-  fresh.faults = FaultGenerator(fault_settings().seed, record.qpn);
+  fresh.faults = FaultGenerator(fault_settings_for(fresh).seed, record.qpn);
   if (record.type != QpType::Ud) {
     Gid dgid;
     std::memcpy(dgid.raw.data(), attributes.dgid, 16);

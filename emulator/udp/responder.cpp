@@ -19,6 +19,7 @@
 #include "support/process_id.h"
 #include "udp/internal.h"
 #include "udp/parameters.h"
+#include "verbs/adversary.h"
 
 namespace softverbs::udp {
 
@@ -220,6 +221,17 @@ Verdict check_xrc_srq(TransportPort& port, UdpQp& qp, const TransportPacket& pac
   return Verdict::Done;
 }
 
+// Adversarial mode answers the first SEND to each RC QP with an RNR NAK,
+// where the requester is known to retry RNR: its QP, found in this
+// device, is connected to this one and has rnr_retry > 0.
+bool adversarial_rnr(TransportPort& port, const UdpQp& qp) {
+  if (qp.type != QpType::Rc || qp.xrc != XrcRole::None) return false;
+  const QpRecord* requester = port.memory().qp_by_number(qp.attributes.dest_qpn);
+  if (requester == nullptr || requester->attributes.dest_qpn != qp.qpn || requester->attributes.rnr_retry == 0)
+    return false;
+  return adversary::rnr_for_first_send(qp.qpn);
+}
+
 // A SEND's first packet, or the last of a WRITE with immediate, needs a
 // receive WQE: none posted means RNR (RC) or a dropped message (UC).
 Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
@@ -227,6 +239,11 @@ Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& pa
   const bool needs_receive = (what.kind == Kind::Send && starts_message(what.position)) ||
                              (what.kind == Kind::Write && what.immediate && ends_message(what.position));
   if (!needs_receive || s.have_receive) return Verdict::Continue;
+  if (adversary::enabled() && what.kind == Kind::Send && adversarial_rnr(port, qp)) [[unlikely]] {
+    port.counters().add(Counter::RnrNaksSent);
+    queue_nak(qp, packet.bth.psn, static_cast<uint8_t>(aeth::kRnrNak | (qp.attributes.min_rnr_timer & 0x1f)));
+    return Verdict::Done;
+  }
   ReceivePlacement receive;
   bool taken;
   {

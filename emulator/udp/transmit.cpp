@@ -74,7 +74,7 @@ void PortEngine::transmit(UdpQp& qp, const Path& path, uint32_t destination_qpn,
   const int fd = target.fd;
   const SocketAddressStorage& to = target.to;
   const bool capturing = memory_->shared().capture.active.load(std::memory_order_relaxed);
-  FaultSettings settings = fault_settings();
+  FaultSettings settings = fault_settings_for(qp);
   FaultDecision decision = qp.faults.decide(settings);
   const bool as_built = !settings.any() || (decision.action == FaultAction::Deliver && !decision.corrupt);
 

@@ -5,11 +5,15 @@
 #include <string>
 
 #include "device/shared_mutex.h"
+#include "verbs/adversary.h"
 #include "verbs/device_qp.h"
 
 namespace softverbs {
 
-DeviceContext::DeviceContext() : retry_timer_([this] { return retry_due_sends(); }) {}
+DeviceContext::DeviceContext() : retry_timer_([this] { return retry_due_sends(); }) {
+  if (adversary::enabled()) [[unlikely]]
+    adversary::announce();
+}
 
 UdpTransport* DeviceContext::udp_transport() {
   // Set once and kept for the context's life: every post over UDP asks.

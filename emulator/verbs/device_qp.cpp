@@ -13,6 +13,7 @@
 #include "device/shared_mutex.h"
 #include "shm/requester.h"
 #include "support/debug_log.h"
+#include "verbs/adversary.h"
 #include "verbs/device_context.h"
 #include "wire/roce_headers.h"
 
@@ -120,6 +121,10 @@ void DeviceQp::complete_flushed(uint64_t wr_id) {
 void DeviceQp::purge_own_completions() {
   purge_completions(memory_, send_cq_, qpn_);
   purge_completions(memory_, record().recv_cq, qpn_);
+  if (adversary::enabled()) [[unlikely]] {
+    adversary::purge_qp(memory_, send_cq_, qpn_);
+    adversary::purge_qp(memory_, record().recv_cq, qpn_);
+  }
 }
 
 // Completes the waiting sends flushed (the QP is in ERR).
@@ -155,11 +160,21 @@ void DeviceQp::fail_after_removal() {
   if (over_udp_) context_.udp_transport()->sync_qp(index_);
 }
 
+// Adversarial mode answers the first SEND to each RC QP with an RNR NAK,
+// where this QP retries RNR: a correct program sees only a delay.
+bool DeviceQp::first_send_meets_rnr(const QpRecord& qp, const SendWqe& send) {
+  return qp.type == QpType::Rc && qp.attributes.rnr_retry > 0 && !send.rnr_retries_left &&
+         send_opcode_info(send.opcode).is(wr_mask::kSend) &&
+         adversary::rnr_for_first_send(qp.xrc == XrcRole::Send ? send.remote_srqn : qp.attributes.dest_qpn);
+}
+
 // Runs one send; false if it must wait (and `send` is updated for later).
 bool DeviceQp::attempt(SendWqe& send) {
   QpRecord& qp = record();
   Completion completion;
-  SendOutcome outcome = execute_send(memory_, qp, send, completion);
+  SendOutcome outcome = adversary::enabled() && first_send_meets_rnr(qp, send)
+                            ? SendOutcome::ReceiverNotReady
+                            : execute_send(memory_, qp, send, completion);
   // Only a send that must wait reads the clock (see bench/NOTES.md).
   if (outcome == SendOutcome::ReceiverNotReady) {
     if (!send.rnr_retries_left) send.rnr_retries_left = qp.attributes.rnr_retry == 7 ? -1 : qp.attributes.rnr_retry;
@@ -225,6 +240,8 @@ DeviceQp::Clock::time_point DeviceQp::retry_due() {
 }
 
 DeviceQp::PostBatch::PostBatch(DeviceQp& qp) : qp_(qp), lock_(qp.mutex_) {
+  if (adversary::enabled()) [[unlikely]]
+    adversary::maybe_stall();
   if (qp_.memory_.removed()) qp_.fail_after_removal();
 }
 

@@ -90,6 +90,7 @@ class DeviceQp {
   bool goes_over_udp(const SendWqe& wqe) const;
   void prepare_for_udp(SendWqe& wqe);
   bool attempt(SendWqe& wqe);
+  bool first_send_meets_rnr(const QpRecord& qp, const SendWqe& send);
   void complete(const Completion& completion);
   void complete_flushed(uint64_t wr_id);  // a send that ends with the QP in ERR
   void purge_own_completions();           // from both CQs (RESET, destroy)
