@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "checker/work_checks.h"
 #include "device/device_clock.h"
 #include "device/event_socket.h"
 #include "device/receive_queue.h"
@@ -103,16 +104,26 @@ bool pop_completion(ProviderCq* cq, Completion& out) { return pop_completions(cq
 
 // ibv_cq_ex: start/next/end_poll walk the ring one entry at a time; the
 // read_* getters read the current entry.
+void to_ibv_wc(const Completion& c, ibv_wc& wc);
+
 int next_poll_ex(ibv_cq_ex* ibv) {
   ProviderCq* cq = to_cq(ibv);
   if (!pop_completion(cq, cq->current)) return ENOENT;
   ibv->wr_id = cq->current.wr_id;
   ibv->status = static_cast<ibv_wc_status>(cq->current.status);
+  if (check::enabled()) [[unlikely]] {
+    ibv_wc polled;
+    to_ibv_wc(cq->current, polled);
+    check::completions_polled(ibv_cq_ex_to_cq(ibv), &polled, 1);
+  }
   return 0;
 }
 
 int start_poll_ex(ibv_cq_ex* ibv, ibv_poll_cq_attr* attr) {
   if (attr != nullptr && attr->comp_mask != 0) return EINVAL;
+  if (check::enabled() && check::used_after_destroy(check::ObjectKind::Cq, ibv_cq_ex_to_cq(ibv), "ibv_start_poll",
+                                                    __builtin_return_address(0)))
+    return EINVAL;
   state_of(ibv->context).progress();
   return next_poll_ex(ibv);
 }
@@ -185,9 +196,15 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
 int destroy_cq(ibv_cq* ibv) {
   ProviderCq* cq = to_cq(ibv);
   ContextState& state = state_of(ibv->context);
+  const bool checking = check::enabled();
+  if (checking && check::used_after_destroy(check::ObjectKind::Cq, ibv, "ibv_destroy_cq", __builtin_return_address(0)))
+    return EINVAL;
   {
     std::lock_guard guard(state.qps_mutex);
-    if (cq->qp_references > 0) return EBUSY;
+    if (cq->qp_references > 0) {
+      if (checking) check::cq_destroying(ibv, cq->qp_references, __builtin_return_address(0));
+      return EBUSY;
+    }
   }
   unregister_handle(HandleKind::Cq, ibv);
   CqRecord& record = state.memory->shared().cqs[cq->index];
@@ -200,7 +217,10 @@ int destroy_cq(ibv_cq* ibv) {
   }
   state.memory->release(ring, bytes);
   ibv_pd* parent_domain = cq->parent_domain;
-  delete_provider_object(cq);
+  if (checking && cq->storage.domain == nullptr && parent_domain == nullptr)
+    check::quarantine(ibv->context, check::ObjectKind::Cq, ibv, [cq] { delete_provider_object(cq); });
+  else
+    delete_provider_object(cq);
   if (parent_domain) unuse_pd(parent_domain);
   return 0;
 }
@@ -265,6 +285,11 @@ void to_ibv_wc(const Completion& c, ibv_wc& wc) {
 
 int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
   if (num_entries < 0) return -EINVAL;
+  const bool checking = check::enabled();
+  // ibv_poll_cq is an inline of verbs.h: the return address is the application's.
+  if (checking && check::used_after_destroy(check::ObjectKind::Cq, ibv, "ibv_poll_cq", __builtin_return_address(0)))
+      [[unlikely]]
+    return -EINVAL;
   state_of(ibv->context).progress();
   UninitializedArray<Completion, 16> batch;  // pop_completions writes what it returns
   int polled = 0;
@@ -275,6 +300,8 @@ int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
     polled += static_cast<int>(got);
     if (got < want) break;
   }
+  if (checking && polled > 0) [[unlikely]]
+    check::completions_polled(ibv, wc, polled);
   return polled;
 }
 

@@ -28,9 +28,14 @@ struct DownOptions {
   std::string name = "softverbs0";
   bool all = false;
 };
+// --check: the verbs checker (docs/checking.md); Error also makes the exit
+// status non-zero if anything was reported.
+enum class CheckMode { Off, Report, Error };
 struct RunOptions {
   bool use_namespace = true;
   std::vector<std::string> command;
+  CheckMode check = CheckMode::Off;
+  std::string check_report;  // --check-report FILE; empty: none
 };
 struct StatOptions {
   std::string name;  // empty: every device

@@ -63,6 +63,7 @@ class CommandLine {
     if (argc > 1 && std::string_view(argv[1]) == "run") {
       for (int i = 2; i < argc; ++i) {
         const std::string_view word = argv[i];
+        if (word == "--check-report") ++i;  // its FILE is not the command
         if (word != "--" && word.starts_with('-')) continue;
         run.command.assign(argv + i + (word == "--" ? 1 : 0), argv + argc);
         parsed_argc = i;
@@ -91,6 +92,7 @@ class CommandLine {
   }
 
   UpOptions up;
+  std::string check_text;  // run --check's value: empty (report), report or error
   std::string transport_text, faults_text;
   DownOptions down;
   std::string status_name;
@@ -155,10 +157,20 @@ class CommandLine {
         "which the devices appear under /sys/class/infiniband and /dev/infiniband, so tools that read /sys\n"
         "directly see them too; a non-root user gets a user namespace for that and keeps their uid inside.\n"
         "Exit status: CMD's; 127 if CMD cannot be found, 126 if it cannot be run, 1 if the devices cannot\n"
-        "be provided, 2 on bad usage.");
+        "be provided, 2 on bad usage. With --check=error: 1 if CMD exited 0 but the checker reported\n"
+        "something in any of its processes (128+N if CMD was killed by signal N).");
     run_command->add_flag("--no-namespace", no_namespace,
                           "use only environment variables (SYSFS_PATH, RDMAV_DRIVERS, LD_PRELOAD); needs "
                           "/dev/infiniband/uverbsN (`sudo softverbs up`)");
+    run_command
+        ->add_option("--check", check_text,
+                     "check the program's use of the verbs and report misuse on stderr (docs/checking.md); "
+                     "--check=error also makes the exit status non-zero if anything was reported")
+        ->expected(0, 1)
+        ->check(CLI::IsMember({"", "report", "error"}));
+    run_command
+        ->add_option("--check-report", run.check_report, "with --check: also append each report to FILE as a JSON line")
+        ->type_name("FILE");
     // CMD and everything after it are CMD's, its options included: they are
     // split off before CLI11 parses (see below), which sees run's own options.
     run_command->add_option("CMD", run_placeholder, "the program and its arguments (after `--` if it starts with -)");
@@ -244,6 +256,10 @@ int main(int argc, char** argv) {
   if (line.env_command->parsed()) return command_env();
   if (line.run_command->parsed()) {
     line.run.use_namespace = !line.no_namespace;
+    if (line.run_command->count("--check") > 0)
+      line.run.check = line.check_text == "error" ? CheckMode::Error : CheckMode::Report;
+    if (!line.run.check_report.empty() && line.run.check == CheckMode::Off)
+      return CommandLine::usage_error(*line.run_command, "--check-report needs --check");
     if (line.run.command.empty()) return CommandLine::usage_error(*line.run_command, "no command given");
     return command_run(line.run);
   }
