@@ -219,7 +219,7 @@ void report(const Finding& finding) {
   std::optional<CodeLocation> site;
   if (finding.call_site != nullptr) {
     site = locate_call(finding.call_site);
-    line += "    posted at " + describe(*site) + "\n";
+    line += (finding.wr_id ? "    posted at " : "    called at ") + describe(*site) + "\n";
   }
   std::vector<CodeLocation> stack;
   if (finding.backtrace_of_caller) {

@@ -418,8 +418,8 @@ void qp_destroying(ibv_qp* qp, size_t outstanding_sends, const void* call_site) 
 void cq_destroying(ibv_cq*, int qp_references, const void*) {
   if (qp_references <= 0) return;
   report({.check = "cq-destroyed-in-use",
-          .what = "ibv_destroy_cq on a CQ that " + std::to_string(qp_references) +
-                  " live QP(s) still complete on: destroy the QPs first (an HCA refuses with EBUSY)",
+          .what = "ibv_destroy_cq on a CQ that live QPs still complete on (" + std::to_string(qp_references) +
+                  " send or receive queues): destroy the QPs first (an HCA refuses with EBUSY)",
           .backtrace_of_caller = true});
 }
 
@@ -432,7 +432,7 @@ void srq_destroying(ibv_srq* srq, int qp_references, const void*) {
   if (qp_references <= 0) return;
   report({.check = "srq-destroyed-in-use",
           .what = "ibv_destroy_srq on an SRQ that " + std::to_string(qp_references) +
-                  " live QP(s) still receive from: destroy the QPs first (an HCA refuses with EBUSY)",
+                  " live QP(s) still receive from: destroy them first (an HCA refuses with EBUSY)",
           .backtrace_of_caller = true});
 }
 
