@@ -198,6 +198,14 @@ void send_completed(CheckerState& state, QpTrack& track, const ibv_wc& wc) {
 }
 
 void receive_completed(CheckerState& state, QpTrack& track, const ibv_wc& wc) {
+  // A message from the peer answers what this QP sent before (a request
+  // and its response, as rping's): the sends' buffers are checked now, and
+  // no longer. An application may reuse them once the answer is in, though
+  // its CQ may list the answer before the send's own completion.
+  for (SendRecord& record : track.sends) {
+    retire(state, track, record, true);
+    record.hash.reset();
+  }
   std::deque<ReceiveRecord>* receives = &track.receives;
   if (track.qp->srq != nullptr) {
     auto found = state.srq_receives.find(track.qp->srq);
