@@ -139,7 +139,8 @@ int destroy_qp(ibv_qp* ibv) {
   if (checking) {
     const void* call_site = __builtin_return_address(0);
     if (check::used_after_destroy(check::ObjectKind::Qp, ibv, "ibv_destroy_qp", call_site)) return EINVAL;
-    check::qp_destroying(ibv, qp->device ? qp->device->outstanding_sends() : 0, call_site);
+    check::qp_destroying(
+        ibv, [qp] { return qp->device ? qp->device->outstanding_sends() : size_t{0}; }, call_site);
   }
   unregister_handle(HandleKind::Qp, ibv);
   if (ibv->qp_type == IBV_QPT_XRC_RECV) release_xrc_recv_handle(qp);

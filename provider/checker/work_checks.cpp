@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -399,7 +401,14 @@ void mr_deregistering(const ibv_mr* mr, const std::function<size_t(ibv_qp*)>& ou
   (void)call_site;
 }
 
-void qp_destroying(ibv_qp* qp, size_t outstanding_sends, const void* call_site) {
+void qp_destroying(ibv_qp* qp, const std::function<size_t()>& count_outstanding, const void* call_site) {
+  // Up to 200 ms for what is in flight (over UDP a send stays outstanding
+  // until its ACK): the report is for sends that would never complete.
+  size_t outstanding_sends = count_outstanding();
+  for (int i = 0; i < 200 && outstanding_sends > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    outstanding_sends = count_outstanding();
+  }
   CheckerState& state = checker();
   std::lock_guard guard(state.mutex);
   auto found = state.qps.find(Key{qp->context, qp->qp_num});

@@ -36,7 +36,9 @@ void mr_registered(const ibv_mr* mr, uint64_t iova, int access_flags);
 // `outstanding_sends(qp)` asks the device how many of the QP's send WRs it
 // has not completed yet.
 void mr_deregistering(const ibv_mr* mr, const std::function<size_t(ibv_qp*)>& outstanding_sends, const void* call_site);
-void qp_destroying(ibv_qp* qp, size_t outstanding_sends, const void* call_site);
+// `outstanding_sends()` asks the device; sends that only wait for their
+// acknowledgment get a moment to complete before they are reported.
+void qp_destroying(ibv_qp* qp, const std::function<size_t()>& outstanding_sends, const void* call_site);
 void cq_destroying(ibv_cq* cq, int qp_references, const void* call_site);
 void srq_destroying(ibv_srq* srq, int qp_references, const void* call_site);
 void pd_deallocating(ibv_pd* pd, int users, const void* call_site);
