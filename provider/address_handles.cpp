@@ -4,6 +4,7 @@
 #include <chrono>
 #include <memory>
 
+#include "checker/work_checks.h"
 #include "device/device_limits.h"
 #include "provider_context.h"
 #include "udp/transport.h"
@@ -51,8 +52,16 @@ ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
 }
 
 int destroy_ah(ibv_ah* ah) {
+  const bool checking = check::enabled();
+  if (checking && check::used_after_destroy(check::ObjectKind::Ah, ah, "ibv_destroy_ah", __builtin_return_address(0)))
+    return EINVAL;
   unuse_pd(ah->pd);
-  std::unique_ptr<ProviderAh> owner(reinterpret_cast<ProviderAh*>(ah));
+  auto* provider_ah = reinterpret_cast<ProviderAh*>(ah);
+  if (checking)
+    check::quarantine(ah->context, check::ObjectKind::Ah, ah,
+                      [provider_ah] { std::unique_ptr<ProviderAh> owner(provider_ah); });
+  else
+    std::unique_ptr<ProviderAh> owner(provider_ah);
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "checker/work_checks.h"
 #include "device/device_clock.h"
 #include "device/event_socket.h"
 #include "device/receive_queue.h"
@@ -113,6 +114,8 @@ DeviceMemory& memory_of_cq(ProviderCq* cq) { return *state_of(cq->verbs.cq.conte
 
 // ibv_cq_ex: start/next/end_poll walk the ring one entry at a time; the
 // read_* getters read the current entry.
+void to_ibv_wc(const Completion& c, ibv_wc& wc);
+
 int next_poll_ex(ibv_cq_ex* ibv) {
   ProviderCq* cq = to_cq(ibv);
   if (adversary::enabled()) [[unlikely]] {
@@ -122,11 +125,19 @@ int next_poll_ex(ibv_cq_ex* ibv) {
   }
   ibv->wr_id = cq->current.wr_id;
   ibv->status = static_cast<ibv_wc_status>(cq->current.status);
+  if (check::enabled()) [[unlikely]] {
+    ibv_wc polled;
+    to_ibv_wc(cq->current, polled);
+    check::completions_polled(ibv_cq_ex_to_cq(ibv), &polled, 1);
+  }
   return 0;
 }
 
 int start_poll_ex(ibv_cq_ex* ibv, ibv_poll_cq_attr* attr) {
   if (attr != nullptr && attr->comp_mask != 0) return EINVAL;
+  if (check::enabled() && check::used_after_destroy(check::ObjectKind::Cq, ibv_cq_ex_to_cq(ibv), "ibv_start_poll",
+                                                    __builtin_return_address(0)))
+    return EINVAL;
   state_of(ibv->context).progress();
   if (adversary::enabled()) [[unlikely]] {
     ProviderCq* cq = to_cq(ibv);
@@ -135,6 +146,11 @@ int start_poll_ex(ibv_cq_ex* ibv, ibv_poll_cq_attr* attr) {
     if (!adversary::start_poll(memory_of_cq(cq), cq->index, ring, cq->current)) return ENOENT;
     ibv->wr_id = cq->current.wr_id;
     ibv->status = static_cast<ibv_wc_status>(cq->current.status);
+    if (check::enabled()) [[unlikely]] {
+      ibv_wc polled;
+      to_ibv_wc(cq->current, polled);
+      check::completions_polled(ibv_cq_ex_to_cq(ibv), &polled, 1);
+    }
     return 0;
   }
   return next_poll_ex(ibv);
@@ -208,9 +224,15 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
 int destroy_cq(ibv_cq* ibv) {
   ProviderCq* cq = to_cq(ibv);
   ContextState& state = state_of(ibv->context);
+  const bool checking = check::enabled();
+  if (checking && check::used_after_destroy(check::ObjectKind::Cq, ibv, "ibv_destroy_cq", __builtin_return_address(0)))
+    return EINVAL;
   {
     std::lock_guard guard(state.qps_mutex);
-    if (cq->qp_references > 0) return EBUSY;
+    if (cq->qp_references > 0) {
+      if (checking) check::cq_destroying(ibv, cq->qp_references, __builtin_return_address(0));
+      return EBUSY;
+    }
   }
   unregister_handle(HandleKind::Cq, ibv);
   if (adversary::enabled()) [[unlikely]]
@@ -225,7 +247,10 @@ int destroy_cq(ibv_cq* ibv) {
   }
   state.memory->release(ring, bytes);
   ibv_pd* parent_domain = cq->parent_domain;
-  delete_provider_object(cq);
+  if (checking && cq->storage.domain == nullptr && parent_domain == nullptr)
+    check::quarantine(ibv->context, check::ObjectKind::Cq, ibv, [cq] { delete_provider_object(cq); });
+  else
+    delete_provider_object(cq);
   if (parent_domain) unuse_pd(parent_domain);
   return 0;
 }
@@ -292,24 +317,32 @@ void to_ibv_wc(const Completion& c, ibv_wc& wc) {
 
 int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
   if (num_entries < 0) return -EINVAL;
+  const bool checking = check::enabled();
+  // ibv_poll_cq is an inline of verbs.h: the return address is the application's.
+  if (checking && check::used_after_destroy(check::ObjectKind::Cq, ibv, "ibv_poll_cq", __builtin_return_address(0)))
+      [[unlikely]]
+    return -EINVAL;
   state_of(ibv->context).progress();
   UninitializedArray<Completion, 16> batch;  // pop_completions writes what it returns
+  int polled = 0;
   if (adversary::enabled()) [[unlikely]] {
     adversary::maybe_stall();
     RingOf ring(to_cq(ibv));
     size_t want = std::min<size_t>(batch.size(), static_cast<size_t>(num_entries));
     size_t got = adversary::poll(memory_of(ibv->context), to_cq(ibv)->index, ring, std::span(batch.data(), want));
     for (size_t i = 0; i < got; ++i) to_ibv_wc(batch.items[i], wc[i]);
-    return static_cast<int>(got);
-  }  // pop_completions writes what it returns
-  int polled = 0;
-  while (polled < num_entries) {
-    size_t want = std::min<size_t>(batch.size(), static_cast<size_t>(num_entries - polled));
-    size_t got = pop_completions(to_cq(ibv), std::span(batch.data(), want));
-    for (size_t i = 0; i < got; ++i) to_ibv_wc(batch.items[i], wc[polled + static_cast<int>(i)]);
-    polled += static_cast<int>(got);
-    if (got < want) break;
+    polled = static_cast<int>(got);
+  } else {
+    while (polled < num_entries) {
+      size_t want = std::min<size_t>(batch.size(), static_cast<size_t>(num_entries - polled));
+      size_t got = pop_completions(to_cq(ibv), std::span(batch.data(), want));
+      for (size_t i = 0; i < got; ++i) to_ibv_wc(batch.items[i], wc[polled + static_cast<int>(i)]);
+      polled += static_cast<int>(got);
+      if (got < want) break;
+    }
   }
+  if (checking && polled > 0) [[unlikely]]
+    check::completions_polled(ibv, wc, polled);
   return polled;
 }
 

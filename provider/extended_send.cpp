@@ -20,9 +20,12 @@ namespace {
 
 ProviderQp* to_qp(ibv_qp_ex* qp) { return reinterpret_cast<ProviderQp*>(qp); }
 
-ibv_send_wr& begin_request(ibv_qp_ex* ex, ibv_wr_opcode opcode) {
+// Inlined into each ibv_wr_<opcode> entry, whose return address is then the
+// application's call site (the ibv_wr_* calls are inlines of verbs.h).
+[[gnu::always_inline]] inline ibv_send_wr& begin_request(ibv_qp_ex* ex, ibv_wr_opcode opcode) {
   ProviderQp* qp = to_qp(ex);
   BuiltRequest& built = qp->batch.emplace_back();
+  built.call_site = __builtin_return_address(0);
   built.wr.wr_id = ex->wr_id;
   built.wr.send_flags = ex->wr_flags;
   built.wr.opcode = opcode;
@@ -125,7 +128,8 @@ int wr_complete(ibv_qp_ex* ex) {
       built.wr.next = i + 1 < qp->batch.size() ? &qp->batch[i + 1].wr : nullptr;
     }
     ibv_send_wr* bad = nullptr;
-    error = post_send(&qp->verbs.qp, &qp->batch.front().wr, &bad);
+    error =
+        post_send_requests(&qp->verbs.qp, &qp->batch.front().wr, &bad, SendVerb::PostSend, nullptr, qp->batch.data());
   }
   wr_start(ex);
   return error;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 
+#include "checker/work_checks.h"
 #include "device/device_limits.h"
 #include "provider_context.h"
 #include "shm/shared_regions.h"
@@ -25,7 +26,10 @@ ibv_pd* alloc_pd(ibv_context* context) {
 }
 
 int dealloc_pd(ibv_pd* pd) {
-  if (to_pd(pd)->users.load(std::memory_order_relaxed) > 0) return EBUSY;
+  if (const int users = to_pd(pd)->users.load(std::memory_order_relaxed); users > 0) {
+    if (check::enabled()) check::pd_deallocating(pd, users, __builtin_return_address(0));
+    return EBUSY;
+  }
   std::unique_ptr<ProviderPd> owner(to_pd(pd));
   if (owner->is_parent_domain()) release_parent_domain(*owner);
   return 0;
@@ -98,6 +102,7 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
   mr->mr_type = abi::kMrTypeMr;
   mr->access = access_flags;
   use_pd(pd);
+  if (check::enabled()) check::mr_registered(&mr->ibv_mr, iova, access_flags);
   return &mr.release()->ibv_mr;
 }
 
@@ -167,6 +172,13 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
     return errno;
   }
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access_flags;
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    mr.addr = addr;  // libibverbs sets these too, after this returns
+    mr.length = length;
+  }
+  if (check::enabled())
+    check::mr_registered(&mr, (vmr->access & IBV_ACCESS_ZERO_BASED) ? 0 : reinterpret_cast<uint64_t>(mr.addr),
+                         vmr->access);
   if (flags & IBV_REREG_MR_CHANGE_PD) {
     unuse_pd(mr.pd);
     use_pd(pd);
@@ -176,6 +188,14 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
 }
 
 int dereg_mr(abi::verbs_mr* vmr) {
+  const bool checking = check::enabled();
+  if (checking) {
+    const void* call_site = __builtin_return_address(0);
+    if (check::used_after_destroy(check::ObjectKind::Mr, &vmr->ibv_mr, "ibv_dereg_mr", call_site)) return EINVAL;
+    check::mr_deregistering(
+        &vmr->ibv_mr, [](ibv_qp* qp) { return to_qp(qp)->device ? to_qp(qp)->device->outstanding_sends() : size_t{0}; },
+        call_site);
+  }
   DeviceMemory& memory = memory_of(vmr->ibv_mr.context);
   SharedBacking backing;
   bool removed = false, busy = false;
@@ -197,7 +217,11 @@ int dereg_mr(abi::verbs_mr* vmr) {
   if (!removed) return EINVAL;
   release_pages(backing);
   unuse_pd(vmr->ibv_mr.pd);
-  std::unique_ptr<abi::verbs_mr> owner(vmr);
+  if (checking)
+    check::quarantine(vmr->ibv_mr.context, check::ObjectKind::Mr, &vmr->ibv_mr,
+                      [vmr] { std::unique_ptr<abi::verbs_mr> owner(vmr); });
+  else
+    std::unique_ptr<abi::verbs_mr> owner(vmr);
   return 0;
 }
 

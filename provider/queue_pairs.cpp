@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 
+#include "checker/work_checks.h"
 #include "device/device_limits.h"
 #include "device/qp_state_machine.h"
 #include "device/queues.h"
@@ -134,6 +135,13 @@ namespace {
 int destroy_qp(ibv_qp* ibv) {
   ProviderQp* qp = to_qp(ibv);
   ContextState& state = state_of(ibv->context);
+  const bool checking = check::enabled();
+  if (checking) {
+    const void* call_site = __builtin_return_address(0);
+    if (check::used_after_destroy(check::ObjectKind::Qp, ibv, "ibv_destroy_qp", call_site)) return EINVAL;
+    check::qp_destroying(
+        ibv, [qp] { return qp->device ? qp->device->outstanding_sends() : size_t{0}; }, call_site);
+  }
   unregister_handle(HandleKind::Qp, ibv);
   if (ibv->qp_type == IBV_QPT_XRC_RECV) release_xrc_recv_handle(qp);
   qp->device.reset();
@@ -144,7 +152,10 @@ int destroy_qp(ibv_qp* ibv) {
     if (qp->srq) --qp->srq->qp_references;
   }
   if (ibv->pd) unuse_pd(ibv->pd);
-  delete_provider_object(qp);
+  if (checking && qp->storage.domain == nullptr)
+    check::quarantine(ibv->context, check::ObjectKind::Qp, ibv, [qp] { delete_provider_object(qp); });
+  else
+    delete_provider_object(qp);
   return 0;
 }
 
@@ -203,6 +214,9 @@ void apply_attributes(QpAttributes& a, const ibv_qp_attr& attr, int mask) {
 }
 
 int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
+  if (check::enabled() &&
+      check::used_after_destroy(check::ObjectKind::Qp, ibv, "ibv_modify_qp", __builtin_return_address(0)))
+    return EINVAL;
   ProviderQp* qp = to_qp(ibv);
   ContextState& state = state_of(ibv->context);
   QpRecord& record = record_of(qp);
@@ -230,6 +244,9 @@ int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
 }
 
 int query_qp(ibv_qp* ibv, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) {
+  if (check::enabled() &&
+      check::used_after_destroy(check::ObjectKind::Qp, ibv, "ibv_query_qp", __builtin_return_address(0)))
+    return EINVAL;
   ProviderQp* qp = to_qp(ibv);
   QpRecord& record = record_of(qp);
   SharedLock lock(record.lock);
@@ -281,11 +298,23 @@ int post_recv(ibv_qp* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
     *bad_wr = wr;
     return EINVAL;
   }
+  const bool checking = check::enabled();
+  if (checking) [[unlikely]] {
+    // ibv_post_recv is an inline of verbs.h: the return address is the application's.
+    if (check::used_after_destroy(check::ObjectKind::Qp, ibv, "ibv_post_recv", __builtin_return_address(0))) {
+      *bad_wr = wr;
+      return EINVAL;
+    }
+    check::receives_posting(ibv, nullptr, wr, __builtin_return_address(0));
+  }
   QpRecord& record = record_of(to_qp(ibv));
   DeviceMemory& memory = memory_of(ibv->context);
-  return post_receive_chain(ibv->context, wr, bad_wr, [&](uint64_t wr_id, std::span<const Sge> sges) {
+  const int error = post_receive_chain(ibv->context, wr, bad_wr, [&](uint64_t wr_id, std::span<const Sge> sges) {
     return post_receive(memory, record, wr_id, sges);
   });
+  if (checking && error != 0) [[unlikely]]
+    check::receives_not_posted(ibv, nullptr, *bad_wr);
+  return error;
 }
 static_assert(sizeof(Sge) == sizeof(ibv_sge) && offsetof(Sge, lkey) == offsetof(ibv_sge, lkey));
 
@@ -364,11 +393,19 @@ int translate_send(const ibv_qp* qp, const QpRecord& record, const ibv_send_wr* 
 
 }  // namespace
 
+// ibv_post_send is an inline of verbs.h: the return address is the
+// application's call site.
 int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
-  return post_send_requests(ibv, wr, bad_wr, SendVerb::PostSend);
+  return post_send_requests(ibv, wr, bad_wr, SendVerb::PostSend, __builtin_return_address(0));
 }
 
-int post_send_requests(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr, SendVerb verb) {
+int post_send_requests(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr, SendVerb verb, const void* call_site,
+                       const BuiltRequest* built) {
+  const bool checking = check::enabled();
+  if (checking && check::refuses_post(ibv, wr, call_site)) [[unlikely]] {
+    *bad_wr = wr;
+    return EINVAL;
+  }
   ProviderQp* qp = to_qp(ibv);
   if (!qp->device) {  // an opened XRC_RECV QP: no send queue anywhere
     *bad_wr = wr;
@@ -376,7 +413,7 @@ int post_send_requests(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr, SendV
   }
   QpRecord& record = record_of(qp);
   DeviceQp::PostBatch batch(*qp->device);
-  for (; wr != nullptr; wr = wr->next) {
+  for (size_t i = 0; wr != nullptr; wr = wr->next, ++i) {
     SendWqe& wqe = batch.blank_wqe();
     int error = translate_send(ibv, record, wr, wqe, verb);
     if (error == 0) error = batch.post(wqe);
@@ -384,6 +421,9 @@ int post_send_requests(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr, SendV
       *bad_wr = wr;
       return error;
     }
+    if (checking) [[unlikely]]
+      check::send_posted(ibv, *wr, (wr->send_flags & IBV_SEND_SIGNALED) || record.signal_all, record.caps.max_send_wr,
+                         built ? built[i].call_site : call_site);
   }
   return 0;
 }

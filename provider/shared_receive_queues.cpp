@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 
+#include "checker/work_checks.h"
 #include "device/queues.h"
 #include "device/receive_queue.h"
 #include "handle_registry.h"
@@ -133,6 +134,7 @@ int destroy_srq(ibv_srq* ibv) {
   ContextState& state = state_of(ibv->context);
   {
     std::lock_guard guard(state.qps_mutex);
+    if (check::enabled()) check::srq_destroying(ibv, srq->qp_references, __builtin_return_address(0));
     if (srq->qp_references > 0) return EBUSY;
     if (srq->cq) --srq->cq->qp_references;
   }
@@ -153,11 +155,19 @@ int destroy_srq(ibv_srq* ibv) {
 }
 
 int post_srq_recv(ibv_srq* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  // XRC SRQs' receives complete for QPs of other processes: not followed.
+  const bool checking = check::enabled() && to_srq(ibv)->xrcd == nullptr;
+  // ibv_post_srq_recv is an inline of verbs.h: the return address is the application's.
+  if (checking) [[unlikely]]
+    check::receives_posting(nullptr, ibv, wr, __builtin_return_address(0));
   SrqRecord& record = record_of(to_srq(ibv));
   DeviceMemory& memory = memory_of(ibv->context);
-  return post_receive_chain(ibv->context, wr, bad_wr, [&](uint64_t wr_id, std::span<const Sge> sges) {
+  const int error = post_receive_chain(ibv->context, wr, bad_wr, [&](uint64_t wr_id, std::span<const Sge> sges) {
     return post_srq_receive(memory, record, wr_id, sges);
   });
+  if (checking && error != 0) [[unlikely]]
+    check::receives_not_posted(nullptr, ibv, *bad_wr);
+  return error;
 }
 
 }  // namespace

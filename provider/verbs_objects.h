@@ -225,6 +225,7 @@ int post_receive_chain(ibv_context* context, ibv_recv_wr* wr, ibv_recv_wr** bad_
 // A work request built with the ibv_wr_* calls, posted at ibv_wr_complete.
 struct BuiltRequest {
   ibv_send_wr wr{};
+  const void* call_site = nullptr;  // the ibv_wr_<opcode> call's, for the verbs checker
   std::vector<ibv_sge> sges;
   std::vector<uint8_t> inline_bytes;
 };
@@ -261,7 +262,10 @@ int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr);
 // Which verb posts: ibv_post_send, or ibv_bind_mw (the one way to bind a
 // type 1 window; a BIND_MW work request binds type 2 windows only).
 enum class SendVerb : uint8_t { PostSend, BindMw };
-int post_send_requests(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr, SendVerb verb);
+// `call_site`: the application's call of the verb, or per request those of
+// `built` (ibv_wr_complete's batch), for the verbs checker's reports.
+int post_send_requests(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr, SendVerb verb,
+                       const void* call_site = nullptr, const BuiltRequest* built = nullptr);
 // The ibv_wr_* entries of a QP made with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
 

@@ -28,11 +28,16 @@ struct DownOptions {
   std::string name = "softverbs0";
   bool all = false;
 };
+// --check: the verbs checker (docs/checking.md); Error also makes the exit
+// status non-zero if anything was reported.
+enum class CheckMode { Off, Report, Error };
 struct RunOptions {
   bool use_namespace = true;
   std::optional<std::string> trace_file;  // --trace: as `softverbs trace -o FILE`
   std::optional<uint64_t> adversarial_seed;  // --adversarial[=SEED]: SOFTVERBS_ADVERSARIAL for CMD
   std::vector<std::string> command;
+  CheckMode check = CheckMode::Off;
+  std::string check_report;  // --check-report FILE; empty: none
 };
 struct TraceOptions {
   std::string file;

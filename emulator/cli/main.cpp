@@ -67,8 +67,9 @@ class CommandLine {
     int parsed_argc = argc;
     const std::string_view verb = argc > 1 ? argv[1] : "";
     if (verb == "run" || verb == "trace") {
-      const std::vector<std::string_view> with_value =
-          verb == "run" ? std::vector<std::string_view>{"--trace"} : std::vector<std::string_view>{"-o", "--output"};
+      const std::vector<std::string_view> with_value = verb == "run"
+                                                           ? std::vector<std::string_view>{"--trace", "--check-report"}
+                                                           : std::vector<std::string_view>{"-o", "--output"};
       std::vector<std::string>& command = verb == "run" ? run.command : trace.command;
       for (int i = 2; i < argc; ++i) {
         const std::string_view word = argv[i];
@@ -103,6 +104,7 @@ class CommandLine {
   }
 
   UpOptions up;
+  std::string check_text;  // run --check's value: empty (report), report or error
   std::string transport_text, faults_text;
   DownOptions down;
   std::string status_name;
@@ -173,7 +175,8 @@ class CommandLine {
         "which the devices appear under /sys/class/infiniband and /dev/infiniband, so tools that read /sys\n"
         "directly see them too; a non-root user gets a user namespace for that and keeps their uid inside.\n"
         "Exit status: CMD's; 127 if CMD cannot be found, 126 if it cannot be run, 1 if the devices cannot\n"
-        "be provided, 2 on bad usage.");
+        "be provided, 2 on bad usage. With --check=error: 1 if CMD exited 0 but the checker reported\n"
+        "something in any of its processes (128+N if CMD was killed by signal N).");
     run_command->add_flag("--no-namespace", no_namespace,
                           "use only environment variables (SYSFS_PATH, RDMAV_DRIVERS, LD_PRELOAD); needs "
                           "/dev/infiniband/uverbsN (`sudo softverbs up`)");
@@ -196,6 +199,15 @@ class CommandLine {
                   return digits ? std::string() : "SEED must be a whole number";
                 },
                 "SEED"));
+    run_command
+        ->add_option("--check", check_text,
+                     "check the program's use of the verbs and report misuse on stderr (docs/checking.md); "
+                     "--check=error also makes the exit status non-zero if anything was reported")
+        ->expected(0, 1)
+        ->check(CLI::IsMember({"", "report", "error"}));
+    run_command
+        ->add_option("--check-report", run.check_report, "with --check: also append each report to FILE as a JSON line")
+        ->type_name("FILE");
     // CMD and everything after it are CMD's, its options included: they are
     // split off before CLI11 parses (see below), which sees run's own options.
     run_command->add_option("CMD", run_placeholder, "the program and its arguments (after `--` if it starts with -)");
@@ -313,6 +325,10 @@ int main(int argc, char** argv) {
     if (line.adversarial_option->count() > 0)
       line.run.adversarial_seed =
           line.adversarial_text.empty() ? random_u64() >> 1 : std::stoull(line.adversarial_text);
+    if (line.run_command->count("--check") > 0)
+      line.run.check = line.check_text == "error" ? CheckMode::Error : CheckMode::Report;
+    if (!line.run.check_report.empty() && line.run.check == CheckMode::Off)
+      return CommandLine::usage_error(*line.run_command, "--check-report needs --check");
     if (line.run.command.empty()) return CommandLine::usage_error(*line.run_command, "no command given");
     return command_run(line.run);
   }

@@ -1,10 +1,14 @@
 // `softverbs run -- CMD ARGS...`: runs an unmodified program with the
 // softverbs devices available, replacing this process with it.
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -25,6 +29,44 @@ std::string missing_device_fix(const std::vector<DeviceConfig>& devices, const s
   return "cannot provide " + entries + " (" + why + ").\nFix: run `sudo softverbs up` once (root creates " + entries +
          "), or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu "
          "24.04 also sysctl kernel.apparmor_restrict_unprivileged_userns=0).";
+}
+
+// --check=error: the program's child, whose signals this process forwards.
+volatile sig_atomic_t checked_child = 0;
+
+void forward_signal(int signal_number) {
+  if (checked_child > 0) kill(checked_child, signal_number);
+}
+
+// Runs `argv` as a child and returns its exit status, or 1 if it exited 0
+// but a process of it reported a finding (a byte each in `count_file`).
+int run_and_count_reports(std::vector<char*>& argv, const std::string& count_file) {
+  const pid_t child = fork();
+  if (child < 0) {
+    report_error(std::string("run: fork: ") + std::strerror(errno));
+    return kExitFailure;
+  }
+  if (child == 0) {
+    execvp(argv[0], argv.data());
+    const int saved = errno;
+    report_error(std::string("run: cannot run '") + argv[0] + "': " + std::strerror(saved));
+    _exit(saved == ENOENT ? 127 : 126);
+  }
+  checked_child = child;
+  struct sigaction forward {};
+  forward.sa_handler = forward_signal;
+  sigemptyset(&forward.sa_mask);
+  for (const int signal_number : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal_number, &forward, nullptr);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  struct stat counted {};
+  const bool reported = stat(count_file.c_str(), &counted) == 0 && counted.st_size > 0;
+  std::error_code ignored;
+  std::filesystem::remove_all(std::filesystem::path(count_file).parent_path(), ignored);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  const int code = WEXITSTATUS(status);
+  return code == 0 && reported ? 1 : code;
 }
 
 }  // namespace
@@ -88,6 +130,21 @@ int command_run(const RunOptions& options) {
   std::vector<char*> argv;
   for (const std::string& word : options.command) argv.push_back(const_cast<char*>(word.c_str()));
   argv.push_back(nullptr);
+  if (options.check != CheckMode::Off) {
+    setenv("SOFTVERBS_CHECK", options.check == CheckMode::Error ? "error" : "report", 1);
+    if (!options.check_report.empty())
+      setenv("SOFTVERBS_CHECK_REPORT", std::filesystem::absolute(options.check_report).c_str(), 1);
+  }
+  if (options.check == CheckMode::Error) {
+    char directory[] = "/tmp/softverbs-check.XXXXXX";
+    if (mkdtemp(directory) == nullptr) {
+      report_error(std::string("run: cannot make a directory in /tmp: ") + std::strerror(errno));
+      return kExitFailure;
+    }
+    const std::string count_file = std::string(directory) + "/reports";
+    setenv("SOFTVERBS_CHECK_COUNT", count_file.c_str(), 1);
+    return run_and_count_reports(argv, count_file);
+  }
   execvp(argv[0], argv.data());
   int saved = errno;
   report_error(std::string("run: cannot run '") + argv[0] + "': " + std::strerror(saved));

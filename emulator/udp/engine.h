@@ -88,6 +88,11 @@ class PortEngine : public TransportPort {
     std::lock_guard guard(mutex_);
     return qps_.count(qpn) != 0;
   }
+  size_t outstanding_sends(uint32_t qpn) {
+    std::lock_guard guard(mutex_);
+    const UdpQp* qp = find(qpn);
+    return qp == nullptr ? 0 : qp->requester.queue.size();
+  }
   int join_group(const Gid& group, uint32_t qpn);
   void leave_group(const Gid& group, uint32_t qpn);
   void leave_groups(uint32_t qpn);

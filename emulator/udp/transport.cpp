@@ -70,6 +70,7 @@ std::optional<udp::Path> UdpTransport::resolve_path(int sgid_index, const Gid& d
 int UdpTransport::sync_qp(int qp_index) { return engine_->sync_qp(qp_index); }
 void UdpTransport::forget_qp(uint32_t qpn) { engine_->forget_qp(qpn); }
 bool UdpTransport::carries(uint32_t qpn) const { return engine_->carries(qpn); }
+size_t UdpTransport::outstanding_sends(uint32_t qpn) const { return engine_->outstanding_sends(qpn); }
 int UdpTransport::join_group(const Gid& group, uint32_t qpn) { return engine_->join_group(group, qpn); }
 void UdpTransport::leave_group(const Gid& group, uint32_t qpn) { engine_->leave_group(group, qpn); }
 void UdpTransport::leave_groups(uint32_t qpn) { engine_->leave_groups(qpn); }

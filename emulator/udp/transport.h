@@ -67,6 +67,8 @@ class UdpTransport {
   // Drops the QP's state without completions (destroy).
   void forget_qp(uint32_t qpn);
   bool carries(uint32_t qpn) const;
+  // The QP's send work requests posted and not yet completed.
+  size_t outstanding_sends(uint32_t qpn) const;
 
   // UD multicast over IP multicast: QP `qpn` of this process receives what
   // is sent to `group` (Gid::is_multicast) on the device's netdev, from this

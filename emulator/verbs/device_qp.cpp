@@ -63,6 +63,13 @@ std::unique_ptr<DeviceQp> DeviceQp::create(DeviceContext& context, QpSetup& setu
   return std::make_unique<DeviceQp>(context, index, setup.send_cq, setup.srq >= 0);
 }
 
+size_t DeviceQp::outstanding_sends() {
+  std::lock_guard guard(mutex_);
+  size_t outstanding = waiting_.size();
+  if (over_udp_) outstanding += context_.udp_transport()->outstanding_sends(qpn_);
+  return outstanding;
+}
+
 void DeviceQp::set_owner_handle(uint64_t handle) {
   QpRecord& qp = record();
   SharedLock lock(qp.lock);

@@ -56,6 +56,10 @@ class DeviceQp {
   void set_owner_handle(uint64_t handle);
   // Serializes the send queue and state changes.
   std::mutex& mutex() { return mutex_; }
+  // The send work requests posted and not yet completed by the device
+  // (whether or not their completions were polled): the verbs checker's
+  // question at destroy and deregistration.
+  size_t outstanding_sends();
 
   // Under mutex(): takes the QP from `current` to `target` with attributes
   // `next` (already checked against the state machine). At INIT->RTR this
