@@ -13,6 +13,7 @@
 #include "device/device_clock.h"
 #include "device/event_socket.h"
 #include "device/receive_queue.h"
+#include "checker/unacknowledged_events.h"
 #include "handle_registry.h"
 #include "provider_context.h"
 #include "support/small_vector.h"
@@ -189,7 +190,7 @@ int destroy_cq(ibv_cq* ibv) {
     std::lock_guard guard(state.qps_mutex);
     if (cq->qp_references > 0) return EBUSY;
   }
-  unregister_handle(HandleKind::Cq, ibv);
+  check::unacknowledged_at_destroy(ibv, unregister_handle(HandleKind::Cq, ibv));
   CqRecord& record = state.memory->shared().cqs[cq->index];
   uint64_t ring, bytes;
   {

@@ -16,6 +16,7 @@
 
 #include "device/device_limits.h"
 #include "event_kinds.h"
+#include "checker/unacknowledged_events.h"
 #include "handle_registry.h"
 #include "host/device_registry.h"
 #include "host/netdev.h"
@@ -208,6 +209,7 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
 
 void free_context(ibv_context* ibv_context) {
   ProviderContext* context = to_provider(ibv_context);
+  check::unacknowledged_at_close(ibv_context);
   unregister_handle(HandleKind::Context, ibv_context);
   user_records().closed(context->state->config, address_to_text(context->state->async_address));
   std::destroy_at(&context->state);

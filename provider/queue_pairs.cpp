@@ -12,6 +12,7 @@
 #include "device/qp_state_machine.h"
 #include "device/queues.h"
 #include "device/receive_queue.h"
+#include "checker/unacknowledged_events.h"
 #include "handle_registry.h"
 #include "provider_context.h"
 #include "verbs/device_qp.h"
@@ -134,7 +135,7 @@ namespace {
 int destroy_qp(ibv_qp* ibv) {
   ProviderQp* qp = to_qp(ibv);
   ContextState& state = state_of(ibv->context);
-  unregister_handle(HandleKind::Qp, ibv);
+  check::unacknowledged_at_destroy(ibv, unregister_handle(HandleKind::Qp, ibv));
   if (ibv->qp_type == IBV_QPT_XRC_RECV) release_xrc_recv_handle(qp);
   qp->device.reset();
   {

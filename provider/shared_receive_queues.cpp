@@ -8,6 +8,7 @@
 
 #include "device/queues.h"
 #include "device/receive_queue.h"
+#include "checker/unacknowledged_events.h"
 #include "handle_registry.h"
 #include "provider_context.h"
 #include "verbs_objects.h"
@@ -137,7 +138,7 @@ int destroy_srq(ibv_srq* ibv) {
     if (srq->cq) --srq->cq->qp_references;
   }
   if (srq->xrcd) srq->xrcd->users.fetch_sub(1, std::memory_order_relaxed);
-  unregister_handle(HandleKind::Srq, ibv);
+  check::unacknowledged_at_destroy(ibv, unregister_handle(HandleKind::Srq, ibv));
   SrqRecord& record = record_of(srq);
   uint64_t ring, bytes;
   {

@@ -33,4 +33,8 @@ LibraryPaths locate_libraries() {
   return paths;
 }
 
+std::filesystem::path check_preload_path(const LibraryPaths& libraries) {
+  return libraries.preload.parent_path() / "libsoftverbs-check.so";
+}
+
 }  // namespace softverbs::cli

@@ -16,5 +16,7 @@ struct LibraryPaths {
 };
 
 LibraryPaths locate_libraries();
+// libsoftverbs-check.so, which `softverbs run` preloads in check mode.
+std::filesystem::path check_preload_path(const LibraryPaths& libraries);
 
 }  // namespace softverbs::cli
