@@ -10,10 +10,11 @@
 #include <mutex>
 #include <vector>
 
+#include "checker/cq_overrun.h"
+#include "checker/unacknowledged_events.h"
 #include "device/device_clock.h"
 #include "device/event_socket.h"
 #include "device/receive_queue.h"
-#include "checker/unacknowledged_events.h"
 #include "handle_registry.h"
 #include "provider_context.h"
 #include "support/small_vector.h"
@@ -73,6 +74,7 @@ ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* ch
     record.channel = channel_address;
     record.owner_async = state.async_address;
     record.stamps_completions = timestamps ? 1 : 0;
+    record.lost_completions = 0;
   }
   if (parent_domain) {
     cq->parent_domain = parent_domain;
@@ -115,6 +117,7 @@ int next_poll_ex(ibv_cq_ex* ibv) {
 int start_poll_ex(ibv_cq_ex* ibv, ibv_poll_cq_attr* attr) {
   if (attr != nullptr && attr->comp_mask != 0) return EINVAL;
   state_of(ibv->context).progress();
+  check::report_cq_overrun(*to_cq(ibv));
   return next_poll_ex(ibv);
 }
 
@@ -190,6 +193,7 @@ int destroy_cq(ibv_cq* ibv) {
     std::lock_guard guard(state.qps_mutex);
     if (cq->qp_references > 0) return EBUSY;
   }
+  check::report_cq_overrun(*cq);
   check::unacknowledged_at_destroy(ibv, unregister_handle(HandleKind::Cq, ibv));
   CqRecord& record = state.memory->shared().cqs[cq->index];
   uint64_t ring, bytes;
@@ -267,6 +271,7 @@ void to_ibv_wc(const Completion& c, ibv_wc& wc) {
 int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
   if (num_entries < 0) return -EINVAL;
   state_of(ibv->context).progress();
+  check::report_cq_overrun(*to_cq(ibv));
   UninitializedArray<Completion, 16> batch;  // pop_completions writes what it returns
   int polled = 0;
   while (polled < num_entries) {

@@ -15,6 +15,7 @@ set(check2_examples
   "registered_memory_freed|registered-memory-freed|2|unmap_while_registered free_while_registered"
   "unacknowledged_events|unacknowledged-events|1|destroy_without_ack"
   "fork_with_registered_memory|fork-with-registered-memory|1|fork_child"
+  "cq_overrun|cq-overrun|1|main"
 )
 
 foreach(entry IN LISTS check2_examples)
