@@ -8,11 +8,12 @@
 #include <memory>
 #include <mutex>
 
+#include "checker/access_rules.h"
+#include "checker/unacknowledged_events.h"
 #include "device/device_limits.h"
 #include "device/qp_state_machine.h"
 #include "device/queues.h"
 #include "device/receive_queue.h"
-#include "checker/unacknowledged_events.h"
 #include "handle_registry.h"
 #include "provider_context.h"
 #include "verbs/device_qp.h"
@@ -366,6 +367,8 @@ int translate_send(const ibv_qp* qp, const QpRecord& record, const ibv_send_wr* 
 }  // namespace
 
 int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  // ibv_post_send is inline: this return address is the application's.
+  check::access_rules_at_post(ibv, wr, __builtin_return_address(0));
   return post_send_requests(ibv, wr, bad_wr, SendVerb::PostSend);
 }
 

@@ -245,6 +245,7 @@ struct ProviderQp {
   std::shared_ptr<DeviceQp> device;
   ProviderXrcd* xrcd = nullptr;  // XRC_RECV: the domain handle it was made or opened through
   uint32_t qpn = 0;
+  uint8_t reported_access_rules = 0;  // check mode: the rules reported (checker/access_rules.cpp)
 };
 
 inline ProviderQp* to_qp(ibv_qp* qp) { return reinterpret_cast<ProviderQp*>(qp); }

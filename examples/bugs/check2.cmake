@@ -16,6 +16,7 @@ set(check2_examples
   "unacknowledged_events|unacknowledged-events|1|destroy_without_ack"
   "fork_with_registered_memory|fork-with-registered-memory|1|fork_child"
   "cq_overrun|cq-overrun|1|main"
+  "access_rule_relaxed|access-rule|1|post_read"
 )
 
 foreach(entry IN LISTS check2_examples)
