@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "checker/unacknowledged_events.h"
 #include "device/device_limits.h"
 #include "event_kinds.h"
-#include "checker/unacknowledged_events.h"
 #include "handle_registry.h"
 #include "host/device_registry.h"
 #include "host/netdev.h"

@@ -6,9 +6,9 @@
 #include <memory>
 #include <mutex>
 
+#include "checker/unacknowledged_events.h"
 #include "device/queues.h"
 #include "device/receive_queue.h"
-#include "checker/unacknowledged_events.h"
 #include "handle_registry.h"
 #include "provider_context.h"
 #include "verbs_objects.h"
