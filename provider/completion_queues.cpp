@@ -10,6 +10,8 @@
 #include <mutex>
 #include <vector>
 
+#include "checker/cq_overrun.h"
+#include "checker/unacknowledged_events.h"
 #include "checker/work_checks.h"
 #include "device/device_clock.h"
 #include "device/event_socket.h"
@@ -74,6 +76,7 @@ ProviderCq* create_cq_common(ibv_context* context, int cqe, ibv_comp_channel* ch
     record.channel = channel_address;
     record.owner_async = state.async_address;
     record.stamps_completions = timestamps ? 1 : 0;
+    record.lost_completions = 0;
   }
   if (parent_domain) {
     cq->parent_domain = parent_domain;
@@ -139,6 +142,7 @@ int start_poll_ex(ibv_cq_ex* ibv, ibv_poll_cq_attr* attr) {
                                                     __builtin_return_address(0)))
     return EINVAL;
   state_of(ibv->context).progress();
+  check::report_cq_overrun(*to_cq(ibv));
   if (adversary::enabled()) [[unlikely]] {
     ProviderCq* cq = to_cq(ibv);
     adversary::maybe_stall();
@@ -234,7 +238,8 @@ int destroy_cq(ibv_cq* ibv) {
       return EBUSY;
     }
   }
-  unregister_handle(HandleKind::Cq, ibv);
+  check::report_cq_overrun(*cq);
+  check::unacknowledged_at_destroy(ibv, unregister_handle(HandleKind::Cq, ibv));
   if (adversary::enabled()) [[unlikely]]
     adversary::forget_cq(*state.memory, cq->index);
   CqRecord& record = state.memory->shared().cqs[cq->index];
@@ -323,6 +328,7 @@ int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
       [[unlikely]]
     return -EINVAL;
   state_of(ibv->context).progress();
+  check::report_cq_overrun(*to_cq(ibv));
   UninitializedArray<Completion, 16> batch;  // pop_completions writes what it returns
   int polled = 0;
   if (adversary::enabled()) [[unlikely]] {

@@ -4,7 +4,8 @@
 
 #include <array>
 #include <mutex>
-#include <unordered_set>
+#include <unordered_map>
+#include <vector>
 
 #include "event_kinds.h"
 #include "preload_interface.h"
@@ -15,7 +16,7 @@ namespace {
 
 struct Registry {
   std::mutex mutex;
-  std::array<std::unordered_set<uint64_t>, 4> live;  // by HandleKind
+  std::array<std::unordered_map<uint64_t, DeliveredEvents>, 4> live;  // by HandleKind
 };
 
 Registry& registry() {
@@ -37,21 +38,69 @@ bool is_event_element_checked(const ibv_context* context, uint32_t event_type, u
   return is_valid_event(context, event_type, element);
 }
 
-const SoftverbsHandleValidator kValidator{kValidatorVersion, is_context, is_channel_cq, is_event_element_checked};
+// Counted only while the object is registered: a pointer the preload
+// validated may have been destroyed since.
+void count_event(HandleKind kind, uint64_t handle, uint32_t DeliveredEvents::*counter) {
+  Registry& r = registry();
+  std::lock_guard guard(r.mutex);
+  auto& live = r.live[static_cast<size_t>(kind)];
+  if (auto found = live.find(handle); found != live.end()) ++(found->second.*counter);
+}
+
+void cq_event_delivered(uint64_t cq) { count_event(HandleKind::Cq, cq, &DeliveredEvents::completion); }
+
+void async_event_delivered(uint32_t event_type, uint64_t element) {
+  switch (event_element(event_type)) {
+    case EventElement::Cq:
+      count_event(HandleKind::Cq, element, &DeliveredEvents::async);
+      break;
+    case EventElement::Qp:
+      count_event(HandleKind::Qp, element, &DeliveredEvents::async);
+      break;
+    case EventElement::Srq:
+      count_event(HandleKind::Srq, element, &DeliveredEvents::async);
+      break;
+    default:  // port and device events: ibv_ack_async_event counts none
+      break;
+  }
+}
+
+const SoftverbsHandleValidator kValidator{kValidatorVersion,        is_context,         is_channel_cq,
+                                          is_event_element_checked, cq_event_delivered, async_event_delivered};
 
 }  // namespace
 
 void register_handle(HandleKind kind, const void* handle) {
   Registry& r = registry();
   std::lock_guard guard(r.mutex);
-  r.live[static_cast<size_t>(kind)].insert(key(handle));
+  r.live[static_cast<size_t>(kind)][key(handle)] = DeliveredEvents{};
 }
 
-void unregister_handle(HandleKind kind, const void* handle) {
+DeliveredEvents unregister_handle(HandleKind kind, const void* handle) {
   Registry& r = registry();
   std::lock_guard guard(r.mutex);
-  r.live[static_cast<size_t>(kind)].erase(key(handle));
+  auto& live = r.live[static_cast<size_t>(kind)];
+  auto found = live.find(key(handle));
+  if (found == live.end()) return {};
+  const DeliveredEvents events = found->second;
+  live.erase(found);
+  return events;
 }
+
+namespace detail {
+void visit_live_handles(HandleKind kind, const ibv_context* context, void (*visit)(void*, uint64_t, DeliveredEvents),
+                        void* state) {
+  std::vector<std::pair<uint64_t, DeliveredEvents>> of_context;
+  {
+    Registry& r = registry();
+    std::lock_guard guard(r.mutex);
+    for (const auto& [handle, events] : r.live[static_cast<size_t>(kind)])
+      // The handle's context: the first member of ibv_cq, ibv_qp and ibv_srq.
+      if (*reinterpret_cast<ibv_context* const*>(handle) == context) of_context.emplace_back(handle, events);
+  }
+  for (const auto& [handle, events] : of_context) visit(state, handle, events);
+}
+}  // namespace detail
 
 bool is_live_handle(HandleKind kind, uint64_t handle) {
   Registry& r = registry();

@@ -14,9 +14,35 @@ namespace softverbs::provider {
 
 enum class HandleKind : uint8_t { Context, Cq, Qp, Srq };
 
+// The events the preload handed the application about one object (see
+// preload_interface.h): what ibv_ack_cq_events and ibv_ack_async_event
+// must have acknowledged before the object is destroyed.
+struct DeliveredEvents {
+  uint32_t completion = 0;  // a CQ's, from its completion channel
+  uint32_t async = 0;
+};
+
 void register_handle(HandleKind kind, const void* handle);
-void unregister_handle(HandleKind kind, const void* handle);
+// Forgets the handle; returns the events delivered about it.
+DeliveredEvents unregister_handle(HandleKind kind, const void* handle);
 bool is_live_handle(HandleKind kind, uint64_t handle);
+// The live handles of `kind` whose object belongs to `context`, with their
+// events (for ibv_close_device's check).
+template <typename Visit>
+void for_each_live_handle(HandleKind kind, const ibv_context* context, Visit visit);
+
+namespace detail {
+void visit_live_handles(HandleKind kind, const ibv_context* context, void (*visit)(void*, uint64_t, DeliveredEvents),
+                        void* state);
+}
+
+template <typename Visit>
+void for_each_live_handle(HandleKind kind, const ibv_context* context, Visit visit) {
+  detail::visit_live_handles(
+      kind, context,
+      [](void* state, uint64_t handle, DeliveredEvents events) { (*static_cast<Visit*>(state))(handle, events); },
+      &visit);
+}
 
 // The checks the preload makes, over this registry.
 const SoftverbsHandleValidator& handle_validator();

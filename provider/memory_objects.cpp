@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 
+#include "checker/registered_memory.h"
 #include "checker/work_checks.h"
 #include "device/device_limits.h"
 #include "provider_context.h"
@@ -33,6 +34,12 @@ int dealloc_pd(ibv_pd* pd) {
   std::unique_ptr<ProviderPd> owner(to_pd(pd));
   if (owner->is_parent_domain()) release_parent_domain(*owner);
   return 0;
+}
+
+// Whether a region pins pages of the process (the checks of registered
+// memory watch those): not an on-demand one, nor one of device memory.
+bool pins_process_memory(const void* address, int access) {
+  return address != nullptr && (access & IBV_ACCESS_ON_DEMAND) == 0;
 }
 
 // The IB access rights that make an HCA pin pages for writing.
@@ -103,6 +110,7 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
   mr->access = access_flags;
   use_pd(pd);
   if (check::enabled()) check::mr_registered(&mr->ibv_mr, iova, access_flags);
+  if (pins_process_memory(addr, access_flags)) check::region_registered(&mr->ibv_mr, addr, length);
   return &mr.release()->ibv_mr;
 }
 
@@ -171,6 +179,11 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
     errno = busy ? EBUSY : EINVAL;
     return errno;
   }
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    // libibverbs sets mr.addr and mr.length after this returns.
+    if (pins_process_memory(mr.addr, vmr->access)) check::region_deregistered(&mr);
+    if (pins_process_memory(addr, vmr->access)) check::region_registered(&mr, addr, length);
+  }
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access_flags;
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     mr.addr = addr;  // libibverbs sets these too, after this returns
@@ -215,6 +228,7 @@ int dereg_mr(abi::verbs_mr* vmr) {
   });
   if (busy) return EBUSY;
   if (!removed) return EINVAL;
+  if (pins_process_memory(vmr->ibv_mr.addr, vmr->access)) check::region_deregistered(&vmr->ibv_mr);
   release_pages(backing);
   unuse_pd(vmr->ibv_mr.pd);
   if (checking)

@@ -148,6 +148,7 @@ extern "C" __attribute__((visibility("default"))) int ibv_get_cq_event(ibv_comp_
     return -1;
   *cq = taken;
   *cq_context = taken->cq_context;
+  check->cq_event_delivered(reinterpret_cast<uint64_t>(taken));
   return 0;
 }
 
@@ -169,5 +170,7 @@ extern "C" __attribute__((visibility("default"))) int ibv_get_async_event(ibv_co
         return decoded.has_value();
       }) != 0)
     return -1;
+  // Every element pointer shares the union's first bytes.
+  check->async_event_delivered(event->event_type, reinterpret_cast<uint64_t>(event->element.cq));
   return 0;
 }

@@ -23,12 +23,17 @@ struct SoftverbsHandleValidator {
   // live CQ, QP or SRQ of it for the events about one, anything for port
   // and device events.
   bool (*is_event_element)(const ibv_context* context, uint32_t event_type, uint64_t element);
+  // The preload handed the application a completion event of `cq`, or an
+  // async event of `event_type` naming `element`: the provider counts them
+  // per object, to tell at a destroy whether all were acknowledged.
+  void (*cq_event_delivered)(uint64_t cq);
+  void (*async_event_delivered)(uint32_t event_type, uint64_t element);
 };
 
 using SoftverbsRegisterValidator = void (*)(const SoftverbsHandleValidator* validator);
 }
 
 namespace softverbs {
-inline constexpr uint32_t kValidatorVersion = 1;
+inline constexpr uint32_t kValidatorVersion = 2;
 inline constexpr const char* kRegisterValidatorSymbol = "softverbs_preload_register_validator";
 }  // namespace softverbs

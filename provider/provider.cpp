@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "checker/unacknowledged_events.h"
 #include "checker/work_checks.h"
 #include "device/device_limits.h"
 #include "event_kinds.h"
@@ -209,6 +210,7 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
 
 void free_context(ibv_context* ibv_context) {
   ProviderContext* context = to_provider(ibv_context);
+  check::unacknowledged_at_close(ibv_context);
   unregister_handle(HandleKind::Context, ibv_context);
   if (check::enabled()) check::release_quarantine(ibv_context);
   user_records().closed(context->state->config, address_to_text(context->state->async_address));

@@ -8,6 +8,8 @@
 #include <memory>
 #include <mutex>
 
+#include "checker/access_rules.h"
+#include "checker/unacknowledged_events.h"
 #include "checker/work_checks.h"
 #include "device/device_limits.h"
 #include "device/qp_state_machine.h"
@@ -142,7 +144,7 @@ int destroy_qp(ibv_qp* ibv) {
     check::qp_destroying(
         ibv, [qp] { return qp->device ? qp->device->outstanding_sends() : size_t{0}; }, call_site);
   }
-  unregister_handle(HandleKind::Qp, ibv);
+  check::unacknowledged_at_destroy(ibv, unregister_handle(HandleKind::Qp, ibv));
   if (ibv->qp_type == IBV_QPT_XRC_RECV) release_xrc_recv_handle(qp);
   qp->device.reset();
   {
@@ -396,6 +398,7 @@ int translate_send(const ibv_qp* qp, const QpRecord& record, const ibv_send_wr* 
 // ibv_post_send is an inline of verbs.h: the return address is the
 // application's call site.
 int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  check::access_rules_at_post(ibv, wr, __builtin_return_address(0));
   return post_send_requests(ibv, wr, bad_wr, SendVerb::PostSend, __builtin_return_address(0));
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 
+#include "checker/unacknowledged_events.h"
 #include "checker/work_checks.h"
 #include "device/queues.h"
 #include "device/receive_queue.h"
@@ -139,7 +140,7 @@ int destroy_srq(ibv_srq* ibv) {
     if (srq->cq) --srq->cq->qp_references;
   }
   if (srq->xrcd) srq->xrcd->users.fetch_sub(1, std::memory_order_relaxed);
-  unregister_handle(HandleKind::Srq, ibv);
+  check::unacknowledged_at_destroy(ibv, unregister_handle(HandleKind::Srq, ibv));
   SrqRecord& record = record_of(srq);
   uint64_t ring, bytes;
   {

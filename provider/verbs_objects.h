@@ -161,6 +161,7 @@ struct ProviderCq {
   // Where the ring's slots are, for polls: the record's copy is on the
   // producers' cache line. Under the ring's poll lock.
   uint64_t slots_offset = 0;
+  bool overrun_reported = false;  // check mode: its overrun was reported (checker/cq_overrun.h)
 };
 
 inline ProviderCq* to_cq(ibv_cq* cq) { return reinterpret_cast<ProviderCq*>(cq); }
@@ -245,6 +246,7 @@ struct ProviderQp {
   std::shared_ptr<DeviceQp> device;
   ProviderXrcd* xrcd = nullptr;  // XRC_RECV: the domain handle it was made or opened through
   uint32_t qpn = 0;
+  uint8_t reported_access_rules = 0;  // check mode: the rules reported (checker/access_rules.cpp)
 };
 
 inline ProviderQp* to_qp(ibv_qp* qp) { return reinterpret_cast<ProviderQp*>(qp); }

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -112,6 +113,83 @@ TEST_F(RcDataPath, CqOverrunRaisesACqErrorEvent) {
   ibv_ack_async_event(&event);
   EXPECT_EQ(ibv_destroy_qp(qp_a_), 0);
   qp_a_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(tiny), 0);
+}
+
+ibv_qp_state state_of(ibv_qp* qp) {
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  return ibv_query_qp(qp, &attr, IBV_QP_STATE, &init) == 0 ? attr.qp_state : IBV_QPS_UNKNOWN;
+}
+
+// Waits for the async event of `type`, skipping others (acknowledged).
+bool await_async_event(ibv_context* context, ibv_event_type type) {
+  for (int i = 0; i < 8; ++i) {
+    ibv_async_event event;
+    if (ibv_get_async_event(context, &event) != 0) return false;
+    const bool wanted = event.event_type == type;
+    ibv_ack_async_event(&event);
+    if (wanted) return true;
+  }
+  return false;
+}
+
+// Polls `cq` until the completion of `wr_id` (others are dropped).
+std::optional<ibv_wc> await_completion(ibv_cq* cq, uint64_t wr_id) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < give_up) {
+    ibv_wc wc{};
+    if (ibv_poll_cq(cq, 1, &wc) == 1 && wc.wr_id == wr_id) return wc;
+  }
+  return std::nullopt;
+}
+
+// An HCA moves the QP whose completion a full CQ lost to ERR: its later
+// work requests complete flushed (once the application makes room).
+TEST_F(RcDataPath, CqOverrunOnTheSendSideMovesTheQpToErrorAndLaterSendsFlush) {
+  ibv_cq* tiny = ibv_create_cq(context_, 1, nullptr, nullptr, 0);
+  ASSERT_NE(tiny, nullptr);
+  qp_a_ = make_qp(IBV_QPT_RC, tiny);
+  qp_b_ = make_qp(IBV_QPT_RC, cq_b_);
+  bring_up(IBV_QPT_RC);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, i, 0, 8, addr_b(0), mr_b_->rkey), 0);
+  ASSERT_TRUE(await_async_event(context_, IBV_EVENT_QP_FATAL));
+  EXPECT_EQ(state_of(qp_a_), IBV_QPS_ERR);
+  auto first = await_completion(tiny, 0);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->status, IBV_WC_SUCCESS);
+  ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 9, 0, 8, addr_b(0), mr_b_->rkey), 0);
+  auto later = await_completion(tiny, 9);
+  ASSERT_TRUE(later.has_value()) << "the WRITE posted after the overrun completes";
+  EXPECT_EQ(later->status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(ibv_destroy_qp(qp_a_), 0);
+  qp_a_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(tiny), 0);
+}
+
+TEST_F(RcDataPath, CqOverrunOnTheReceiveSideMovesTheQpToErrorAndLaterReceivesFlush) {
+  ibv_cq* tiny = ibv_create_cq(context_, 2, nullptr, nullptr, 0);
+  ASSERT_NE(tiny, nullptr);
+  ASSERT_EQ(tiny->cqe, 2);
+  qp_a_ = make_qp(IBV_QPT_RC, cq_a_);
+  qp_b_ = make_qp(IBV_QPT_RC, tiny);
+  bring_up(IBV_QPT_RC);
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_EQ(post_recv_b(100 + i, 0, 64), 0);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(post_a(IBV_WR_SEND, i, 0, 8), 0);
+  ASSERT_TRUE(await_async_event(context_, IBV_EVENT_QP_FATAL));
+  EXPECT_EQ(state_of(qp_b_), IBV_QPS_ERR);
+  auto received = poll_n(tiny, 2);
+  ASSERT_EQ(received.size(), 2u);
+  EXPECT_EQ(received[0].wr_id, 100u);
+  EXPECT_EQ(received[1].status, IBV_WC_SUCCESS);
+  // Room for two: the receive still queued (where its flush was not lost)
+  // and the one posted now.
+  ASSERT_EQ(post_recv_b(109, 0, 64), 0);
+  auto later = await_completion(tiny, 109);
+  ASSERT_TRUE(later.has_value()) << "the receive posted after the overrun completes";
+  EXPECT_EQ(later->status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
+  qp_b_ = nullptr;
   EXPECT_EQ(ibv_destroy_cq(tiny), 0);
 }
 

@@ -44,4 +44,8 @@ fs::path locate_trace_library() {
   return fs::exists(installed, ec) ? installed : fs::path();
 }
 
+std::filesystem::path check_preload_path(const LibraryPaths& libraries) {
+  return libraries.preload.parent_path() / "libsoftverbs-check.so";
+}
+
 }  // namespace softverbs::cli

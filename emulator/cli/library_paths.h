@@ -16,6 +16,8 @@ struct LibraryPaths {
 };
 
 LibraryPaths locate_libraries();
+// libsoftverbs-check.so, which `softverbs run` preloads in check mode.
+std::filesystem::path check_preload_path(const LibraryPaths& libraries);
 
 // libsoftverbs-trace.so, found the same way; empty if it is nowhere.
 std::filesystem::path locate_trace_library();

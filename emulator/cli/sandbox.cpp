@@ -133,7 +133,11 @@ Environment sandbox_environment(const DeviceRegistry& registry, const LibraryPat
   Environment environment;
   if (!namespaced) environment.emplace_back("SYSFS_PATH", registry.sysfs_root().string());
   environment.emplace_back("RDMAV_DRIVERS", libraries.provider_stem);
-  environment.emplace_back("LD_PRELOAD", prepend_path_list("LD_PRELOAD", libraries.preload.string(), ':'));
+  std::string preloads = libraries.preload.string();
+  // Check mode: the check preload (munmap and free of registered memory),
+  // which lives next to the preload.
+  if (std::getenv("SOFTVERBS_CHECK") != nullptr) preloads += ":" + check_preload_path(libraries).string();
+  environment.emplace_back("LD_PRELOAD", prepend_path_list("LD_PRELOAD", preloads, ':'));
   // Our librdmacm.so.1 first: rdma_cm programs get the emulated CM (which
   // hands over to the real library where a kernel rdma_cm exists).
   environment.emplace_back("LD_LIBRARY_PATH", prepend_path_list("LD_LIBRARY_PATH", libraries.rdmacm_dir.string(), ':'));

@@ -81,6 +81,10 @@ struct CqRecord {
   uint32_t stamps_completions = 0;
   SocketAddress channel;      // the owner's completion channel; length 0: none
   SocketAddress owner_async;  // the owner's async event socket (CQ errors)
+  // Completions lost to an overrun (the ring was full), and the first of
+  // them: what the owner's checker reports (`softverbs run --check`).
+  uint32_t lost_completions = 0;
+  Completion first_lost;
   CompletionRingHeader ring;  // its producers' and its consumer's halves on lines of their own
 };
 

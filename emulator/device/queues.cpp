@@ -132,10 +132,13 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
       send_async_event(cq.owner_async, cq.owner_handle, AsyncEventType::CqError);
     }
     if (!stored) {
-      // The QP whose completion was lost cannot go on: QP fatal, to its owner.
+      if (cq.lost_completions++ == 0) cq.first_lost = completion;
+      // The QP whose completion was lost cannot go on: QP fatal, to its owner
+      // (the caller moves it to ERR: see deliver_completion in queues.h).
       // (Its owner and handle never change while it lives: read unlocked,
       // since the caller may hold that QP's lock.)
-      if (const QpRecord* qp = memory.qp_by_number(completion.qp_num))
+      const QpRecord* qp = memory.qp_by_number(completion.qp_num);
+      if (qp != nullptr && load_state(*qp) != QpState::Error)
         send_async_event(qp->owner_async, qp->owner_handle, AsyncEventType::QpFatal);
     }
     bool solicited_match = solicited || completion.status != WcStatus::Success;
@@ -149,6 +152,11 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
   }
   if (wake) notify_channel(target);
   return stored;
+}
+
+void move_to_error_after_overrun(DeviceMemory& memory, uint32_t qpn) {
+  QpRecord* qp = memory.qp_by_number(qpn);
+  if (qp != nullptr && move_to_error(*qp, qpn)) flush_receive_queue(memory, *qp);
 }
 
 bool move_to_error(QpRecord& qp, uint32_t qpn) {

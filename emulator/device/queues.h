@@ -24,8 +24,16 @@ int post_receive(DeviceMemory& memory, QpRecord& qp, uint64_t wr_id, std::span<c
 int post_srq_receive(DeviceMemory& memory, SrqRecord& srq, uint64_t wr_id, std::span<const Sge> sges);
 
 // Pushes a completion into CQ `cq_index`, waking the owner's completion
-// channel if the CQ is armed for it. False if the CQ overflowed.
+// channel if the CQ is armed for it. False if the CQ overflowed: the CQ's
+// owner gets IBV_EVENT_CQ_ERR (once), the QP's IBV_EVENT_QP_FATAL, and the
+// caller moves the QP to ERR (as an HCA does), with move_to_error_after_overrun
+// where it holds no lock of that QP.
 bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& completion, bool solicited);
+
+// The QP of a completion deliver_completion could not store (`qpn`, live
+// in this device) goes to ERR; its receive queue flushes (the completions
+// land once the application makes room).
+void move_to_error_after_overrun(DeviceMemory& memory, uint32_t qpn);
 
 // While one lives on a thread, the completion channel wake-ups that
 // deliver_completion makes on that thread wait for flush() or its end

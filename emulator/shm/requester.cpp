@@ -226,7 +226,9 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
     *held = HeldReceive{true, received, receive.completion_cq(*target), target->pd_handle};
     return SendOutcome::Completed;
   }
-  deliver_completion(memory, receive.completion_cq(*target), received, request.flags & send_flag::kSolicited);
+  // An overrun CQ takes the QP to ERR, as on an HCA (its lock is held here).
+  if (!deliver_completion(memory, receive.completion_cq(*target), received, request.flags & send_flag::kSolicited))
+    set_state(*target, QpState::Error);
   return SendOutcome::Completed;
 }
 
@@ -324,7 +326,8 @@ void Execution::deliver_write_immediate(const ReceivePlacement& receive) {
   received.flags = wc_flag::kWithImm;
   received.qp_num = target_.qpn;
   received.src_qp = qp_.qpn;
-  deliver_completion(memory_, receive.completion_cq(target_), received, request_.flags & send_flag::kSolicited);
+  if (!deliver_completion(memory_, receive.completion_cq(target_), received, request_.flags & send_flag::kSolicited))
+    set_state(target_, QpState::Error);  // overrun (see place_send)
 }
 
 SendOutcome Execution::write() {
@@ -506,7 +509,8 @@ void invalidate_at_target(DeviceMemory& memory, const SendWqe& request, HeldRece
       if (target->live && target->qpn == received.qp_num) set_state(*target, QpState::Error);
     }
   }
-  deliver_completion(memory, held.recv_cq, received, request.flags & send_flag::kSolicited);
+  if (!deliver_completion(memory, held.recv_cq, received, request.flags & send_flag::kSolicited))
+    move_to_error_after_overrun(memory, received.qp_num);
 }
 
 }  // namespace

@@ -347,7 +347,13 @@ void complete_in_order(TransportPort& port, UdpQp& qp) {
       done = wqe.fully_sent() && psn_distance(wqe.last_psn(), r.acked_psn) <= 0;
     if (!done) break;
     if (wqe.holds_rd_atomic) --r.rd_atomic_in_flight;
-    if (wqe.signaled) deliver_completion(memory, qp.send_cq, completion_of(qp, wqe, WcStatus::Success), false);
+    if (wqe.signaled && !deliver_completion(memory, qp.send_cq, completion_of(qp, wqe, WcStatus::Success), false)) {
+      // The CQ overran: the QP goes to ERR and what follows flushes, as on an HCA.
+      r.queue.pop_front();
+      if (r.cursor > 0) --r.cursor;
+      enter_error(port, qp);
+      return;
+    }
     retired = true;
     r.queue.pop_front();
     if (r.cursor > 0) --r.cursor;

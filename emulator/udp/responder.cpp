@@ -102,8 +102,10 @@ void complete_receive(TransportPort& port, UdpQp& qp, WcStatus status, WcOpcode 
     c.flags |= wc_flag::kWithInvalidate;
   }
   bool solicited = packet != nullptr && packet->bth.solicited;
-  deliver_completion(port.memory(), s.receive_cq >= 0 ? s.receive_cq : qp.recv_cq, c, solicited);
   s.have_receive = false;
+  // An overrun CQ takes the QP to ERR, as on an HCA.
+  if (!deliver_completion(port.memory(), s.receive_cq >= 0 ? s.receive_cq : qp.recv_cq, c, solicited))
+    enter_error(port, qp);
 }
 
 // A request the responder cannot carry out (IBA class B/C/D errors on RC):
@@ -887,7 +889,7 @@ void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, c
     c.status = placed ? WcStatus::Success : WcStatus::LocalProtectionError;
     c.byte_len = placed ? static_cast<uint32_t>(total) : 0;
   }
-  deliver_completion(port.memory(), qp.recv_cq, c, packet.bth.solicited);
+  if (!deliver_completion(port.memory(), qp.recv_cq, c, packet.bth.solicited)) enter_error(port, qp);
 }
 
 }  // namespace softverbs::udp

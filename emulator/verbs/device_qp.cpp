@@ -115,7 +115,14 @@ DeviceQp::~DeviceQp() {
 
 QpRecord& DeviceQp::record() const { return memory_.shared().qps[index_]; }
 
-void DeviceQp::complete(const Completion& completion) { deliver_completion(memory_, send_cq_, completion, false); }
+void DeviceQp::complete(const Completion& completion) {
+  if (deliver_completion(memory_, send_cq_, completion, false)) return;
+  // The CQ overran: the QP goes to ERR, as on an HCA (once: the flushes of
+  // that move may be lost too).
+  if (load_state(record()) == QpState::Error) return;
+  enter_error_state();
+  if (over_udp_) context_.udp_transport()->sync_qp(index_);
+}
 
 void DeviceQp::complete_flushed(uint64_t wr_id) {
   Completion flushed;
