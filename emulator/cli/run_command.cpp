@@ -120,6 +120,12 @@ int command_run(const RunOptions& options) {
     return kExitFailure;
   }
 
+  // Before the environment is made: check mode adds the check preload to it.
+  if (options.check != CheckMode::Off) {
+    setenv("SOFTVERBS_CHECK", options.check == CheckMode::Error ? "error" : "report", 1);
+    if (!options.check_report.empty())
+      setenv("SOFTVERBS_CHECK_REPORT", std::filesystem::absolute(options.check_report).c_str(), 1);
+  }
   for (const auto& [name, value] : sandbox_environment(registry, libraries, namespaced))
     setenv(name.c_str(), value.c_str(), 1);
   if (options.trace_file && !prepare_trace(*options.trace_file, &error)) {
@@ -130,11 +136,6 @@ int command_run(const RunOptions& options) {
   std::vector<char*> argv;
   for (const std::string& word : options.command) argv.push_back(const_cast<char*>(word.c_str()));
   argv.push_back(nullptr);
-  if (options.check != CheckMode::Off) {
-    setenv("SOFTVERBS_CHECK", options.check == CheckMode::Error ? "error" : "report", 1);
-    if (!options.check_report.empty())
-      setenv("SOFTVERBS_CHECK_REPORT", std::filesystem::absolute(options.check_report).c_str(), 1);
-  }
   if (options.check == CheckMode::Error) {
     char directory[] = "/tmp/softverbs-check.XXXXXX";
     if (mkdtemp(directory) == nullptr) {

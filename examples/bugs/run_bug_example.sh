@@ -23,7 +23,7 @@ status=$?
 [ "$status" -eq 0 ] || fail "without check mode the example exits $status, not 0"
 grep -q "$check_id" "$work/plain.err" && fail "without check mode the example is reported"
 
-SOFTVERBS_CHECK=1 "$softverbs" run -- "$program" >"$work/check.out" 2>"$work/check.err"
+"$softverbs" run --check -- "$program" >"$work/check.out" 2>"$work/check.err"
 reports=$(grep -c "$check_id" "$work/check.err")
 [ "$reports" -ge "$count" ] || fail "check mode reported $check_id $reports times, not at least $count"
 grep '^expect: ' "$work/check.out" | sed 's/^expect: //' >"$work/expected"
