@@ -1,4 +1,4 @@
-# The examples of the checks of docs/checking-part2.md: each is run plainly
+# The examples of the checks of docs/checking.md: each is run plainly
 # and in check mode by run_bug_example.sh (see there).
 # SOFTVERBS_CHECK_CALL_SITES: whether the reports name the call site
 # symbolised (the checker's report does once it prints call sites).

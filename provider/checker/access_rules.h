@@ -1,5 +1,5 @@
 // Check: work that softverbs carries out although an HCA would not, because
-// of a rule softverbs does not enforce (docs/checking-part2.md lists the
+// of a rule softverbs does not enforce (docs/checking.md lists the
 // rules softverbs does enforce as HCAs do, and these it relaxes).
 #pragma once
 
