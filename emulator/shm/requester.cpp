@@ -27,6 +27,10 @@ namespace softverbs {
 
 namespace {
 
+// A target QP whose receive CQ overran while its lock was held: moved to ERR
+// there, its receive queue flushed by execute_send after the lock is let go.
+thread_local uint32_t overrun_target_qpn = 0;
+
 constexpr size_t kGrhBytes = 40;
 
 // A UD message must fit one packet of the path MTU.
@@ -226,9 +230,12 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
     *held = HeldReceive{true, received, receive.completion_cq(*target), target->pd_handle};
     return SendOutcome::Completed;
   }
-  // An overrun CQ takes the QP to ERR, as on an HCA (its lock is held here).
-  if (!deliver_completion(memory, receive.completion_cq(*target), received, request.flags & send_flag::kSolicited))
+  // An overrun CQ takes the QP to ERR, as on an HCA (its lock is held here:
+  // execute_send flushes its receive queue once it is let go).
+  if (!deliver_completion(memory, receive.completion_cq(*target), received, request.flags & send_flag::kSolicited)) {
     set_state(*target, QpState::Error);
+    overrun_target_qpn = target->qpn;
+  }
   return SendOutcome::Completed;
 }
 
@@ -326,8 +333,10 @@ void Execution::deliver_write_immediate(const ReceivePlacement& receive) {
   received.flags = wc_flag::kWithImm;
   received.qp_num = target_.qpn;
   received.src_qp = qp_.qpn;
-  if (!deliver_completion(memory_, receive.completion_cq(target_), received, request_.flags & send_flag::kSolicited))
+  if (!deliver_completion(memory_, receive.completion_cq(target_), received, request_.flags & send_flag::kSolicited)) {
     set_state(target_, QpState::Error);  // overrun (see place_send)
+    overrun_target_qpn = target_.qpn;
+  }
 }
 
 SendOutcome Execution::write() {
@@ -525,12 +534,21 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& requ
     completion.status = execute_local_operation(memory, qp.pd_handle, qp.qpn, request);
     return SendOutcome::Completed;
   }
-  if (!info.is(wr_mask::kInvalidate)) return execute_with_target(memory, qp, request, completion, nullptr);
-  // The invalidation takes the table's lock as a writer: after the
-  // placement has let go of it as a reader, and of the target's lock.
-  HeldReceive held;
-  const SendOutcome outcome = execute_with_target(memory, qp, request, completion, &held);
-  if (held.held) invalidate_at_target(memory, request, held, completion);
+  overrun_target_qpn = 0;
+  SendOutcome outcome;
+  if (!info.is(wr_mask::kInvalidate)) {
+    outcome = execute_with_target(memory, qp, request, completion, nullptr);
+  } else {
+    // The invalidation takes the table's lock as a writer: after the
+    // placement has let go of it as a reader, and of the target's lock.
+    HeldReceive held;
+    outcome = execute_with_target(memory, qp, request, completion, &held);
+    if (held.held) invalidate_at_target(memory, request, held, completion);
+  }
+  if (overrun_target_qpn != 0) {
+    if (QpRecord* target = memory.qp_by_number(overrun_target_qpn)) flush_receive_queue(memory, *target);
+    overrun_target_qpn = 0;
+  }
   return outcome;
 }
 

@@ -130,9 +130,15 @@ void PortEngine::take_request_locked(UdpQp& qp, const TransportPacket& packet, s
 void PortEngine::retry_awaiting_locked(UdpQp& qp, bool may_wait) {
   ResponderState& s = qp.responder;
   while (!s.awaiting_receive.empty()) {
-    const auto packet = parse(s.awaiting_receive.front());  // parsed once already: cannot fail
-    if (packet && responder_receive(*this, qp, *packet, may_wait) == Taken::AwaitsReceive) return;
+    // Taken off first: serving it can move the QP to error (a CQ overrun),
+    // which empties the queue under us.
+    auto bytes = std::move(s.awaiting_receive.front());
     s.awaiting_receive.pop_front();
+    const auto packet = parse(bytes);  // parsed once already: cannot fail
+    if (packet && responder_receive(*this, qp, *packet, may_wait) == Taken::AwaitsReceive) {
+      s.awaiting_receive.push_front(std::move(bytes));
+      return;
+    }
   }
   s.await_until = Clock::time_point::max();
   touched_.push_back(qp.qpn);
