@@ -104,7 +104,18 @@ struct CheckerState {
   std::unordered_map<const void*, ObjectKind> destroyed;
   std::unordered_map<const ibv_context*, std::vector<std::pair<const void*, std::function<void()>>>> quarantined;
   std::atomic<size_t> destroyed_count{0};
+  // Snapshot buffers of retired receives, reused by the next posts: a
+  // receive then costs a copy, not an allocation.
+  std::vector<std::vector<uint8_t>> spare_snapshots;
 };
+
+constexpr size_t kSpareSnapshots = 1024;
+
+void recycle(CheckerState& state, ReceiveRecord& record) {
+  if (record.snapshot.capacity() == 0 || state.spare_snapshots.size() >= kSpareSnapshots) return;
+  record.snapshot.clear();
+  state.spare_snapshots.push_back(std::move(record.snapshot));
+}
 
 CheckerState& checker() {
   static auto* state = new CheckerState;  // never destroyed: polls may come during exit
@@ -223,6 +234,7 @@ void receive_completed(CheckerState& state, QpTrack& track, const ibv_wc& wc) {
               .opcode = "ibv_post_recv",
               .call_site = match->call_site});
   }
+  recycle(state, *match);
   receives->erase(match);
 }
 
@@ -233,6 +245,10 @@ ReceiveRecord make_receive_record(CheckerState& state, const ibv_context* contex
   auto spans = resolve(state, context, std::span(wr.sg_list, static_cast<size_t>(wr.num_sge)));
   if (!spans) return record;
   record.buffers = std::move(*spans);
+  if (!state.spare_snapshots.empty()) {
+    record.snapshot = std::move(state.spare_snapshots.back());
+    state.spare_snapshots.pop_back();
+  }
   for (const Span& span : record.buffers) {
     const size_t take = std::min(span.length, kReceiveSnapshotBytes - record.snapshot.size());
     record.snapshot.insert(record.snapshot.end(), span.data, span.data + take);
@@ -305,8 +321,11 @@ void receives_not_posted(ibv_qp* qp, ibv_srq* srq, const ibv_recv_wr* first_refu
   } else if (auto found = state.qps.find(Key{qp->context, qp->qp_num}); found != state.qps.end()) {
     receives = &found->second.receives;
   }
-  for (const ibv_recv_wr* wr = first_refused; wr != nullptr && receives != nullptr && !receives->empty(); wr = wr->next)
+  for (const ibv_recv_wr* wr = first_refused; wr != nullptr && receives != nullptr && !receives->empty();
+       wr = wr->next) {
+    recycle(state, receives->back());
     receives->pop_back();
+  }
 }
 
 bool refuses_post(ibv_qp* qp, const ibv_send_wr* chain, const void* call_site) {
