@@ -1,5 +1,7 @@
 #include "checker/work_checks.h"
 
+#include <isa-l/crc64.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -23,35 +25,10 @@ namespace {
 // bytes beyond the message's byte_len are compared within them.
 constexpr size_t kReceiveSnapshotBytes = 4096;
 
-// A 64-bit hash that notices any change of a buffer (not a cryptographic
-// one): four independent multiply-rotate lanes over 8-byte words.
-uint64_t mix(uint64_t lane, uint64_t word) {
-  lane += word * 0x9e3779b97f4a7c15ULL;
-  lane = (lane << 31) | (lane >> 33);
-  return lane * 0xc2b2ae3d27d4eb4fULL;
-}
-
-uint64_t hash_bytes(const uint8_t* data, size_t length, uint64_t seed) {
-  uint64_t a = seed ^ length, b = seed + 1, c = seed + 2, d = seed + 3;
-  size_t i = 0;
-  for (; i + 32 <= length; i += 32) {
-    uint64_t w[4];
-    std::memcpy(w, data + i, 32);
-    a = mix(a, w[0]);
-    b = mix(b, w[1]);
-    c = mix(c, w[2]);
-    d = mix(d, w[3]);
-  }
-  for (; i + 8 <= length; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, data + i, 8);
-    a = mix(a, w);
-  }
-  uint64_t tail = 0;
-  std::memcpy(&tail, data + i, length - i);
-  b = mix(b, tail);
-  return mix(mix(a, b), mix(c, d));
-}
+// A 64-bit CRC of a buffer: notices any change of it, and ISA-L's folding
+// code reads at close to memory speed (the checker hashes every source byte
+// twice, at post and at completion).
+uint64_t hash_bytes(const uint8_t* data, size_t length, uint64_t seed) { return crc64_ecma_refl(seed, data, length); }
 
 // Work request opcodes whose local buffers the device reads.
 bool reads_local_buffers(int opcode) {
@@ -127,7 +104,18 @@ struct CheckerState {
   std::unordered_map<const void*, ObjectKind> destroyed;
   std::unordered_map<const ibv_context*, std::vector<std::pair<const void*, std::function<void()>>>> quarantined;
   std::atomic<size_t> destroyed_count{0};
+  // Snapshot buffers of retired receives, reused by the next posts: a
+  // receive then costs a copy, not an allocation.
+  std::vector<std::vector<uint8_t>> spare_snapshots;
 };
+
+constexpr size_t kSpareSnapshots = 1024;
+
+void recycle(CheckerState& state, ReceiveRecord& record) {
+  if (record.snapshot.capacity() == 0 || state.spare_snapshots.size() >= kSpareSnapshots) return;
+  record.snapshot.clear();
+  state.spare_snapshots.push_back(std::move(record.snapshot));
+}
 
 CheckerState& checker() {
   static auto* state = new CheckerState;  // never destroyed: polls may come during exit
@@ -220,13 +208,20 @@ void receive_completed(CheckerState& state, QpTrack& track, const ibv_wc& wc) {
   if (wc.status == IBV_WC_SUCCESS) {
     // The device wrote byte_len bytes from the start; nothing beyond.
     size_t offset = 0, changed_at = SIZE_MAX;
+    const size_t kept = match->snapshot.size();
     for (const Span& span : match->buffers) {
-      for (size_t i = 0; i < span.length && offset < match->snapshot.size(); ++i, ++offset)
-        if (offset >= wc.byte_len && span.data[i] != match->snapshot[offset]) {
-          changed_at = offset;
+      if (offset >= kept) break;
+      const size_t length = std::min(span.length, kept - offset);
+      if (offset + length > wc.byte_len) {
+        const size_t skip = wc.byte_len > offset ? wc.byte_len - offset : 0;
+        const uint8_t* now = span.data + skip;
+        const uint8_t* then = match->snapshot.data() + offset + skip;
+        if (std::memcmp(now, then, length - skip) != 0) {
+          changed_at = offset + skip + (std::mismatch(now, now + (length - skip), then).first - now);
           break;
         }
-      if (changed_at != SIZE_MAX || offset >= match->snapshot.size()) break;
+      }
+      offset += length;
     }
     if (changed_at != SIZE_MAX)
       report({.check = "receive-buffer-written",
@@ -239,6 +234,7 @@ void receive_completed(CheckerState& state, QpTrack& track, const ibv_wc& wc) {
               .opcode = "ibv_post_recv",
               .call_site = match->call_site});
   }
+  recycle(state, *match);
   receives->erase(match);
 }
 
@@ -249,6 +245,10 @@ ReceiveRecord make_receive_record(CheckerState& state, const ibv_context* contex
   auto spans = resolve(state, context, std::span(wr.sg_list, static_cast<size_t>(wr.num_sge)));
   if (!spans) return record;
   record.buffers = std::move(*spans);
+  if (!state.spare_snapshots.empty()) {
+    record.snapshot = std::move(state.spare_snapshots.back());
+    state.spare_snapshots.pop_back();
+  }
   for (const Span& span : record.buffers) {
     const size_t take = std::min(span.length, kReceiveSnapshotBytes - record.snapshot.size());
     record.snapshot.insert(record.snapshot.end(), span.data, span.data + take);
@@ -321,8 +321,11 @@ void receives_not_posted(ibv_qp* qp, ibv_srq* srq, const ibv_recv_wr* first_refu
   } else if (auto found = state.qps.find(Key{qp->context, qp->qp_num}); found != state.qps.end()) {
     receives = &found->second.receives;
   }
-  for (const ibv_recv_wr* wr = first_refused; wr != nullptr && receives != nullptr && !receives->empty(); wr = wr->next)
+  for (const ibv_recv_wr* wr = first_refused; wr != nullptr && receives != nullptr && !receives->empty();
+       wr = wr->next) {
+    recycle(state, receives->back());
     receives->pop_back();
+  }
 }
 
 bool refuses_post(ibv_qp* qp, const ibv_send_wr* chain, const void* call_site) {
