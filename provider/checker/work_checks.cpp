@@ -234,10 +234,35 @@ std::optional<uint64_t> hash_of(CheckerState& state, const ibv_context* context,
 
 std::string_view opcode_of(const SendRecord& record) { return send_opcode_name(record.opcode); }
 
+// The source bytes as a poll finds them. The sends one poll retires often
+// name the same buffer (an application posting one buffer again and
+// again): it is hashed once for them all, at the moment it would have been
+// for the first.
+class CurrentHashes {
+ public:
+  std::optional<uint64_t> of(CheckerState& state, const ibv_context* context, const std::vector<ibv_sge>& sges) {
+    if (last_sges_ == nullptr || !same(*last_sges_, sges)) {
+      last_hash_ = hash_of(state, context, sges);
+      last_sges_ = &sges;
+    }
+    return last_hash_;
+  }
+
+ private:
+  static bool same(const std::vector<ibv_sge>& a, const std::vector<ibv_sge>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const ibv_sge& x, const ibv_sge& y) {
+      return x.addr == y.addr && x.length == y.length && x.lkey == y.lkey;
+    });
+  }
+  const std::vector<ibv_sge>* last_sges_ = nullptr;
+  std::optional<uint64_t> last_hash_;
+};
+
 // A send retired by a polled completion: were its source bytes the same?
-void retire(CheckerState& state, const QpTracker& track, const SendRecord& record, bool succeeded) {
+void retire(CheckerState& state, const QpTracker& track, const SendRecord& record, bool succeeded,
+            CurrentHashes& current) {
   if (!succeeded || !record.hash) return;
-  const auto now = hash_of(state, track.qp->context, record.sges);
+  const auto now = current.of(state, track.qp->context, record.sges);
   if (!now || *now == *record.hash) return;
   report({.check = "send-buffer-modified",
           .what = "the source buffer of this work request changed between its post and its completion: an HCA "
@@ -261,9 +286,10 @@ void send_completed(CheckerState& state, QpTracker& track, const ibv_wc& wc) {
     while (match < sends.size() && sends[match].wr_id != wc.wr_id) ++match;
   }
   if (match == sends.size()) return;
+  CurrentHashes current;
   for (size_t i = 0; i <= match; ++i) {
     const SendRecord& record = sends[i];
-    retire(state, track, record, wc.status == IBV_WC_SUCCESS);
+    retire(state, track, record, wc.status == IBV_WC_SUCCESS, current);
     if (record.signaled) {
       --track.signaled_in_sends;
       track.unreaped_reported = false;
@@ -319,9 +345,10 @@ void receive_completed(CheckerState& state, QpTracker& track, const ibv_wc& wc) 
   // and its response, as rping's): the sends' buffers are checked now, and
   // no longer. An application may reuse them once the answer is in, though
   // its CQ may list the answer before the send's own completion.
+  CurrentHashes current;
   for (size_t i = 0; i < track.sends.size(); ++i) {
     SendRecord& record = track.sends[i];
-    retire(state, track, record, true);
+    retire(state, track, record, true, current);
     record.hash.reset();
   }
   if (track.qp->srq == nullptr) {
