@@ -142,7 +142,8 @@ int start_poll_ex(ibv_cq_ex* ibv, ibv_poll_cq_attr* attr) {
                                                     __builtin_return_address(0)))
     return EINVAL;
   state_of(ibv->context).progress();
-  check::report_cq_overrun(*to_cq(ibv));
+  if (check::enabled()) [[unlikely]]
+    check::report_cq_overrun(*to_cq(ibv));
   if (adversary::enabled()) [[unlikely]] {
     ProviderCq* cq = to_cq(ibv);
     adversary::maybe_stall();
@@ -238,8 +239,11 @@ int destroy_cq(ibv_cq* ibv) {
       return EBUSY;
     }
   }
-  check::report_cq_overrun(*cq);
-  check::unacknowledged_at_destroy(ibv, unregister_handle(HandleKind::Cq, ibv));
+  const DeliveredEvents handle_events = unregister_handle(HandleKind::Cq, ibv);
+  if (checking) {
+    check::report_cq_overrun(*cq);
+    check::unacknowledged_at_destroy(ibv, handle_events);
+  }
   if (adversary::enabled()) [[unlikely]]
     adversary::forget_cq(*state.memory, cq->index);
   CqRecord& record = state.memory->shared().cqs[cq->index];
@@ -328,7 +332,8 @@ int poll_cq(ibv_cq* ibv, int num_entries, ibv_wc* wc) {
       [[unlikely]]
     return -EINVAL;
   state_of(ibv->context).progress();
-  check::report_cq_overrun(*to_cq(ibv));
+  if (check::enabled()) [[unlikely]]
+    check::report_cq_overrun(*to_cq(ibv));
   UninitializedArray<Completion, 16> batch;  // pop_completions writes what it returns
   int polled = 0;
   if (adversary::enabled()) [[unlikely]] {

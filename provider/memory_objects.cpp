@@ -110,7 +110,7 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
   mr->access = access_flags;
   use_pd(pd);
   if (check::enabled()) check::mr_registered(&mr->ibv_mr, iova, access_flags);
-  if (pins_process_memory(addr, access_flags)) check::region_registered(&mr->ibv_mr, addr, length);
+  if (check::enabled() && pins_process_memory(addr, access_flags)) check::region_registered(&mr->ibv_mr, addr, length);
   return &mr.release()->ibv_mr;
 }
 
@@ -181,8 +181,8 @@ int rereg_mr(abi::verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t lengt
   }
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     // libibverbs sets mr.addr and mr.length after this returns.
-    if (pins_process_memory(mr.addr, vmr->access)) check::region_deregistered(&mr);
-    if (pins_process_memory(addr, vmr->access)) check::region_registered(&mr, addr, length);
+    if (check::enabled() && pins_process_memory(mr.addr, vmr->access)) check::region_deregistered(&mr);
+    if (check::enabled() && pins_process_memory(addr, vmr->access)) check::region_registered(&mr, addr, length);
   }
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access_flags;
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
@@ -226,9 +226,15 @@ int dereg_mr(abi::verbs_mr* vmr) {
     backing = region->backing;
     removed = true;
   });
-  if (busy) return EBUSY;
-  if (!removed) return EINVAL;
-  if (pins_process_memory(vmr->ibv_mr.addr, vmr->access)) check::region_deregistered(&vmr->ibv_mr);
+  if (busy || !removed) {
+    // It stays: so does the checker's record of it.
+    if (checking)
+      check::mr_registered(&vmr->ibv_mr,
+                           (vmr->access & IBV_ACCESS_ZERO_BASED) ? 0 : reinterpret_cast<uint64_t>(vmr->ibv_mr.addr),
+                           vmr->access);
+    return busy ? EBUSY : EINVAL;
+  }
+  if (checking && pins_process_memory(vmr->ibv_mr.addr, vmr->access)) check::region_deregistered(&vmr->ibv_mr);
   release_pages(backing);
   unuse_pd(vmr->ibv_mr.pd);
   if (checking)

@@ -65,7 +65,6 @@ UserRecords& user_records() {
   return records;
 }
 
-
 abi::verbs_device* alloc_device(abi::verbs_sysfs_dev*) {
   auto device = std::make_unique<ProviderDevice>();
   return &device.release()->verbs;

@@ -165,7 +165,7 @@ struct ProviderCq {
   // Where the ring's slots are, for polls: the record's copy is on the
   // producers' cache line. Under the ring's poll lock.
   uint64_t slots_offset = 0;
-  bool overrun_reported = false;  // check mode: its overrun was reported (checker/cq_overrun.h)
+  std::atomic<bool> overrun_reported{false};  // check mode: its overrun was reported (checker/cq_overrun.h)
 };
 
 inline ProviderCq* to_cq(ibv_cq* cq) { return reinterpret_cast<ProviderCq*>(cq); }

@@ -8,12 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace bugs {
+#include "loopback.h"
 
-[[noreturn]] inline void fail(const char* what) {
-  std::perror(what);
-  std::exit(2);
-}
+namespace bugs {
 
 struct Device {
   ibv_context* context = nullptr;
@@ -52,47 +49,13 @@ inline ibv_qp* create_rc_qp(Device& device, ibv_cq* cq) {
   return qp;
 }
 
-// Takes `qp` to RTS, connected to the QP numbered `remote_qpn` of this device.
-inline void connect(Device& device, ibv_qp* qp, uint32_t remote_qpn) {
-  ibv_qp_attr attr{};
-  attr.qp_state = IBV_QPS_INIT;
-  attr.port_num = 1;
-  attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  if (ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-    fail("modify to INIT");
-  attr = {};
-  attr.qp_state = IBV_QPS_RTR;
-  attr.path_mtu = IBV_MTU_1024;
-  attr.dest_qp_num = remote_qpn;
-  attr.max_dest_rd_atomic = 1;
-  attr.min_rnr_timer = 12;
-  attr.ah_attr.is_global = 1;
-  attr.ah_attr.grh.dgid = device.gid;
-  attr.ah_attr.grh.hop_limit = 1;
-  attr.ah_attr.port_num = 1;
-  if (ibv_modify_qp(qp, &attr,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    fail("modify to RTR");
-  attr = {};
-  attr.qp_state = IBV_QPS_RTS;
-  attr.timeout = 14;
-  attr.retry_cnt = 7;
-  attr.rnr_retry = 7;
-  attr.max_rd_atomic = 1;
-  if (ibv_modify_qp(qp, &attr,
-                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                        IBV_QP_MAX_QP_RD_ATOMIC))
-    fail("modify to RTS");
-}
-
 // A pair of connected RC QPs on `cq`.
 struct QpPair {
   ibv_qp* a;
   ibv_qp* b;
   QpPair(Device& device, ibv_cq* cq) : a(create_rc_qp(device, cq)), b(create_rc_qp(device, cq)) {
-    connect(device, a, b->qp_num);
-    connect(device, b, a->qp_num);
+    connect(a, b->qp_num, device.gid);
+    connect(b, a->qp_num, device.gid);
   }
 };
 
@@ -111,13 +74,10 @@ inline void post_write(ibv_qp* qp, ibv_mr* source, uint32_t length, uint64_t rem
 }
 
 // Waits for one completion on `cq`; exits on an error status.
-inline ibv_wc wait_completion(ibv_cq* cq) {
-  ibv_wc wc{};
-  int got;
-  while ((got = ibv_poll_cq(cq, 1, &wc)) == 0) {
-  }
-  if (got < 0 || wc.status != IBV_WC_SUCCESS) {
-    std::fprintf(stderr, "completion failed: %s\n", got < 0 ? "poll" : ibv_wc_status_str(wc.status));
+inline ibv_wc wait_success(ibv_cq* cq) {
+  ibv_wc wc = wait_completion(cq);
+  if (wc.status != IBV_WC_SUCCESS) {
+    std::fprintf(stderr, "completion failed: %s\n", ibv_wc_status_str(wc.status));
     std::exit(2);
   }
   return wc;

@@ -49,7 +49,7 @@ int main() {
   for (int round = 1; round <= kRounds && bad_round < 0; ++round) {
     std::fill(source.begin(), source.end(), static_cast<unsigned char>(round));
     bugs::post_write(pair.a, source_mr, kBytes, reinterpret_cast<uint64_t>(target.data()), target_mr->rkey, round);
-    bugs::wait_completion(cq);
+    bugs::wait_success(cq);
     while (checked < round && bad_round < 0) std::this_thread::yield();  // the receiver is done with this round
   }
   receiver.join();

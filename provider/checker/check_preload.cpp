@@ -53,6 +53,19 @@ bool glibc_chunks = false;
 // A report's own allocations and frees are not checked.
 thread_local bool reporting __attribute__((tls_model("initial-exec"))) = false;
 
+// Marks this thread as in the library: the table's own reallocations (whose
+// old buffers go through free() here) must not come back for the lock held.
+class InLibrary {
+ public:
+  InLibrary() : outer_(reporting) { reporting = true; }
+  ~InLibrary() { reporting = outer_; }
+  InLibrary(const InLibrary&) = delete;
+  InLibrary& operator=(const InLibrary&) = delete;
+
+ private:
+  bool outer_;
+};
+
 __attribute__((constructor)) void resolve_real_functions() {
   real_free = reinterpret_cast<FreeFunction>(dlsym(RTLD_NEXT, "free"));
   real_munmap = reinterpret_cast<MunmapFunction>(dlsym(RTLD_NEXT, "munmap"));
@@ -66,6 +79,7 @@ void report_if_covered(uint64_t start, uint64_t length, const char* verb, const 
   const uint64_t end = start + length;
   std::vector<Region> hit;
   {
+    InLibrary inside;
     std::lock_guard guard(regions_mutex);
     for (const Region& region : regions())
       if (region.start < end && start < region.end) hit.push_back(region);
@@ -99,12 +113,14 @@ void check_freed_chunk(void* pointer, const void* call_site) {
 }
 
 void registered(uint64_t identity, uint64_t start, uint64_t length) {
+  InLibrary inside;
   std::lock_guard guard(regions_mutex);
   regions().push_back(Region{identity, start, start + length});
   live_regions.fetch_add(1, std::memory_order_release);
 }
 
 void deregistered(uint64_t identity) {
+  InLibrary inside;
   std::lock_guard guard(regions_mutex);
   auto& table = regions();
   auto found = std::find_if(table.begin(), table.end(), [&](const Region& r) { return r.identity == identity; });

@@ -8,7 +8,7 @@
 namespace softverbs::provider::check {
 
 void report_cq_overrun(ProviderCq& cq) {
-  if (!enabled() || cq.overrun_reported) return;
+  if (!enabled() || cq.overrun_reported.load(std::memory_order_relaxed)) return;
   CqRecord& record = memory_of(cq.verbs.cq.context).shared().cqs[cq.index];
   if (std::atomic_ref<uint32_t>(record.lost_completions).load(std::memory_order_relaxed) == 0) return;
   uint32_t lost;
@@ -18,7 +18,7 @@ void report_cq_overrun(ProviderCq& cq) {
     lost = record.lost_completions;
     first = record.first_lost;
   }
-  cq.overrun_reported = true;
+  if (cq.overrun_reported.exchange(true)) return;  // another polling thread reports it
   Finding finding;
   finding.check = "cq-overrun";
   finding.what = "the CQ (" + std::to_string(cq.verbs.cq.cqe) + " entries) overran: " + std::to_string(lost) +

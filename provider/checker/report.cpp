@@ -126,10 +126,7 @@ CodeLocation locate_call(const void* return_address) {
   return location;
 }
 
-bool enabled() {
-  static const bool on = std::getenv("SOFTVERBS_CHECK") != nullptr;
-  return on;
-}
+const bool detail::kEnabled = std::getenv("SOFTVERBS_CHECK") != nullptr;
 
 namespace {
 

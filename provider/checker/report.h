@@ -16,9 +16,14 @@
 
 namespace softverbs::provider::check {
 
+namespace detail {
+extern const bool kEnabled;
+}
+
 // Whether this process runs under `softverbs run --check` (SOFTVERBS_CHECK
-// is set in its environment). Read once; cheap to call on every post.
-bool enabled();
+// is set in its environment): read once at load, one load and branch on
+// every post and poll.
+inline bool enabled() { return detail::kEnabled; }
 
 struct Finding {
   std::string_view check;  // stable identifier, e.g. "send-buffer-modified" (documented in docs/checking.md)

@@ -550,10 +550,11 @@ void mr_deregistering(const ibv_mr* mr, const std::function<size_t(ibv_qp*)>& ou
 }
 
 void qp_destroying(ibv_qp* qp, const std::function<size_t()>& count_outstanding, const void* call_site) {
-  // Up to 200 ms for what is in flight (over UDP a send stays outstanding
-  // until its ACK): the report is for sends that would never complete.
+  // Up to a second for what is in flight (over UDP a send stays outstanding
+  // until its ACK, later on a loaded machine): the report is for sends that
+  // would never complete.
   size_t outstanding_sends = count_outstanding();
-  for (int i = 0; i < 200 && outstanding_sends > 0; ++i) {
+  for (int i = 0; i < 1000 && outstanding_sends > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     outstanding_sends = count_outstanding();
   }
