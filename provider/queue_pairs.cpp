@@ -426,12 +426,8 @@ int post_send_requests(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr, SendV
       if (checking) [[unlikely]]
         check::send_posting(ibv, *wr, wqe.signaled, built ? built[i].call_site : call_site);
       error = batch.post(wqe);
-      if (checking) [[unlikely]] {
-        if (error == 0)
-          check::send_posted(ibv);
-        else
-          check::send_not_posted(ibv);
-      }
+      if (checking && error != 0) [[unlikely]]
+        check::send_not_posted(ibv);
     }
     if (error != 0) {
       *bad_wr = wr;

@@ -388,6 +388,12 @@ void send_posting(ibv_qp* qp, const ibv_send_wr& wr, bool signaled, const void* 
   std::optional<uint64_t> hash;
   if (has_buffers && reads_local_buffers(wr.opcode)) hash = hash_of(state, qp->context, sges);
   std::lock_guard guard(track.mutex);
+  // Past a full queue the oldest are dropped (an HCA's post would fail);
+  // one more is kept until the next post, in case this one is refused.
+  while (track.sends.size() > track.max_send_wr) {
+    if (track.sends.front().signaled) --track.signaled_in_sends;
+    track.sends.pop_front();
+  }
   SendRecord& record = track.sends.push_back();
   record.wr_id = wr.wr_id;
   record.call_site = call_site;
@@ -396,6 +402,17 @@ void send_posting(ibv_qp* qp, const ibv_send_wr& wr, bool signaled, const void* 
   record.hash = hash;
   record.sges.assign(sges.begin(), sges.end());
   if (signaled) ++track.signaled_in_sends;
+  if (!track.unreaped_reported && track.signaled_in_sends == 0 && track.sends.size() >= track.max_send_wr) {
+    track.unreaped_reported = true;
+    report({.check = "unsignaled-sends-not-reaped",
+            .what = "this post fills the send queue (max_send_wr " + std::to_string(track.max_send_wr) +
+                    ") with unsignaled work requests only: an HCA frees send queue slots only when a later "
+                    "signaled completion is polled, so the next post fails with ENOMEM",
+            .qp_num = qp->qp_num,
+            .wr_id = wr.wr_id,
+            .opcode = send_opcode_name(wr.opcode),
+            .call_site = call_site});
+  }
 }
 
 void send_not_posted(ibv_qp* qp) {
@@ -404,29 +421,6 @@ void send_not_posted(ibv_qp* qp) {
   if (track.sends.empty()) return;
   if (track.sends.back().signaled) --track.signaled_in_sends;
   track.sends.pop_back();
-}
-
-void send_posted(ibv_qp* qp) {
-  QpTracker& track = tracker_of(checker(), qp);
-  std::lock_guard guard(track.mutex);
-  if (!track.unreaped_reported && !track.sends.empty() && track.signaled_in_sends == 0 &&
-      track.sends.size() >= track.max_send_wr) {
-    const SendRecord& record = track.sends.back();
-    track.unreaped_reported = true;
-    report({.check = "unsignaled-sends-not-reaped",
-            .what = "this post fills the send queue (max_send_wr " + std::to_string(track.max_send_wr) +
-                    ") with unsignaled work requests only: an HCA frees send queue slots only when a later "
-                    "signaled completion is polled, so the next post fails with ENOMEM",
-            .qp_num = qp->qp_num,
-            .wr_id = record.wr_id,
-            .opcode = opcode_of(record),
-            .call_site = record.call_site});
-  }
-  // Past a full queue the oldest are dropped (an HCA's post would fail).
-  while (track.sends.size() > track.max_send_wr) {
-    if (track.sends.front().signaled) --track.signaled_in_sends;
-    track.sends.pop_front();
-  }
 }
 
 void receives_posting(ibv_qp* qp, ibv_srq* srq, const ibv_recv_wr* chain, const void* call_site) {

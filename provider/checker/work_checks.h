@@ -22,10 +22,9 @@ namespace softverbs::provider::check {
 struct QpTracker;
 
 // A send work request about to be handed to the device, followed from
-// before its post so that no completion comes first; then the device's
-// answer: accepted, or refused (its record is dropped).
+// before its post so that no completion comes first; if the device
+// refuses it, send_not_posted drops it again.
 void send_posting(ibv_qp* qp, const ibv_send_wr& wr, bool signaled, const void* call_site);
-void send_posted(ibv_qp* qp);
 void send_not_posted(ibv_qp* qp);
 // A chain of receives about to be posted to a QP's own receive queue (srq
 // null) or to an SRQ (qp null): followed from before the post, so that no
