@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "checker/access_rules.h"
+#include "checker/registered_memory.h"
 #include "checker/unacknowledged_events.h"
 #include "checker/work_checks.h"
 #include "device/device_limits.h"
@@ -308,6 +309,7 @@ int post_recv(ibv_qp* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
       return EINVAL;
     }
     check::receives_posting(ibv, nullptr, wr, __builtin_return_address(0));
+    check::freed_regions_at_receive(ibv, wr, __builtin_return_address(0));
   }
   QpRecord& record = record_of(to_qp(ibv));
   DeviceMemory& memory = memory_of(ibv->context);
@@ -398,8 +400,10 @@ int translate_send(const ibv_qp* qp, const QpRecord& record, const ibv_send_wr* 
 // ibv_post_send is an inline of verbs.h: the return address is the
 // application's call site.
 int post_send(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
-  if (check::enabled()) [[unlikely]]
+  if (check::enabled()) [[unlikely]] {
     check::access_rules_at_post(ibv, wr, __builtin_return_address(0));
+    check::freed_regions_at_send(ibv, wr, __builtin_return_address(0));
+  }
   return post_send_requests(ibv, wr, bad_wr, SendVerb::PostSend, __builtin_return_address(0));
 }
 

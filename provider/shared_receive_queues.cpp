@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 
+#include "checker/registered_memory.h"
 #include "checker/unacknowledged_events.h"
 #include "checker/work_checks.h"
 #include "device/queues.h"
@@ -161,6 +162,7 @@ int post_srq_recv(ibv_srq* ibv, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   // ibv_post_srq_recv is an inline of verbs.h: the return address is the application's.
   if (checking) [[unlikely]]
     check::receives_posting(nullptr, ibv, wr, __builtin_return_address(0));
+  check::freed_regions_at_receive(nullptr, wr, __builtin_return_address(0));
   SrqRecord& record = record_of(to_srq(ibv));
   DeviceMemory& memory = memory_of(ibv->context);
   const int error = post_receive_chain(ibv->context, wr, bad_wr, [&](uint64_t wr_id, std::span<const Sge> sges) {

@@ -12,7 +12,7 @@ endif()
 
 set(check2_examples
   # example                      check id                      reports  call site functions
-  "registered_memory_freed|registered-memory-freed|2|unmap_while_registered free_while_registered"
+  "registered_memory_freed|registered-memory-freed|2|write_after_unmap write_after_free"
   "unacknowledged_events|unacknowledged-events|1|destroy_without_ack"
   "fork_with_registered_memory|fork-with-registered-memory|1|fork_child"
   "cq_overrun|cq-overrun|1|main"

@@ -88,14 +88,9 @@ void report_if_covered(uint64_t start, uint64_t length, const char* verb, const 
   if (hit.empty() || to == nullptr) return;
   reporting = true;
   for (const Region& region : hit) {
-    char what[400];
-    std::snprintf(what, sizeof what,
-                  "%s of [0x%" PRIx64 ", 0x%" PRIx64 ") while a memory region registered over [0x%" PRIx64
-                  ", 0x%" PRIx64
-                  ") is live: an HCA keeps the old pages pinned and goes on reading and writing them, unseen by "
-                  "whatever is mapped there next (deregister the region first)",
-                  verb, start, end, region.start, region.end);
-    to->report("registered-memory-freed", what, call_site);
+    char what[200];
+    std::snprintf(what, sizeof what, "%s of [0x%" PRIx64 ", 0x%" PRIx64 ")", verb, start, end);
+    to->freed(region.identity, what, call_site);
   }
   reporting = false;
 }

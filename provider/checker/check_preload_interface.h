@@ -1,7 +1,7 @@
 // How the provider and libsoftverbs-check.so (the check preload, loaded by
 // `softverbs run` in check mode only) talk: the provider tells it which
 // ranges registered regions cover; it interposes munmap and free, and
-// reports through the provider a range freed under a live region. The
+// tells the provider of each live region a range freed lies under. The
 // provider finds the preload's attach function with dlsym, as it finds the
 // event preload's (preload_interface.h).
 #pragma once
@@ -13,9 +13,10 @@ extern "C" {
 // What the provider offers the check preload.
 struct SoftverbsCheckReporter {
   uint32_t version;  // kCheckPreloadVersion
-  // A report of `check` (a check id) with the stack of the calling thread;
-  // `call_site` is the application's return address in munmap or free.
-  void (*report)(const char* check, const char* what, const void* call_site);
+  // Memory under the region `identity` was given back (`what`: by which
+  // call, which range); `call_site` is the application's return address in
+  // munmap or free. Called on the freeing thread.
+  void (*freed)(uint64_t identity, const char* what, const void* call_site);
 };
 
 // What the check preload offers the provider: the live regions, each named
@@ -30,6 +31,6 @@ using SoftverbsAttachCheckPreload = const SoftverbsCheckedRegions* (*)(const Sof
 }
 
 namespace softverbs {
-inline constexpr uint32_t kCheckPreloadVersion = 1;
+inline constexpr uint32_t kCheckPreloadVersion = 2;
 inline constexpr const char* kAttachCheckPreloadSymbol = "softverbs_check_preload_attach";
 }  // namespace softverbs

@@ -198,6 +198,8 @@ void append_to(const char* path, const std::string& text) {
 
 }  // namespace
 
+std::string describe_call_site(const void* return_address) { return describe(locate_call(return_address)); }
+
 void report(const Finding& finding) {
   static std::mutex reporting;  // one report at a time: addr2line is spawned for each
   std::lock_guard guard(reporting);

@@ -37,6 +37,9 @@ struct Finding {
 
 void report(const Finding& finding);
 
+// Where `return_address` (an application's call) is: function, file:line, object.
+std::string describe_call_site(const void* return_address);
+
 // The name of a send opcode and a work completion opcode, for reports.
 std::string_view send_opcode_name(int ibv_wr_opcode);
 std::string_view completion_opcode_name(int ibv_wc_opcode);
