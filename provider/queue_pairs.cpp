@@ -424,14 +424,19 @@ int post_send_requests(ibv_qp* ibv, ibv_send_wr* wr, ibv_send_wr** bad_wr, SendV
   for (size_t i = 0; wr != nullptr; wr = wr->next, ++i) {
     SendWqe& wqe = batch.blank_wqe();
     int error = translate_send(ibv, record, wr, wqe, verb);
-    if (error == 0) error = batch.post(wqe);
+    if (error == 0) {
+      // Followed before the device has it: on shared memory the send may
+      // run inside the post and be polled by another thread at once.
+      if (checking) [[unlikely]]
+        check::send_posting(ibv, *wr, wqe.signaled, built ? built[i].call_site : call_site);
+      error = batch.post(wqe);
+      if (checking && error != 0) [[unlikely]]
+        check::send_not_posted(ibv);
+    }
     if (error != 0) {
       *bad_wr = wr;
       return error;
     }
-    if (checking) [[unlikely]]
-      check::send_posted(ibv, *wr, (wr->send_flags & IBV_SEND_SIGNALED) || record.signal_all, record.caps.max_send_wr,
-                         built ? built[i].call_site : call_site);
   }
   return 0;
 }

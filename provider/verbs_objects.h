@@ -16,6 +16,10 @@
 
 namespace softverbs::provider {
 
+namespace check {
+struct QpTracker;
+}
+
 // The verbs ABI's values and the emulator's are the same numbers; say so.
 static_assert(IBV_QP_STATE == qp_attr::kState && IBV_QP_DEST_QPN == qp_attr::kDestQpn &&
               IBV_QP_MAX_DEST_RD_ATOMIC == qp_attr::kMaxDestRdAtomic && IBV_QP_CAP == qp_attr::kCapabilities);
@@ -246,7 +250,8 @@ struct ProviderQp {
   std::shared_ptr<DeviceQp> device;
   ProviderXrcd* xrcd = nullptr;  // XRC_RECV: the domain handle it was made or opened through
   uint32_t qpn = 0;
-  uint8_t reported_access_rules = 0;  // check mode: the rules reported (checker/access_rules.cpp)
+  uint8_t reported_access_rules = 0;                // check mode: the rules reported (checker/access_rules.cpp)
+  std::atomic<check::QpTracker*> checker{nullptr};  // check mode: its work requests (checker/work_checks.cpp)
 };
 
 inline ProviderQp* to_qp(ibv_qp* qp) { return reinterpret_cast<ProviderQp*>(qp); }

@@ -17,8 +17,15 @@ namespace softverbs::provider::check {
 
 // ---- posts and polls
 
-// A send work request the device accepted. `max_send_wr` is the QP's.
-void send_posted(ibv_qp* qp, const ibv_send_wr& wr, bool signaled, uint32_t max_send_wr, const void* call_site);
+// One QP's outstanding work requests (work_checks.cpp); the provider's QP
+// points at it once the QP's first work request is posted.
+struct QpTracker;
+
+// A send work request about to be handed to the device, followed from
+// before its post so that no completion comes first; if the device
+// refuses it, send_not_posted drops it again.
+void send_posting(ibv_qp* qp, const ibv_send_wr& wr, bool signaled, const void* call_site);
+void send_not_posted(ibv_qp* qp);
 // A chain of receives about to be posted to a QP's own receive queue (srq
 // null) or to an SRQ (qp null): followed from before the post, so that no
 // completion comes first. Those from `first_refused` on were not posted.
