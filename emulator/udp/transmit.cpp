@@ -76,6 +76,12 @@ void PortEngine::transmit(UdpQp& qp, const Path& path, uint32_t destination_qpn,
   const bool capturing = memory_->shared().capture.active.load(std::memory_order_relaxed);
   FaultSettings settings = fault_settings_for(qp);
   FaultDecision decision = qp.faults.decide(settings);
+  if (adversarial_faults_ && !fault_override_ && decision.action == FaultAction::Drop &&
+      wire::opcode_info(packet.bth.opcode).response()) [[unlikely]]
+    // A lost answer to a program's last request is retried into a peer that
+    // may have finished (rdma-core's pingpongs exit on their last
+    // completion): adversarial mode loses requests only.
+    decision.action = FaultAction::Deliver;
   const bool as_built = !settings.any() || (decision.action == FaultAction::Deliver && !decision.corrupt);
 
   if (as_built) {
