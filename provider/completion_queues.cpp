@@ -113,27 +113,31 @@ struct RingOf final : adversary::CqPoller {
   ProviderCq* cq;
 };
 
-DeviceMemory& memory_of_cq(ProviderCq* cq) { return *state_of(cq->verbs.cq.context).memory; }
-
 // ibv_cq_ex: start/next/end_poll walk the ring one entry at a time; the
 // read_* getters read the current entry.
 void to_ibv_wc(const Completion& c, ibv_wc& wc);
 
-int next_poll_ex(ibv_cq_ex* ibv) {
-  ProviderCq* cq = to_cq(ibv);
-  if (adversary::enabled()) [[unlikely]] {
-    if (!adversary::next_poll(memory_of_cq(cq), cq->index, cq->current)) return ENOENT;
-  } else if (!pop_completion(cq, cq->current)) {
-    return ENOENT;
-  }
-  ibv->wr_id = cq->current.wr_id;
-  ibv->status = static_cast<ibv_wc_status>(cq->current.status);
+// The CQ's current entry, just taken, as the application sees it.
+int show_current(ibv_cq_ex* ibv) {
+  const Completion& current = to_cq(ibv)->current;
+  ibv->wr_id = current.wr_id;
+  ibv->status = static_cast<ibv_wc_status>(current.status);
   if (check::enabled()) [[unlikely]] {
     ibv_wc polled;
-    to_ibv_wc(cq->current, polled);
+    to_ibv_wc(current, polled);
     check::completions_polled(ibv_cq_ex_to_cq(ibv), &polled, 1);
   }
   return 0;
+}
+
+int next_poll_ex(ibv_cq_ex* ibv) {
+  ProviderCq* cq = to_cq(ibv);
+  if (adversary::enabled()) [[unlikely]] {
+    if (!adversary::next_poll(memory_of(ibv->context), cq->index, cq->current)) return ENOENT;
+  } else if (!pop_completion(cq, cq->current)) {
+    return ENOENT;
+  }
+  return show_current(ibv);
 }
 
 int start_poll_ex(ibv_cq_ex* ibv, ibv_poll_cq_attr* attr) {
@@ -148,15 +152,8 @@ int start_poll_ex(ibv_cq_ex* ibv, ibv_poll_cq_attr* attr) {
     ProviderCq* cq = to_cq(ibv);
     adversary::maybe_stall();
     RingOf ring(cq);
-    if (!adversary::start_poll(memory_of_cq(cq), cq->index, ring, cq->current)) return ENOENT;
-    ibv->wr_id = cq->current.wr_id;
-    ibv->status = static_cast<ibv_wc_status>(cq->current.status);
-    if (check::enabled()) [[unlikely]] {
-      ibv_wc polled;
-      to_ibv_wc(cq->current, polled);
-      check::completions_polled(ibv_cq_ex_to_cq(ibv), &polled, 1);
-    }
-    return 0;
+    if (!adversary::start_poll(memory_of(ibv->context), cq->index, ring, cq->current)) return ENOENT;
+    return show_current(ibv);
   }
   return next_poll_ex(ibv);
 }
