@@ -66,6 +66,7 @@ struct Staged {
 struct StagedCq {
   std::vector<Staged> entries;  // in the order the CQ produced them
   uint32_t budget = 0;          // what the current start/next_poll may still return
+  bool delivered = false;       // has returned a completion: spurious events may follow
 };
 
 class Adversary {
@@ -158,6 +159,7 @@ bool take_one(StagedCq& cq, Adversary& adversary, Completion& out) {
   if (count == 0) return false;
   const size_t chosen = eligible[adversary.below(static_cast<uint32_t>(count))];
   out = cq.entries[chosen].completion;
+  cq.delivered = true;
   cq.entries.erase(cq.entries.begin() + static_cast<ptrdiff_t>(chosen));
   return true;
 }
@@ -248,7 +250,13 @@ void armed(DeviceMemory& memory, int cq_index) {
   {
     std::lock_guard guard(adversary.mutex);
     auto found = adversary.cqs.find({&memory, cq_index});
-    wake = (found != adversary.cqs.end() && !found->second.entries.empty()) || adversary.one_in(8);
+    // An HCA's event without a ready completion is the event of one the
+    // program already reaped, so only a CQ that has delivered gets one.
+    // (UCX's UD transport asserts on an event between opening and querying
+    // its interface.)
+    const bool staged = found != adversary.cqs.end() && !found->second.entries.empty();
+    const bool delivered = found != adversary.cqs.end() && found->second.delivered;
+    wake = staged || (delivered && adversary.one_in(8));
   }
   if (wake) wake_if_armed(memory, cq_index);
 }
