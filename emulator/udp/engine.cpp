@@ -49,6 +49,10 @@ PortEngine::~PortEngine() {
     std::lock_guard guard(mutex_);
     flush_sends();
     while (!held_acks_.empty()) send_held_ack_locked(held_acks_.front().qpn);
+    fault_delays_.release_due(
+        Clock::time_point::max(),
+        [this](int fd, const SocketAddressStorage& to, std::span<const uint8_t> bytes) { send_bytes(fd, to, bytes); });
+    flush_sends();
   }
   ready_waiter_.reset();
   timer_waiter_.reset();

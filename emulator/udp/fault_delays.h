@@ -22,6 +22,7 @@ struct HeldPacket {
   SocketAddressStorage to;
   std::vector<uint8_t> bytes;
   wire::FlowAddress flow;
+  uint32_t qpn = 0;  // the QP that sent it
 };
 
 struct FaultDelays {
@@ -48,6 +49,26 @@ struct FaultDelays {
       } else {
         ++it;
       }
+    }
+  }
+
+  // Hands every packet `qpn` sent to `send(fd, to, bytes)`: a destroyed
+  // QP's packets were on the wire already, as an HCA's would be.
+  template <typename Send>
+  void release_qp(uint32_t qpn, Send&& send) {
+    for (size_t i = 0; i < delayed.size();) {
+      if (delayed[i].qpn == qpn) {
+        HeldPacket item = std::move(delayed[i]);
+        delayed.erase(delayed.begin() + static_cast<std::ptrdiff_t>(i));
+        send(item.fd, item.to, item.bytes);
+      } else {
+        ++i;
+      }
+    }
+    if (auto it = reordered.find(qpn); it != reordered.end()) {
+      HeldPacket item = std::move(it->second);
+      reordered.erase(it);
+      send(item.fd, item.to, item.bytes);
     }
   }
 

@@ -121,7 +121,10 @@ void PortEngine::forget_locked(uint32_t qpn) {
   held_acks_.forget_pacing(qpn);
   if (UdpQp* qp = find(qpn); qp != nullptr && qp->timer_listed) std::erase(timed_qps_, qp);
   qps_.erase(qpn);
-  fault_delays_.reordered.erase(qpn);
+  fault_delays_.release_qp(qpn, [this](int fd, const SocketAddressStorage& to, std::span<const uint8_t> bytes) {
+    send_bytes(fd, to, bytes);
+  });
+  flush_sends();
   std::erase(touched_, qpn);
   std::erase(awaiting_receive_qps_, qpn);
   note_awaiting_count_locked();

@@ -93,7 +93,7 @@ void PortEngine::transmit(UdpQp& qp, const Path& path, uint32_t destination_qpn,
     counters().add(Counter::FaultsDropped);
   } else {
     // A copy we own: it may be altered, sent twice or sent later.
-    HeldPacket item{Clock::now(), fd, to, std::vector<uint8_t>(total), flow};
+    HeldPacket item{Clock::now(), fd, to, std::vector<uint8_t>(total), flow, qp.qpn};
     write_packet(item.bytes.data(), std::span(header.data(), header_length), payload, payload_length, pad, headers_crc);
     if (inject_fault(qp, settings, decision, capturing, std::move(item)))
       return;  // released after this QP's next packet
