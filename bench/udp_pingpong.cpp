@@ -17,10 +17,17 @@
 // as softverbs does it: the sender copies each packet's payload from the
 // application's buffer into the send buffer and computes its ICRC, the
 // receiver checks every packet's ICRC and copies its payload out. The
-// floors for the RoCEv2-over-UDP transport.
+// floors for the RoCEv2-over-UDP transport. With a third argument,
+// SENDER_ADDRESS@NETNS,RECEIVER_ADDRESS@NETNS, the two sockets are made in
+// those network namespaces (ip netns names) on those addresses instead of on
+// 127.0.0.1: raw UDP between two namespaces, e.g. over a veth pair; and the
+// throughput of datagrams of an MTU of 1500 (1472 bytes, 44 to a UDP GSO
+// send) beside that of 64 KB datagrams, which such a link fragments.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,11 +49,35 @@
 
 namespace {
 
-int bound_socket(uint16_t& port) {
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+// Where a socket is made: an IPv4 address, in a network namespace (an ip
+// netns name) or in this process's.
+struct Place {
+  in_addr_t address = htonl(INADDR_LOOPBACK);
+  std::string netns;
+};
+
+// A UDP socket of `place` (the namespace it is made in stays its own).
+int socket_in(const Place& place) {
+  if (place.netns.empty()) return socket(AF_INET, SOCK_DGRAM, 0);
+  const int home = open("/proc/self/ns/net", O_RDONLY);
+  const int target = open(("/run/netns/" + place.netns).c_str(), O_RDONLY);
+  int fd = -1;
+  if (home >= 0 && target >= 0 && setns(target, CLONE_NEWNET) == 0) {
+    fd = socket(AF_INET, SOCK_DGRAM, 0);
+    if (setns(home, CLONE_NEWNET) != 0) std::abort();
+  }
+  if (home >= 0) close(home);
+  if (target >= 0) close(target);
+  if (fd < 0) std::perror(("udp_pingpong: a socket in network namespace " + place.netns).c_str());
+  return fd;
+}
+
+int bound_socket(uint16_t& port, const Place& place = {}) {
+  int fd = socket_in(place);
+  if (fd < 0) std::exit(1);
   sockaddr_in address{};
   address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_addr.s_addr = place.address;
   bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
   socklen_t length = sizeof address;
   getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
@@ -57,10 +88,10 @@ int bound_socket(uint16_t& port) {
   return fd;
 }
 
-void connect_to(int fd, uint16_t port) {
+void connect_to(int fd, uint16_t port, const Place& place = {}) {
   sockaddr_in address{};
   address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_addr.s_addr = place.address;
   address.sin_port = htons(port);
   connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
 }
@@ -238,7 +269,20 @@ std::vector<double> woken_side(int fd, int iterations, bool first) {
 }  // namespace
 
 constexpr const char* kParts[] = {
-    "busy", "woken", "roce", "throughput", "roce_write", "roce_write_software", "roce_write_message"};
+    "busy", "woken", "roce", "throughput", "roce_write", "roce_write_software", "roce_write_message", "mtu_throughput"};
+
+// SENDER_ADDRESS@NETNS,RECEIVER_ADDRESS@NETNS into two places.
+bool parse_places(const char* text, Place& sender, Place& receiver) {
+  const std::string both(text);
+  const size_t comma = both.find(',');
+  if (comma == std::string::npos) return false;
+  for (auto [one, place] : {std::pair{both.substr(0, comma), &sender}, std::pair{both.substr(comma + 1), &receiver}}) {
+    const size_t at = one.find('@');
+    if (inet_pton(AF_INET, one.substr(0, at).c_str(), &place->address) != 1) return false;
+    if (at != std::string::npos) place->netns = one.substr(at + 1);
+  }
+  return true;
+}
 
 // Which measurements to make: all by default, or those named in a
 // comma-separated list, so that bench/run can measure a baseline again just
@@ -288,18 +332,21 @@ int main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::atoi(argv[1]) : 50000;
   std::set<std::string> parts;
   std::string unknown;
-  if (!parse_parts(argc > 2 ? argv[2] : nullptr, parts, unknown) || iterations <= 0) {
+  Place sender, receiver;
+  if (!parse_parts(argc > 2 ? argv[2] : nullptr, parts, unknown) || iterations <= 0 ||
+      (argc > 3 && !parse_places(argv[3], sender, receiver))) {
     std::string names;
     for (const char* part : kParts) names += (names.empty() ? "" : ",") + std::string(part);
-    std::fprintf(stderr, "usage: udp_pingpong [ITERATIONS > 0] [%s]%s%s\n", names.c_str(),
-                 unknown.empty() ? "" : ": unknown measurement ", unknown.c_str());
+    std::fprintf(stderr,
+                 "usage: udp_pingpong [ITERATIONS > 0] [%s] [SENDER_ADDRESS@NETNS,RECEIVER_ADDRESS@NETNS]%s%s\n",
+                 names.c_str(), unknown.empty() ? "" : ": unknown measurement ", unknown.c_str());
     return 2;
   }
   const auto wanted = [&](const char* part) { return parts.count(part) != 0; };
   uint16_t port_a, port_b;
-  int a = bound_socket(port_a), b = bound_socket(port_b);
-  connect_to(a, port_b);
-  connect_to(b, port_a);
+  int a = bound_socket(port_a, sender), b = bound_socket(port_b, receiver);
+  connect_to(a, port_b, receiver);
+  connect_to(b, port_a, sender);
   static char buffer[kMessagesPerRound * kWritePackets * kWriteOnlyPacket] = {};  // 15 64 KiB WRITEs' packets
   if (wanted("busy"))
     print_one_way("udp_pingpong_one_way_us", ping_pong(a, b, iterations, buffer, sizeof buffer,
@@ -333,6 +380,7 @@ int main(int argc, char** argv) {
   }
 
   if (wanted("throughput")) throughput(a, b, buffer, {{65000, 1}}, "udp_throughput_GBps");
+  if (wanted("mtu_throughput")) throughput(a, b, buffer, {{1472, 44}}, "udp_throughput_mtu_GBps");
   // 15 64 KiB WRITEs of 16 WRITE ONLY packets (4128 bytes each): 16 sends of 15.
   const std::vector<Send> write_only(kMessagesPerRound * kWritePackets / 15, Send{kWriteOnlyPacket, 15});
   if (wanted("roce_write")) throughput(a, b, buffer, write_only, "udp_throughput_roce_write_GBps");
