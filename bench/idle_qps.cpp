@@ -3,9 +3,12 @@
 // IDLE other RC QPs, connected in pairs to one another and in RTS, that
 // carry nothing. A device whose per-operation work grows with the number of
 // QPs in the process shows here; bench/scale.py compares IDLE=10000 with
-// IDLE=0. Linked with libibverbs only; run it under `softverbs run`.
+// IDLE=0. With `rnr`, one of the idle QPs has a SEND posted that waits for
+// a receive its peer never posts (RNR retried forever, every 491 ms), as a
+// process with many QPs often has one. Linked with libibverbs only; run it
+// under `softverbs run`.
 //
-// usage: idle_qps IDLE ITERATIONS
+// usage: idle_qps IDLE ITERATIONS [rnr]
 // prints: idle_qps_one_way_us median=M idle=IDLE setup_s=S
 #include <infiniband/verbs.h>
 #include <signal.h>
@@ -71,14 +74,23 @@ class Side {
   }
 
   // `count` more QPs, connected in pairs to one another, left idle.
-  void add_idle(int count) {
+  void add_idle(int count, bool one_waits) {
     for (int i = 0; i + 1 < count; i += 2) {
       ibv_qp* a = create(idle_cq_);
       ibv_qp* b = create(idle_cq_);
       connect(a, {b->qp_num, gid_});
-      connect(b, {a->qp_num, gid_});
+      connect(b, {a->qp_num, gid_}, kLongestRnrTimer);
       idle_.push_back(a);
       idle_.push_back(b);
+    }
+    if (one_waits && !idle_.empty()) {
+      ibv_sge sge{reinterpret_cast<uint64_t>(buffer_), kMessageBytes, mr_->lkey};
+      ibv_send_wr wr{};
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_SEND;
+      ibv_send_wr* bad = nullptr;
+      if (ibv_post_send(idle_[0], &wr, &bad)) die("ibv_post_send");
     }
   }
 
@@ -158,7 +170,9 @@ class Side {
     return qp;
   }
 
-  void connect(ibv_qp* qp, const Address& peer) {
+  static constexpr uint8_t kLongestRnrTimer = 31;  // 491 ms
+
+  void connect(ibv_qp* qp, const Address& peer, uint8_t min_rnr_timer = 1) {
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_INIT;
     attr.port_num = 1;
@@ -174,7 +188,7 @@ class Side {
     attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index_);
     attr.ah_attr.grh.hop_limit = 64;
     attr.max_dest_rd_atomic = 1;
-    attr.min_rnr_timer = 1;
+    attr.min_rnr_timer = min_rnr_timer;
     if (ibv_modify_qp(qp, &attr,
                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
@@ -204,8 +218,8 @@ class Side {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: idle_qps IDLE ITERATIONS\n");
+  if (argc < 3 || argc > 4 || (argc == 4 && std::strcmp(argv[3], "rnr") != 0)) {
+    std::fprintf(stderr, "usage: idle_qps IDLE ITERATIONS [rnr]\n");
     return 2;
   }
   const int idle = std::atoi(argv[1]);
@@ -231,7 +245,7 @@ int main(int argc, char** argv) {
   }
   Side probe;
   const auto setup_start = Clock::now();
-  probe.add_idle(idle);
+  probe.add_idle(idle, argc == 4);
   const double setup = std::chrono::duration<double>(Clock::now() - setup_start).count();
   Address peer;
   char ready = 0;

@@ -51,8 +51,13 @@ DeviceContext::Clock::time_point DeviceContext::retry_due_sends() {
   // Holding qps_mutex keeps every QP alive (~DeviceQp takes it too).
   std::lock_guard guard(qps_mutex);
   if (waiting_sends_.load(std::memory_order_acquire) == 0) return Clock::time_point::max();
+  std::vector<DeviceQp*> waiting;  // retrying takes QPs off the list
+  {
+    std::lock_guard listing(waiting_qps_mutex_);
+    waiting = waiting_qps_;
+  }
   Clock::time_point earliest = Clock::time_point::max();
-  for (DeviceQp* qp : qps_) earliest = std::min(earliest, qp->retry_due());
+  for (DeviceQp* qp : waiting) earliest = std::min(earliest, qp->retry_due());
   return earliest;
 }
 

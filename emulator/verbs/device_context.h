@@ -64,6 +64,10 @@ class DeviceContext {
 
   std::vector<DeviceQp*> qps_;         // under qps_mutex
   std::atomic<int> waiting_sends_{0};  // lets a poll skip the pass when none waits
+  // The QPs with waiting sends, so that a retry pass does not walk every QP
+  // of the process. Taken after qps_mutex and a QP's mutex, never before.
+  std::mutex waiting_qps_mutex_;
+  std::vector<DeviceQp*> waiting_qps_;  // under waiting_qps_mutex_
   std::atomic<bool> removal_handled_{false};
   std::mutex udp_mutex_;
   std::shared_ptr<UdpTransport> udp_;

@@ -91,6 +91,8 @@ DeviceQp::~DeviceQp() {
   {
     std::lock_guard guard(context_.qps_mutex);  // waits out a retry pass
     std::erase(context_.qps_, this);
+    std::lock_guard listing(context_.waiting_qps_mutex_);
+    std::erase(context_.waiting_qps_, this);
   }
   if (over_udp_) context_.udp_transport()->forget_qp(qpn_);
   QpRecord& qp = record();
@@ -148,11 +150,24 @@ void DeviceQp::flush_waiting_sends() {
     waiting_.pop_front();
     context_.waiting_sends_.fetch_sub(1, std::memory_order_release);
   }
+  update_waiting_listing();
 }
 
 void DeviceQp::drop_waiting_sends() {
   context_.waiting_sends_.fetch_sub(static_cast<int>(waiting_.size()), std::memory_order_release);
   waiting_.clear();
+  update_waiting_listing();
+}
+
+void DeviceQp::update_waiting_listing() {
+  const bool waits = !waiting_.empty();
+  if (waits == waiting_listed_) return;  // changes only under the listing's mutex
+  std::lock_guard listing(context_.waiting_qps_mutex_);
+  if (waits)
+    context_.waiting_qps_.push_back(this);
+  else
+    std::erase(context_.waiting_qps_, this);
+  waiting_listed_ = waits;
 }
 
 // Takes the QP to ERR: waiting sends and queued receives complete flushed.
@@ -250,6 +265,7 @@ DeviceQp::Clock::time_point DeviceQp::retry_due() {
       return waiting_.front().next_attempt;
     }
   }
+  update_waiting_listing();
   return Clock::time_point::max();
 }
 
@@ -286,6 +302,7 @@ int DeviceQp::PostBatch::post(SendWqe& wqe) {
     SendWqe& kept = qp_.waiting_.emplace_back(std::move(wqe));
     kept.keep_inline();
     qp_.context_.waiting_sends_.fetch_add(1, std::memory_order_release);
+    qp_.update_waiting_listing();
     due_ = std::min(due_, qp_.waiting_.front().next_attempt);
   }
   return 0;

@@ -103,6 +103,9 @@ class DeviceQp {
   void drop_waiting_sends();
   void fail_after_removal();
   Clock::time_point retry_due();
+  // Puts the QP on its context's list of QPs with waiting sends, or takes
+  // it off, as waiting_ is now (called under mutex_ after waiting_ changed).
+  void update_waiting_listing();
 
   DeviceContext& context_;
   DeviceMemory& memory_;
@@ -115,6 +118,7 @@ class DeviceQp {
   // posted (RNR), or the peer QP was not ready (RC retries until timeout x
   // retry_cnt runs out).
   std::deque<SendWqe> waiting_;
+  bool waiting_listed_ = false;  // on context_.waiting_qps_ (under its waiting_qps_mutex_)
   // RC/UC: connected over UDP (chosen at RTR). UD: also receives over UDP,
   // and sends there to GIDs that are not this device's.
   bool over_udp_ = false;
