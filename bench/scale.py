@@ -135,41 +135,51 @@ def qp_rows(build, scale, port):
             # Each run of a count moves the same bytes; RUNS rounds of all
             # counts back to back, the goal's ratio the median of its rounds.
             figures = {q: [] for q in QP_COUNTS}
+            failures = []
             for _ in range(RUNS):
                 for q in QP_COUNTS:
                     print(f"{transport} ib_write_bw -q {q} ...", flush=True)
                     port += 1
                     iterations = max(200, int(BYTES_PER_RUN * scale / size / q))
-                    figures[q].append(gbps(write_bw(device, device, size, iterations, port, ["-q", str(q)])))
-            ratios = sorted((figures[QP_COUNTS[-1]][r] / figures[1][r], r) for r in range(RUNS))
+                    try:
+                        figures[q].append(gbps(write_bw(device, device, size, iterations, port, ["-q", str(q)])))
+                    except RuntimeError as failure:
+                        # A failed run counts as 0 (the goal not met) and says why.
+                        figures[q].append(0.0)
+                        failures.append(f"-q {q}: " + " ".join(str(failure).split("\n")[-3:]).strip())
+            ratios = sorted((figures[QP_COUNTS[-1]][r] / max(figures[1][r], 1e-9), r) for r in range(RUNS))
             median = ratios[len(ratios) // 2][1]
             for q in QP_COUNTS:
                 runs = ", ".join(f"{f:.2f}" for f in figures[q])
-                ratio = figures[q][median] / figures[1][median]
+                ratio = figures[q][median] / max(figures[1][median], 1e-9)
                 goal, met = "-", "-"
                 if q == QP_COUNTS[-1]:
                     goal, met = ">= 90% of 1 QP", "yes" if ratio >= 0.9 else "no"
                     goals.append(ratio >= 0.9)
+                failed = f"; failed: {'; '.join(failures)}" if failures and q == QP_COUNTS[-1] else ""
                 rows.append(f"| {transport} ib_write_bw 64 KiB, {q} QPs (-q {q}), aggregate | {figures[q][median]:.2f} GB/s "
-                            f"(runs: {runs} GB/s) | 1 QP in the same round {figures[1][median]:.2f} GB/s | "
-                            f"{ratio * 100:.0f}% | {goal} | {met} |")
+                            f"(runs: {runs} GB/s{failed.replace('|', '/')}) | 1 QP in the same round "
+                            f"{figures[1][median]:.2f} GB/s | {ratio * 100:.0f}% | {goal} | {met} |")
             pair_figures = {}
             for pairs in PAIR_COUNTS:
                 print(f"{transport} {pairs} ib_write_bw pairs at once ...", flush=True)
                 port += 10
                 iterations = max(200, int(BYTES_PER_RUN * scale / size / pairs))
-                pair_figures[pairs] = gbps(concurrent_pairs(device, pairs, size, iterations, port))
+                try:
+                    pair_figures[pairs] = gbps(concurrent_pairs(device, pairs, size, iterations, port))
+                except RuntimeError:
+                    pair_figures[pairs] = 0.0
             for pairs in PAIR_COUNTS:
                 rows.append(f"| {transport} ib_write_bw 64 KiB, {pairs} process pairs at once, sum | "
                             f"{pair_figures[pairs]:.2f} GB/s | 1 pair {pair_figures[1]:.2f} GB/s | "
-                            f"{pair_figures[pairs] / pair_figures[1] * 100:.0f}% | - | - |")
+                            f"{pair_figures[pairs] / max(pair_figures[1], 1e-9) * 100:.0f}% | - | - |")
         finally:
             device.close()
     return rows, goals, port
 
 
-def idle_probe(build, device, idle, iterations):
-    out = B.run(device.command([str(build / "bench/idle_qps"), str(idle), str(iterations)]), env=device.env,
+def idle_probe(build, device, idle, iterations, variant=()):
+    out = B.run(device.command([str(build / "bench/idle_qps"), str(idle), str(iterations), *variant]), env=device.env,
                 timeout=300).stdout
     return B.value(r"idle_qps_one_way_us median=([\d.]+)", out), B.value(r"setup_s=([\d.]+)", out)
 
@@ -179,14 +189,14 @@ def idle_rows(build, scale):
     the same with none; goal: within 10% of their mean."""
     rows, goals = [], []
     iterations = max(2000, int(20000 * scale))
-    for transport in ("shm", "udp"):
+    for transport, variant in (("shm", ()), ("shm", ("rnr",)), ("udp", ()), ("udp", ("rnr",))):
         device = Device(build, transport)
         try:
             runs = []
             for _ in range(RUNS):
-                print(f"{transport} ping-pong with {IDLE_QPS} idle QPs ...", flush=True)
+                print(f"{transport} ping-pong with {IDLE_QPS} idle QPs {' '.join(variant)} ...", flush=True)
                 before, _ = idle_probe(build, device, 0, iterations)
-                loaded, setup = idle_probe(build, device, IDLE_QPS, iterations)
+                loaded, setup = idle_probe(build, device, IDLE_QPS, iterations, variant)
                 after, _ = idle_probe(build, device, 0, iterations)
                 runs.append((loaded, (before + after) / 2, setup, before, after))
             runs.sort(key=lambda r: r[0] / r[1])
@@ -195,8 +205,9 @@ def idle_rows(build, scale):
             met = ratio <= 1.1
             goals.append(met)
             text = ", ".join(f"{r[0]:.2f} us / {r[3]:.2f}..{r[4]:.2f} us" for r in runs)
-            rows.append(f"| {transport} SEND ping-pong 8 B with {IDLE_QPS} idle connected RC QPs in the process "
-                        f"(bench/idle_qps; created and connected in {setup:.1f} s) | {loaded:.2f} us (runs: {text}) | "
+            waiting = ", one of them with a SEND waiting out RNRs" if variant else ""
+            rows.append(f"| {transport} SEND ping-pong 8 B with {IDLE_QPS} idle connected RC QPs in the process{waiting} "
+                        f"(bench/idle_qps {' '.join(variant)}; created and connected in {setup:.1f} s) | {loaded:.2f} us (runs: {text}) | "
                         f"the same with none, around it {alone:.2f} us | {ratio:.2f}x | <= 1.1x | "
                         f"{'yes' if met else 'no'} |")
         finally:
