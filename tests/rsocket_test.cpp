@@ -89,8 +89,8 @@ TEST_P(RsocketTools, ServerAndClientSucceed) {
   ToolPair{prefix "rstream", {"rstream"}, {"rstream", "-s", "127.0.0.1"}},                                         \
       ToolPair{prefix "rstream_all_sizes", {"rstream", "-S", "all"}, {"rstream", "-S", "all", "-s", "127.0.0.1"}}, \
       ToolPair{prefix "rstream_verify",                                                                            \
-               {"rstream", "-T", "v", "-S", "all"},                                                                \
-               {"rstream", "-T", "v", "-S", "all", "-s", "127.0.0.1"}},                                            \
+               {"rstream", "-T", "v", "-S", "1000000", "-C", "50"},                                                \
+               {"rstream", "-T", "v", "-S", "1000000", "-C", "50", "-s", "127.0.0.1"}},                            \
       ToolPair{prefix "rstream_async_poll",                                                                        \
                {"rstream", "-T", "a", "-S", "100000", "-C", "100"},                                                \
                {"rstream", "-T", "a", "-S", "100000", "-C", "100", "-s", "127.0.0.1"}},                            \
@@ -101,7 +101,9 @@ TEST_P(RsocketTools, ServerAndClientSucceed) {
                {"rstream", "-B", "4096", "-i", "0", "-S", "65536", "-C", "200"},                                   \
                {"rstream", "-B", "4096", "-i", "0", "-S", "65536", "-C", "200", "-s", "127.0.0.1"}},               \
       ToolPair{prefix "riostream", {"riostream"}, {"riostream", "-s", "127.0.0.1"}}, ToolPair {                    \
-    prefix "riostream_all_sizes", {"riostream", "-S", "all"}, { "riostream", "-S", "all", "-s", "127.0.0.1" }      \
+    prefix "riostream_all_sizes", {"riostream", "-S", "1000000", "-C", "50"}, {                                    \
+      "riostream", "-S", "all", "-s", "127.0.0.1"                                                                  \
+    }                                                                                                              \
   }
 
 const ToolPair kPairs[] = {
@@ -135,10 +137,11 @@ TEST_P(Rcopy, CopiesA100MBFileExactly) {
   const std::string source = device.path() + "/source";
   const std::string target = device.path() + "/target";
   write_random_file(source, 100 << 20, 7);
-  // rcopy's server writes the file under the name the client gives.
+  // rcopy's server writes the file under the name the client gives, and
+  // serves until killed.
   PairResult r = test::run_server_client(
-      under_softverbs({"rcopy"}), under_softverbs({"rcopy", source, "127.0.0.1:" + target}), device.env(),
-      [&] { return device.listening(); }, 180);
+      under_softverbs({"timeout", "40", "rcopy"}), under_softverbs({"rcopy", source, "127.0.0.1:" + target}),
+      device.env(), [&] { return device.listening(); }, 180);
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
   auto cmp = run_process({"cmp", source, target});
   EXPECT_EQ(cmp.exit_code, 0) << cmp.out << cmp.err;
