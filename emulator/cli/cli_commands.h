@@ -33,11 +33,12 @@ struct DownOptions {
 enum class CheckMode { Off, Report, Error };
 struct RunOptions {
   bool use_namespace = true;
-  std::optional<std::string> trace_file;  // --trace: as `softverbs trace -o FILE`
+  std::optional<std::string> trace_file;     // --trace: as `softverbs trace -o FILE`
   std::optional<uint64_t> adversarial_seed;  // --adversarial[=SEED]: SOFTVERBS_ADVERSARIAL for CMD
   std::vector<std::string> command;
   CheckMode check = CheckMode::Off;
   std::string check_report;  // --check-report FILE; empty: none
+  bool rsockets = false;     // --rsockets: librspreload.so first in LD_PRELOAD
 };
 struct TraceOptions {
   std::string file;

@@ -180,6 +180,8 @@ class CommandLine {
     run_command->add_flag("--no-namespace", no_namespace,
                           "use only environment variables (SYSFS_PATH, RDMAV_DRIVERS, LD_PRELOAD); needs "
                           "/dev/infiniband/uverbsN (`sudo softverbs up`)");
+    run_command->add_flag("--rsockets", run.rsockets,
+                          "run CMD's TCP sockets over rsockets (RDMA) with librspreload (docs/rdmacm.md)");
     run_command
         ->add_option("--trace", run_trace_file,
                      "record CMD's verbs calls and completions in FILE (as "

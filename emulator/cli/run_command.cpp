@@ -128,6 +128,11 @@ int command_run(const RunOptions& options) {
   }
   for (const auto& [name, value] : sandbox_environment(registry, libraries, namespaced))
     setenv(name.c_str(), value.c_str(), 1);
+  if (options.rsockets) {
+    // First of all: its socket() must be found before softverbs' preload's.
+    const std::string rspreload = (libraries.rdmacm_dir / "librspreload.so").string();
+    setenv("LD_PRELOAD", (rspreload + ":" + std::getenv("LD_PRELOAD")).c_str(), 1);
+  }
   if (options.trace_file && !prepare_trace(*options.trace_file, &error)) {
     report_error("run: " + error);
     return kExitFailure;

@@ -1,0 +1,158 @@
+// rsockets' error paths, as rdma-core's rsockets give them, through our
+// librdmacm.so.1 (run under `softverbs run`): a refused connection, a
+// non-blocking connect, reads after shutdown.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <rdma/rsocket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+sockaddr_in loopback(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}
+
+int listener(uint16_t port) {
+  int s = rsocket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = loopback(port);
+  if (s < 0 || rbind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || rlisten(s, 4) != 0) return -1;
+  return s;
+}
+
+int connected(uint16_t port) {
+  int s = rsocket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = loopback(port);
+  if (s < 0 || rconnect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1;
+  return s;
+}
+
+// A connected pair: {accepted, connecting}.
+std::pair<int, int> pair_on(uint16_t port) {
+  int l = listener(port);
+  int accepted = -1;
+  std::thread server([&] { accepted = raccept(l, nullptr, nullptr); });
+  int client = connected(port);
+  server.join();
+  rclose(l);
+  return {accepted, client};
+}
+
+TEST(RsocketErrors, ConnectWithNoListenerIsRefused) {
+  int s = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(s, 0);
+  sockaddr_in a = loopback(7590);
+  EXPECT_EQ(rconnect(s, reinterpret_cast<sockaddr*>(&a), sizeof a), -1);
+  EXPECT_EQ(errno, ECONNREFUSED);
+  // As in rdma-core, a failed connection reads as the end of the stream.
+  char byte;
+  EXPECT_EQ(rrecv(s, &byte, 1, 0), 0);
+  EXPECT_EQ(rclose(s), 0);
+}
+
+TEST(RsocketErrors, NonBlockingConnectCompletesThroughRpoll) {
+  int l = listener(7591);
+  ASSERT_GE(l, 0);
+  int accepted = -1;
+  std::thread server([&] { accepted = raccept(l, nullptr, nullptr); });
+  int s = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  ASSERT_GE(s, 0);
+  EXPECT_EQ(rfcntl(s, F_GETFL) & O_NONBLOCK, O_NONBLOCK);
+  sockaddr_in a = loopback(7591);
+  ASSERT_EQ(rconnect(s, reinterpret_cast<sockaddr*>(&a), sizeof a), -1);
+  EXPECT_EQ(errno, EINPROGRESS);
+  pollfd p{s, POLLOUT, 0};
+  ASSERT_EQ(rpoll(&p, 1, 10000), 1);
+  EXPECT_TRUE(p.revents & POLLOUT) << p.revents;
+  int error = -1;
+  socklen_t len = sizeof error;
+  ASSERT_EQ(rgetsockopt(s, SOL_SOCKET, SO_ERROR, &error, &len), 0);
+  EXPECT_EQ(error, 0);
+  server.join();
+  ASSERT_GE(accepted, 0);
+  // Nothing to read yet: EAGAIN, not a block.
+  char byte;
+  EXPECT_EQ(rrecv(s, &byte, 1, 0), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  EXPECT_EQ(rsend(accepted, "x", 1, 0), 1);
+  p = {s, POLLIN, 0};
+  ASSERT_EQ(rpoll(&p, 1, 10000), 1);
+  EXPECT_EQ(rrecv(s, &byte, 1, 0), 1);
+  EXPECT_EQ(byte, 'x');
+  rclose(s);
+  rclose(accepted);
+  rclose(l);
+}
+
+TEST(RsocketErrors, NonBlockingConnectRefusedShowsInPollAndSoError) {
+  int s = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  ASSERT_GE(s, 0);
+  sockaddr_in a = loopback(7592);
+  ASSERT_EQ(rconnect(s, reinterpret_cast<sockaddr*>(&a), sizeof a), -1);
+  EXPECT_EQ(errno, EINPROGRESS);
+  pollfd p{s, POLLOUT, 0};
+  ASSERT_EQ(rpoll(&p, 1, 10000), 1);
+  EXPECT_TRUE(p.revents & POLLERR) << p.revents;
+  int error = 0;
+  socklen_t len = sizeof error;
+  ASSERT_EQ(rgetsockopt(s, SOL_SOCKET, SO_ERROR, &error, &len), 0);
+  EXPECT_EQ(error, ECONNREFUSED);
+  rclose(s);
+}
+
+TEST(RsocketErrors, ReadsAfterShutdownReturnTheDataThenEndOfFile) {
+  auto [server, client] = pair_on(7593);
+  ASSERT_GE(server, 0);
+  ASSERT_GE(client, 0);
+  ASSERT_EQ(rsend(client, "hello", 5, 0), 5);
+  ASSERT_EQ(rshutdown(client, SHUT_WR), 0);
+  char buffer[16];
+  EXPECT_EQ(rrecv(server, buffer, sizeof buffer, MSG_WAITALL), 5);
+  EXPECT_EQ(std::string(buffer, 5), "hello");
+  EXPECT_EQ(rrecv(server, buffer, sizeof buffer, 0), 0);
+  // The other direction still works after the peer's SHUT_WR.
+  ASSERT_EQ(rsend(server, "back", 4, 0), 4);
+  EXPECT_EQ(rrecv(client, buffer, 4, MSG_WAITALL), 4);
+  // A local SHUT_RD: reads end at once.
+  ASSERT_EQ(rshutdown(client, SHUT_RD), 0);
+  EXPECT_EQ(rrecv(client, buffer, sizeof buffer, 0), 0);
+  EXPECT_EQ(rshutdown(client, 42), -1);
+  EXPECT_EQ(errno, EINVAL);
+  rclose(server);
+  rclose(client);
+}
+
+TEST(RsocketErrors, BadDescriptorsAndTypes) {
+  char byte;
+  EXPECT_EQ(rrecv(12345, &byte, 1, 0), -1);
+  EXPECT_EQ(errno, EBADF);
+  EXPECT_EQ(rclose(12345), -1);
+  EXPECT_EQ(errno, EBADF);
+  EXPECT_EQ(rsocket(AF_UNIX, SOCK_STREAM, 0), -1);
+  EXPECT_EQ(errno, ENOTSUP);
+  EXPECT_EQ(rsocket(AF_INET, SOCK_DGRAM, 0), -1);  // datagram rsockets are not emulated
+  EXPECT_EQ(errno, ENOTSUP);
+  int s = rsocket(AF_INET, SOCK_STREAM, 0);
+  int size = 64;
+  EXPECT_EQ(rsetsockopt(s, SOL_RDMA, RDMA_SQSIZE, &size, sizeof size), 0);
+  int got = 0;
+  socklen_t len = sizeof got;
+  EXPECT_EQ(rgetsockopt(s, SOL_RDMA, RDMA_SQSIZE, &got, &len), 0);
+  EXPECT_EQ(got, 64);
+  EXPECT_EQ(rgetsockopt(s, SOL_SOCKET, SO_PEERCRED, &got, &len), -1);
+  EXPECT_EQ(errno, ENOTSUP);
+  rclose(s);
+}
+
+}  // namespace
