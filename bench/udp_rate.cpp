@@ -5,7 +5,7 @@
 // 40 bytes for 8 B). The parent sends for a fixed time as fast as it can;
 // a forked child busy-polls its socket and counts the datagrams that
 // arrive (not those sent: what the kernel drops does not count), and
-// prints datagrams per second between its first and last read.
+// prints datagrams per second from the start of the sending to its last read.
 //
 // Ways of sending and receiving, each measured on its own:
 //   sendmmsg   64 datagrams per sendmmsg; received with recvmmsg, 64 a call
@@ -69,14 +69,16 @@ void connect_to(int fd, uint16_t port) {
 enum class Way { Sendmmsg, Gso, Gso128, GsoSplit, Send };
 
 // The receiving child: counts datagrams until none came for 200 ms; returns
-// datagrams per second between the first read and the last.
-double receive_rate(int fd, bool gro) {
+// datagrams per second from `start` (just before the sender began) to the
+// last read. (Not from the first read: a receiver that gets its core late
+// finds a socket buffer full of GRO batches and reads them at memory speed.)
+double receive_rate(int fd, bool gro, SteadyClock::time_point start) {
   std::vector<char> buffers(kBatch * 65536);
   std::vector<iovec> pieces(kBatch);
   std::vector<mmsghdr> messages(kBatch);
   std::vector<softverbs::UdpGroControl> controls(kBatch);
-  uint64_t count = 0, counted_after_first = 0;
-  SteadyClock::time_point first{}, last{};
+  uint64_t count = 0;
+  SteadyClock::time_point last{};
   SteadyClock::time_point idle_since = SteadyClock::now();
   for (;;) {
     for (size_t i = 0; i < kBatch; ++i) {
@@ -102,16 +104,12 @@ double receive_rate(int fd, bool gro) {
       const size_t segment = gro ? softverbs::udp_gro_segment(messages[i].msg_hdr, length) : length;
       arrived += segment == 0 ? 1 : (length + segment - 1) / segment;
     }
-    if (count == 0)
-      first = now;
-    else
-      counted_after_first += arrived;  // what arrived after the clock started
     count += arrived;
     last = now;
     idle_since = now;
   }
-  const double seconds = std::chrono::duration<double>(last - first).count();
-  return seconds > 0 ? static_cast<double>(counted_after_first) / seconds : 0.0;
+  const double seconds = std::chrono::duration<double>(last - start).count();
+  return count > 0 && seconds > 0 ? static_cast<double>(count) / seconds : 0.0;
 }
 
 // The sending parent: `way` for `seconds`.
@@ -166,10 +164,11 @@ double measure(Way way, size_t datagram, double seconds) {
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) return 0;
   std::fflush(stdout);  // before fork: the child must not repeat it
+  const SteadyClock::time_point start = SteadyClock::now();
   const pid_t child = fork();
   if (child == 0) {
     close(pipe_fds[0]);
-    const double rate = receive_rate(b, gro);
+    const double rate = receive_rate(b, gro, start);
     (void)!write(pipe_fds[1], &rate, sizeof rate);
     _exit(0);
   }

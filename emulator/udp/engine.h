@@ -531,7 +531,9 @@ class PortEngine : public TransportPort {
   Clock::time_point deferral_paused_until_{};
   Clock::duration deferral_pause_ = parameters::kFirstDeferralPause;  // the last pause's length
   bool gso_ok_ = true;
-  size_t max_gso_segments_ = parameters::kMaxGsoSegments;  // kMaxGsoSegmentsEverywhere once a send of more failed
+  // kMaxGsoSegmentsEverywhere once a send of more failed (in the byte
+  // after gso_ok_ that was padding)
+  uint8_t max_gso_segments_ = parameters::kMaxGsoSegments;
   uint16_t forward_port_ = 0;
 
   std::mutex mutex_;              // everything below, and all protocol state

@@ -107,8 +107,8 @@ inline constexpr uint8_t kSinglesBeforeSocketSizeGoes = 8;
 // send of more fails with EINVAL, and the engine falls back to 64). A burst
 // of small WRITEs leaves in half as many sends at 128.
 inline constexpr size_t kMaxGsoBytes = 60000;
-inline constexpr size_t kMaxGsoSegments = 128;
-inline constexpr size_t kMaxGsoSegmentsEverywhere = 64;
+inline constexpr uint8_t kMaxGsoSegments = 128;
+inline constexpr uint8_t kMaxGsoSegmentsEverywhere = 64;
 // A batch's first datagram may be this long (path MTU 4096 and every header).
 inline constexpr size_t kMaxDatagramForBatch = 4096 + 128;
 // Payloads up to this are assembled whole and checksummed in one pass; a
