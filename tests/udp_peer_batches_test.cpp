@@ -93,6 +93,52 @@ TEST(UdpPeer, DeliversABurstOfPostsExactlyOnceAndInOrder) {
       << "the peer got every SEND and WRITE, in order (exit " << WEXITSTATUS(status) << ")";
 }
 
+// A burst of equal small WRITEs, as ib_write_bw -s 8 posts them: their
+// packets are all of one length, and a send batch takes as many as one UDP
+// GSO send may carry (128 where the kernel allows, else 64, after a send
+// of 128 failed). Every WRITE must land at its own place, once, and every
+// completion come back in order.
+TEST(UdpPeer, DeliversALongBurstOfEqualSmallWrites) {
+  constexpr int kWrites = 1000;
+  constexpr size_t kLength = 8;
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], 1 << 16, 256, 14, 7, [&](Endpoint& peer, int fd) {
+    char token = 'R';
+    write_all(fd, &token, 1);
+    read_all(fd, &token, 1);  // the parent's WRITEs completed
+    for (int i = 0; i < kWrites; ++i)
+      if (!matches(peer.data() + static_cast<size_t>(i) * kLength, kLength, 5000 + i)) return 5;
+    return 0;
+  });
+  ASSERT_GT(child, 0);
+  Endpoint self;
+  ConnectInfo peer;
+  ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 256, 14, 7, peer));  // reads the peer's 'R'
+  // In rounds of 250 posts (the send queue's depth is 256), no poll between.
+  std::vector<ibv_wc> done;
+  for (int round = 0; round < kWrites / 250; ++round) {
+    for (int i = round * 250; i < (round + 1) * 250; ++i) {
+      const size_t offset = static_cast<size_t>(i) * kLength;
+      fill(self.data() + offset, kLength, static_cast<uint64_t>(5000 + i));
+      ASSERT_EQ(self.post_send(static_cast<uint64_t>(i), offset, kLength, IBV_WR_RDMA_WRITE, &peer), 0);
+    }
+    auto completed = poll_for(self, 250, std::chrono::seconds(10));
+    ASSERT_EQ(completed.size(), 250u);
+    done.insert(done.end(), completed.begin(), completed.end());
+  }
+  for (size_t i = 0; i < done.size(); ++i) {
+    EXPECT_EQ(done[i].status, IBV_WC_SUCCESS) << "work request " << i << ": " << ibv_wc_status_str(done[i].status);
+    EXPECT_EQ(done[i].wr_id, i) << "completions come in the order of the posts";
+  }
+  const char token = 'W';
+  ASSERT_TRUE(write_all(sockets[0], &token, 1));
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the peer got every WRITE at its place (exit " << WEXITSTATUS(status) << ")";
+}
+
 // A program that polls, posts twice in a row (the second post's packets
 // wait in the send batch for a third that never comes), then waits for its
 // peer by spinning on memory, making no verbs call: the io thread must send

@@ -414,8 +414,8 @@ class PortEngine : public TransportPort {
   // Whether another datagram of the batch's size could join it.
   bool batch_can_grow() const {
     const SendBatch& b = batch_;
-    return b.count > 0 && !b.closed && b.count < parameters::kMaxGsoSegments &&
-           b.used + b.segment <= parameters::kMaxGsoBytes && gso_ok_;
+    return b.count > 0 && !b.closed && b.count < max_gso_segments_ && b.used + b.segment <= parameters::kMaxGsoBytes &&
+           gso_ok_;
   }
   // Did a post in a burst leave the batch for the next one (see
   // kBurstGap)? Every other pass sends its batch before it ends, so outside
@@ -531,6 +531,9 @@ class PortEngine : public TransportPort {
   Clock::time_point deferral_paused_until_{};
   Clock::duration deferral_pause_ = parameters::kFirstDeferralPause;  // the last pause's length
   bool gso_ok_ = true;
+  // kMaxGsoSegmentsEverywhere once a send of more failed (in the byte
+  // after gso_ok_ that was padding)
+  uint8_t max_gso_segments_ = parameters::kMaxGsoSegments;
   uint16_t forward_port_ = 0;
 
   std::mutex mutex_;              // everything below, and all protocol state
@@ -585,7 +588,7 @@ inline uint8_t* PortEngine::batch_room(int fd, const SocketAddressStorage& to, s
   SendBatch& b = batch_;
   const bool joins = b.count > 0 && fd == b.fd && to.length == b.to.length &&
                      std::memcmp(&to.storage, &b.to.storage, to.length) == 0 && !b.closed && total <= b.segment &&
-                     b.used + total <= parameters::kMaxGsoBytes && b.count < parameters::kMaxGsoSegments && gso_ok_ &&
+                     b.used + total <= parameters::kMaxGsoBytes && b.count < max_gso_segments_ && gso_ok_ &&
                      b.used + total <= b.copies.size();
   if (!joins) flush_sends();
   if (b.count == 0) {

@@ -102,9 +102,13 @@ inline constexpr int kSocketBuffer = 8 << 20;
 // a row that clear it (a single datagram with a size set takes the GSO path).
 inline constexpr uint8_t kGsoSendsBeforeSocketSize = 8;
 inline constexpr uint8_t kSinglesBeforeSocketSizeGoes = 8;
-// UDP GSO limits: the datagrams of one send fit one 64 KiB IP packet.
+// UDP GSO limits: the datagrams of one send fit one 64 KiB IP packet, and
+// are at most UDP_MAX_SEGMENTS: 128 on newer kernels, 64 on older ones (a
+// send of more fails with EINVAL, and the engine falls back to 64). A burst
+// of small WRITEs leaves in half as many sends at 128.
 inline constexpr size_t kMaxGsoBytes = 60000;
-inline constexpr size_t kMaxGsoSegments = 64;
+inline constexpr uint8_t kMaxGsoSegments = 128;
+inline constexpr uint8_t kMaxGsoSegmentsEverywhere = 64;
 // A batch's first datagram may be this long (path MTU 4096 and every header).
 inline constexpr size_t kMaxDatagramForBatch = 4096 + 128;
 // Payloads up to this are assembled whole and checksummed in one pass; a

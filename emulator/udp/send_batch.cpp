@@ -134,6 +134,17 @@ void PortEngine::send_now(int fd, const SocketAddressStorage& to, std::span<cons
   if (segment != 0 || (peer != nullptr && peer->segment != 0))
     request_udp_segments(message, control, static_cast<uint16_t>(segment));
   if (fd >= 0 && ::sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return;
+  if (segment != 0 && errno == EINVAL && total > kMaxGsoSegmentsEverywhere * segment &&
+      max_gso_segments_ > kMaxGsoSegmentsEverywhere) {
+    // More segments than this kernel's UDP_MAX_SEGMENTS: sends of the
+    // limit every kernel with GSO takes, from now on.
+    max_gso_segments_ = kMaxGsoSegmentsEverywhere;
+    for_each_datagram(parts, total, kMaxGsoSegmentsEverywhere * segment,
+                      [&](std::span<const iovec> pieces, size_t length) {
+                        send_now(fd, to, pieces, length, length > segment ? segment : 0);
+                      });
+    return;
+  }
   if (segment != 0 && gso_refused(errno)) {
     // No GSO here (an old kernel, a device without checksum offload): one
     // datagram at a time from now on, and no socket sets a segment size.
