@@ -191,7 +191,11 @@ TEST_P(Preload, Iperf3CountsEveryByteOverRsockets) {
     return std::regex_search(r.client.out, m, pattern) ? std::stol(m[1]) : -1;
   };
   EXPECT_EQ(bytes_of("sum_sent"), kBytes) << r.client.out;
-  EXPECT_EQ(bytes_of("sum_received"), kBytes) << r.client.out;
+  // iperf3's receiver stops counting at the client's TEST_END, which can
+  // overtake the last data still in the receive buffer (over TCP too): what
+  // it counts is all but at most one buffer (rsockets' default: 128 KiB).
+  EXPECT_LE(bytes_of("sum_received"), kBytes) << r.client.out;
+  EXPECT_GE(bytes_of("sum_received"), kBytes - (128L << 10)) << r.client.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Preload, ::testing::Values("shm", "udp"));
