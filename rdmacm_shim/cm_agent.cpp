@@ -221,4 +221,6 @@ void CmAgent::remove_listener(uint64_t service_id, const Gid16& address) {
   remove_cm_listener(*memory_, service_id, address, qpn());
 }
 
+bool CmAgent::peer_alive(uint32_t id) { return cm_id_held(*memory_, id); }
+
 }  // namespace softverbs::cm

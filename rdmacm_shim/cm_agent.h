@@ -65,6 +65,11 @@ class CmAgent {
   bool has_gid(const Gid16& gid) { return gid_index(gid).has_value(); }
   std::optional<Gid16> first_gid();
 
+  // Whether a live process holds communication ID `id` of this device. A
+  // peer process that died sends no DREQ (the kernel's CM would send one
+  // for it), so the engine asks this of its connected peers.
+  bool peer_alive(uint32_t id);
+
   // Listeners (0, or an errno); an all-zero address listens on all of the
   // device's addresses.
   int add_listener(uint64_t service_id, const Gid16& address);

@@ -114,6 +114,7 @@ int establish(rdma_cm_id* public_id) {
   rtu.type = MessageType::Rtu;
   if (!send_to_peer(id, rtu)) return fail(ECONNRESET);
   id->state = IdState::Connected;
+  Engine::instance().schedule_resends();  // starts watching the peer
   return 0;
 }
 

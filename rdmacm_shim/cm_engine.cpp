@@ -3,6 +3,7 @@
 // agents and resends what the peer has not answered.
 #include <pthread.h>
 
+#include <algorithm>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cstdlib>
@@ -18,6 +19,9 @@
 namespace softverbs::cm {
 
 using boost::asio::posix::stream_descriptor;
+
+// How often connected ids look whether their peer process still lives.
+constexpr auto kPeerCheckEvery = std::chrono::milliseconds(250);
 
 // Made on the runtime's io_context of `generation`. A forked child's are
 // its parent's: it abandons them (see waits()).
@@ -140,6 +144,10 @@ void Engine::schedule_resends() {
   for (CmId* id : ids)
     if (id->awaiting_answer) consider(id->awaiting_answer->at);
   for (const Lingering& entry : lingering) consider(entry.dreq.at);
+  if (watching_peers()) {
+    if (next_peer_check <= Clock::now()) next_peer_check = Clock::now() + kPeerCheckEvery;
+    consider(next_peer_check);
+  }
   Waits& w = waits();
   if (!earliest) {
     // Idle, as the CM is between connections: no wake-ups.
@@ -156,8 +164,29 @@ void Engine::schedule_resends() {
     std::lock_guard guard(mutex);
     waits_->armed_for.reset();
     resend_due();
+    check_peers(Clock::now());
     schedule_resends();
   });
+}
+
+namespace {
+bool peer_on_our_device(CmId* id) {
+  return id->state == IdState::Connected && id->id.qp_type != IBV_QPT_UD && id->agent != nullptr &&
+         id->remote_comm_id != 0 && id->agent->has_gid(id->peer_gid);
+}
+}  // namespace
+
+bool Engine::watching_peers() const { return std::any_of(ids.begin(), ids.end(), peer_on_our_device); }
+
+void Engine::check_peers(Clock::time_point now) {
+  if (now < next_peer_check) return;
+  next_peer_check = now + kPeerCheckEvery;
+  for (CmId* id : std::vector<CmId*>(ids.begin(), ids.end())) {
+    if (!ids.count(id) || !peer_on_our_device(id) || id->agent->peer_alive(id->remote_comm_id)) continue;
+    stop_resending(id);
+    id->state = IdState::Disconnected;
+    deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+  }
 }
 
 Due step(Resending& resending, Clock::time_point now) {

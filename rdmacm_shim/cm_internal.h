@@ -138,6 +138,11 @@ class Engine {
   void watch(CmAgent* agent);
   void on_readable(CmAgent* agent);
   void resend_due();
+  // Connected ids whose peer, on this device, has died: DISCONNECTED, as
+  // the DREQ the peer's kernel CM would have sent.
+  bool watching_peers() const;
+  void check_peers(Clock::time_point now);
+  Clock::time_point next_peer_check{};
   static void wait_for_lingering_at_exit();
 
   // The agents' descriptors and the resend timer, on the process's

@@ -47,6 +47,14 @@ int bad_fd() {
   return -1;
 }
 
+constexpr uint64_t kPollSpinMicroseconds = 10;  // rdma-core's default polling_time
+
+uint64_t now_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000 + static_cast<uint64_t>(ts.tv_nsec) / 1000;
+}
+
 uint64_t now_ms() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -220,8 +228,15 @@ SV_EXPORT ssize_t rwritev(int s, const iovec* iov, int iovcnt) {
 SV_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
   SOFTVERBS_FORWARD(rpoll, "RDMACM_1.0", fds, nfds, timeout);
   const uint64_t start = softverbs::rs::now_ms();
-  int count = softverbs::rs::check_all(fds, nfds);
-  if (count != 0 || timeout == 0) return count;
+  // As rdma-core: look again for a while (its polling_time) before
+  // sleeping, since a wake-up through the CQ's channel costs more than a
+  // transfer takes.
+  int count = 0;
+  const uint64_t spin_start = softverbs::rs::now_us();
+  do {
+    count = softverbs::rs::check_all(fds, nfds);
+    if (count != 0 || timeout == 0) return count;
+  } while (softverbs::rs::now_us() - spin_start <= softverbs::rs::kPollSpinMicroseconds);
   std::vector<pollfd> waits;
   std::vector<std::shared_ptr<softverbs::rs::StreamSocket>> armed;
   for (;;) {

@@ -1,10 +1,12 @@
 // rsockets' error paths, as rdma-core's rsockets give them, through our
 // librdmacm.so.1 (run under `softverbs run`): a refused connection, a
-// non-blocking connect, reads after shutdown.
+// non-blocking connect, reads after shutdown, a peer killed mid-stream.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <rdma/rsocket.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -153,6 +155,59 @@ TEST(RsocketErrors, BadDescriptorsAndTypes) {
   EXPECT_EQ(rgetsockopt(s, SOL_SOCKET, SO_PEERCRED, &got, &len), -1);
   EXPECT_EQ(errno, ENOTSUP);
   rclose(s);
+}
+
+// A peer process killed mid-stream: its kernel CM would send a DREQ, so the
+// survivor sees DISCONNECTED: what was sent before the death is read, then
+// rrecv returns 0 (the end of the stream) and rsend fails with ECONNRESET,
+// as rdma-core's rsockets give them.
+TEST(RsocketErrors, PeerKilledMidStreamEndsTheStream) {
+  int l = listener(7594);
+  ASSERT_GE(l, 0);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  // The peer is a fresh process (this binary again, as KilledPeer below):
+  // a child forked from a process whose rdma_cm is in use would share it.
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv("RSOCKET_KILLED_PEER_FD", std::to_string(ready[1]).c_str(), 1);
+    execl("/proc/self/exe", "rsocket_errors_test", "--gtest_filter=KilledPeer.*", nullptr);
+    _exit(127);
+  }
+  int s = raccept(l, nullptr, nullptr);
+  ASSERT_GE(s, 0);
+  char byte;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  char buffer[16];
+  EXPECT_EQ(rrecv(s, buffer, 6, MSG_WAITALL), 6);
+  EXPECT_EQ(std::string(buffer, 6), "before");
+  EXPECT_EQ(rrecv(s, buffer, sizeof buffer, 0), 0);
+  EXPECT_EQ(rsend(s, "after", 5, 0), -1);
+  EXPECT_EQ(errno, ECONNRESET);
+  pollfd p{s, POLLIN, 0};
+  ASSERT_EQ(rpoll(&p, 1, 1000), 1);
+  EXPECT_TRUE(p.revents & POLLHUP) << p.revents;
+  rclose(s);
+  rclose(l);
+  close(ready[0]);
+  close(ready[1]);
+}
+
+// The peer of PeerKilledMidStreamEndsTheStream, run only as that test's
+// child: connects, sends, says so, and waits to be killed.
+TEST(KilledPeer, ConnectsSendsAndWaits) {
+  const char* ready = std::getenv("RSOCKET_KILLED_PEER_FD");
+  if (ready == nullptr) GTEST_SKIP() << "the peer of RsocketErrors.PeerKilledMidStreamEndsTheStream";
+  int s = connected(7594);
+  ASSERT_GE(s, 0);
+  ASSERT_EQ(rsend(s, "before", 6, 0), 6);
+  char byte = 'R';
+  ASSERT_EQ(write(std::atoi(ready), &byte, 1), 1);
+  for (;;) pause();
 }
 
 }  // namespace

@@ -130,8 +130,10 @@ int command_run(const RunOptions& options) {
     setenv(name.c_str(), value.c_str(), 1);
   if (options.rsockets) {
     // First of all: its socket() must be found before softverbs' preload's.
-    const std::string rspreload = (libraries.rdmacm_dir / "librspreload.so").string();
-    setenv("LD_PRELOAD", (rspreload + ":" + std::getenv("LD_PRELOAD")).c_str(), 1);
+    std::string preload = (libraries.rdmacm_dir / "librspreload.so").string();
+    if (const char* others = std::getenv("LD_PRELOAD"); others != nullptr && *others != '\0')
+      preload += std::string(":") + others;
+    setenv("LD_PRELOAD", preload.c_str(), 1);
   }
   if (options.trace_file && !prepare_trace(*options.trace_file, &error)) {
     report_error("run: " + error);

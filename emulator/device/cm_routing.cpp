@@ -62,6 +62,8 @@ void remove_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::ar
   }
 }
 
+bool cm_id_held(DeviceMemory& memory, uint32_t id) { return agent_of_id(memory, id) != 0; }
+
 uint32_t cm_local_id(uint32_t agent_qpn, uint32_t sequence) {
   const uint32_t index = agent_qpn & ((1u << kQpnIndexBits) - 1);
   const uint32_t low = sequence & ((1u << kSequenceBits) - 1);

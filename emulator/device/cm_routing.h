@@ -44,6 +44,10 @@ void remove_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::ar
 // The communication ID (or SIDR request ID) number `sequence` of an agent.
 uint32_t cm_local_id(uint32_t agent_qpn, uint32_t sequence);
 
+// Whether a live agent holds communication ID `id` (handed out on this
+// device): false once the process that owns it has died.
+bool cm_id_held(DeviceMemory& memory, uint32_t id);
+
 // The kernel CM's answer to a MAD that no agent or id takes: REJ "invalid
 // service ID" for a REQ, SIDR_REP "unsupported" for a SIDR_REQ, DREP for a
 // DREQ, REJ "invalid communication ID" for a REP; nullopt for the rest.
