@@ -231,6 +231,61 @@ TEST_F(RcDataPath, SolicitedOnlyArmingWaitsForASolicitedMessage) {
   EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
 }
 
+// Two CQs on one channel, each armed: a SEND raises an event on both (the
+// sender's completion and the receiver's). Over UDP one pass of the waiting
+// thread may raise both; each is delivered once, and no third appears.
+TEST_F(RcDataPath, OneChannelDeliversEachArmedCqsEventOnce) {
+  ibv_comp_channel* channel = ibv_create_comp_channel(context_);
+  ASSERT_NE(channel, nullptr) << std::strerror(errno);
+  ibv_cq* sends = ibv_create_cq(context_, 8, nullptr, channel, 0);
+  ibv_cq* receives = ibv_create_cq(context_, 8, nullptr, channel, 0);
+  ASSERT_TRUE(sends && receives);
+  ibv_qp_init_attr init{};
+  init.send_cq = cq_b_;
+  init.recv_cq = receives;
+  init.cap = {4, 4, 1, 1, 0};
+  connect_rc_with(init, sends);
+  for (uint64_t round = 0; round < 3; ++round) {
+    ASSERT_EQ(ibv_req_notify_cq(sends, 0), 0);
+    ASSERT_EQ(ibv_req_notify_cq(receives, 0), 0);
+    ASSERT_EQ(post_recv_b(round, 0, 64), 0);
+    ASSERT_EQ(post_a(IBV_WR_SEND, 100 + round, 0, 16), 0);
+    std::vector<ibv_cq*> woken;
+    for (int event = 0; event < 2; ++event) {
+      ibv_cq* event_cq = nullptr;
+      void* event_context = nullptr;
+      ASSERT_EQ(ibv_get_cq_event(channel, &event_cq, &event_context), 0);
+      woken.push_back(event_cq);
+      ibv_ack_cq_events(event_cq, 1);
+    }
+    std::sort(woken.begin(), woken.end());
+    std::vector<ibv_cq*> expected{sends, receives};
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(woken, expected) << "round " << round;
+    const int flags = fcntl(channel->fd, F_GETFL);
+    ASSERT_EQ(fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK), 0);
+    ibv_cq* extra = nullptr;
+    void* extra_context = nullptr;
+    errno = 0;
+    EXPECT_EQ(ibv_get_cq_event(channel, &extra, &extra_context), -1) << "round " << round << ": a third event";
+    EXPECT_EQ(errno, EAGAIN);
+    ASSERT_EQ(fcntl(channel->fd, F_SETFL, flags), 0);
+    auto sent = poll_n(sends, 1);
+    ASSERT_EQ(sent.size(), 1u);
+    EXPECT_EQ(sent[0].wr_id, 100 + round);
+    auto received = poll_n(receives, 1);
+    ASSERT_EQ(received.size(), 1u);
+    EXPECT_EQ(received[0].wr_id, round);
+  }
+  EXPECT_EQ(ibv_destroy_qp(qp_a_), 0);
+  qp_a_ = nullptr;
+  EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
+  qp_b_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(sends), 0);
+  EXPECT_EQ(ibv_destroy_cq(receives), 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+}
+
 TEST_F(RcDataPath, CompletionChannelWakesTheWaiter) {
   ibv_comp_channel* channel = ibv_create_comp_channel(context_);
   ASSERT_NE(channel, nullptr) << std::strerror(errno);

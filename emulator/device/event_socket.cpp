@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -89,17 +90,49 @@ bool socket_address_of(int fd, SocketAddress* address) {
   return true;
 }
 
+namespace {
+
+// The unbound socket this process sends every datagram from (any thread may
+// use it at once; the kernel attaches the sending process's credentials at
+// each send). A socket made and closed per datagram cost two more system
+// calls on every completion event. -1: none yet.
+std::atomic<int> sender_fd{-1};
+
+int sender_socket() {
+  int fd = sender_fd.load(std::memory_order_acquire);
+  if (fd >= 0) return fd;
+  fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int expected = -1;
+  if (sender_fd.compare_exchange_strong(expected, fd, std::memory_order_acq_rel)) return fd;
+  close(fd);  // another thread's came first
+  return expected;
+}
+
+// The application closed the descriptor under us (a daemon closing all it
+// inherited, say): forget it, so that the next send opens another.
+void forget_sender_socket(int fd) { sender_fd.compare_exchange_strong(fd, -1, std::memory_order_acq_rel); }
+
+}  // namespace
+
 bool send_datagram(const SocketAddress& to, const void* bytes, size_t length) {
   if (to.length == 0 || to.length > sizeof to.path) return false;
-  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   std::memcpy(address.sun_path, to.path, to.length);
-  ssize_t sent = sendto(fd, bytes, length, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&address),
-                        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + to.length));
-  close(fd);
-  return sent == static_cast<ssize_t>(length);
+  const auto address_length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + to.length);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int fd = sender_socket();
+    if (fd < 0) return false;
+    const ssize_t sent =
+        sendto(fd, bytes, length, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&address), address_length);
+    if (sent >= 0) return sent == static_cast<ssize_t>(length);
+    // Not our socket any more (closed, or its number reused by another kind).
+    if (errno != EBADF && errno != ENOTSOCK && errno != EAFNOSUPPORT && errno != EISCONN && errno != EOPNOTSUPP)
+      return false;
+    forget_sender_socket(fd);
+  }
+  return false;
 }
 
 std::string address_to_text(const SocketAddress& address) {
