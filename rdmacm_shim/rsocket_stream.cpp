@@ -42,20 +42,27 @@ uint64_t now_us() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000 + static_cast<uint64_t>(ts.tv_nsec) / 1000;
 }
 
+}  // namespace
+
+void PagesUnmap::operator()(uint8_t* p) const {
+  if (p != nullptr) munmap(p, length);
+}
+
+namespace {
+
 // rdma-core's 8-bit encoding of the iomap table size.
 int scale_of(int value) { return value <= 128 ? value : 128 | (value >> 8); }
 int value_of(int scale) { return scale <= 128 ? scale : (scale & ~128) << 8; }
 
 AlignedBuffer allocate(size_t length) {
-  void* memory = nullptr;
-  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  size_t rounded = (length + page - 1) / page * page;
-  if (posix_memalign(&memory, page, rounded) != 0) return nullptr;
-  std::memset(memory, 0, rounded);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t rounded = std::max<size_t>(page, (length + page - 1) / page * page);
+  void* memory = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) return AlignedBuffer(nullptr, PagesUnmap{});
   // As rdma-core: registered memory must not be shared copy-on-write with a
   // forked child (rstream -T f forks).
   madvise(memory, rounded, MADV_DONTFORK);
-  return AlignedBuffer(static_cast<uint8_t*>(memory));
+  return AlignedBuffer(static_cast<uint8_t*>(memory), PagesUnmap{rounded});
 }
 
 void copy_sockaddr(sockaddr* to, socklen_t* len, const sockaddr* from) {

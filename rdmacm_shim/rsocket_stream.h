@@ -83,11 +83,14 @@ struct Defaults {
   uint16_t iomap_size = 0;
 };
 
-// Page-aligned memory that the peer may write into.
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
+// Pages of their own that the peer may write into: mapped, not from the
+// heap, so that their MADV_DONTFORK never reaches memory malloc reuses
+// (a forked child would lack whatever the heap put there later).
+struct PagesUnmap {
+  size_t length = 0;
+  void operator()(uint8_t* p) const;
 };
-using AlignedBuffer = std::unique_ptr<uint8_t[], AlignedFree>;
+using AlignedBuffer = std::unique_ptr<uint8_t[], PagesUnmap>;
 
 class StreamSocket {
  public:

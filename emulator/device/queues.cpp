@@ -23,7 +23,8 @@ int append_wqe(DeviceMemory& memory, RecvQueue& rq, uint64_t wr_id, std::span<co
   RecvWqe* wqe = memory.recv_slot(rq, rq.posted);
   wqe->wr_id = wr_id;
   wqe->num_sge = static_cast<uint32_t>(sges.size());
-  std::memcpy(DeviceMemory::sges_of(wqe), sges.data(), sges.size_bytes());
+  // A receive with no SGE is valid (for WRITE with immediate): no copy.
+  if (!sges.empty()) std::memcpy(DeviceMemory::sges_of(wqe), sges.data(), sges.size_bytes());
   std::atomic_ref<uint32_t>(wqe->sequence).store(wqe_sequence(rq.posted), std::memory_order_release);
   ++rq.posted;
   return 0;
