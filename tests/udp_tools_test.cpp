@@ -332,6 +332,29 @@ TEST_F(UdpOnLoopback, LossDuplicationReorderingAndCorruptionAreSurvivedAndCounte
   EXPECT_EQ(counters()["rx_packets"], 0u);
 }
 
+// 64 RC QPs of one process share its bytes in flight (kInFlightBytes). With
+// a full window each they put 64 MiB in flight, which on a loaded machine
+// waited in the peer's socket queues past the ACK timeout: nothing was lost,
+// but go-back-N resent a fifth to a half of the packets, and one run in two
+// failed with IBV_WC_RETRY_EXC_ERR. Three runs, each must finish.
+TEST_F(UdpOnLoopback, SixtyFourQpsShareTheBytesInFlightAndOutliveTheirTimers) {
+  std::string gid = ipv4_gid_index();
+  ASSERT_FALSE(gid.empty());
+  for (int run = 0; run < 3; ++run) {
+    std::vector<std::string> command = {
+        "ib_write_bw", "-d", "softverbs0", "-x",    gid,  "-p", port_for("qps64_" + std::to_string(run)),
+        "-q",          "64", "-s",         "65536", "-n", "300"};
+    std::vector<std::string> client = command;
+    client.push_back("127.0.0.1");
+    Pair r = run_pair(command, client);
+    ASSERT_EQ(r.client.exit_code, 0) << "run " << run << ":\n" << r.client.out << r.client.err;
+    ASSERT_EQ(r.server.exit_code, 0) << "run " << run << ":\n" << r.server.out << r.server.err;
+  }
+  auto count = counters();
+  EXPECT_GE(count["rx_packets"], 3u * 64 * 300 * 16);  // 16 packets per WRITE at MTU 4096
+  EXPECT_LT(count["retransmissions"] * 20, count["tx_packets"]) << "timers fired on packets that were not lost";
+}
+
 TEST_F(UdpOnLoopback, EnvironmentFaultsOverrideTheDevicesForOneProgram) {
   Pair r = ib_write_bw("envfaults", "16384", "500", {"SOFTVERBS_FAULTS=loss=0.1,seed=5"});
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;

@@ -6,6 +6,7 @@
 #include <sys/timerfd.h>
 
 #include <algorithm>
+#include <bit>
 #include <boost/asio/post.hpp>
 #include <cerrno>
 #include <cstdio>
@@ -265,6 +266,14 @@ inline void PortEngine::arm_for_deadlines_locked(Clock::time_point now) {
 void PortEngine::list_timer_locked(UdpQp& qp) {
   qp.timer_listed = true;
   timed_qps_.push_back(&qp);
+}
+
+int32_t PortEngine::window(const UdpQp& qp) const {
+  // The QPs with requests outstanding are the ones whose timer runs (an RNR
+  // wait counts too); a QP about to send its first is not listed yet.
+  const size_t sharing = timed_qps_.size() + (qp.timer_listed ? 0 : 1);
+  const size_t share = parameters::kInFlightBytes / (sharing * std::max<uint32_t>(qp.mtu, 256));
+  return static_cast<int32_t>(std::clamp<size_t>(std::bit_floor(share), parameters::kMinWindow, parameters::kWindow));
 }
 
 Clock::time_point PortEngine::earliest_deadline_locked() const {

@@ -68,6 +68,8 @@ class PortEngine : public TransportPort {
   // off, against timers of 10 us and more.
   Clock::time_point now() const override { return pass_clock_set_ ? pass_now_ : Clock::now(); }
   uint64_t application_calls() const override { return drive_count_.load(std::memory_order_relaxed); }
+  // An equal share of kInFlightBytes for each QP with requests outstanding.
+  int32_t window(const UdpQp& qp) const override;
   void transmit(UdpQp& qp, const Path& path, uint32_t destination_qpn, const wire::TransportPacket& packet,
                 std::span<const iovec> payload) override;
 

@@ -14,12 +14,25 @@ namespace softverbs::udp::parameters {
 // PSNs in flight beyond the last acknowledged one. Go-back-N resends all of
 // them after a loss, so more than the receive buffers hold only costs.
 inline constexpr int32_t kWindow = 256;
-// An RC requester asks for an ACK (AckReq) at the end of a message with
-// nothing older in flight, and every this many PSNs, so that the window
-// moves while the responder holds unasked-for ACKs to coalesce them.
-inline constexpr uint32_t kAckRequestInterval = kWindow / 2;
 // A responder ACKs at least this often even if no packet asks.
 inline constexpr uint32_t kAckEveryPackets = 32;
+// Request bytes in flight that a process's RC QPs share (PortEngine::window):
+// each QP with requests outstanding gets an equal share, a power of two of
+// packets between kMinWindow and kWindow. 64 QPs with a full window each put
+// 64 MiB in flight, which waited in the peer's socket queues longer than the
+// ACK timeout on a loaded machine: the timers fired while nothing was lost,
+// go-back-N doubled the queue, and retry counts ran out against a live peer.
+// 16 MiB drains in ~30 ms at 0.5 GB/s; 4 MiB cost 64 QPs a fifth of their
+// throughput (more ACKs asked for, bench/NOTES.md).
+inline constexpr size_t kInFlightBytes = 16 << 20;
+// No share is smaller: the responder ACKs every kAckEveryPackets packets even
+// without an AckReq, so a window this large never waits on an ACK nobody sends.
+inline constexpr int32_t kMinWindow = kAckEveryPackets;
+// An RC requester asks for an ACK (AckReq) at the end of a message with
+// nothing older in flight, and every half window (at most this many PSNs),
+// so that the window moves while the responder holds unasked-for ACKs to
+// coalesce them.
+inline constexpr uint32_t kAckRequestInterval = kWindow / 2;
 // READ and atomic requests remembered (at least max_dest_rd_atomic), so that
 // a duplicate is answered again, as IBA 9.7.5.1.4 asks.
 inline constexpr size_t kReplayEntries = 64;

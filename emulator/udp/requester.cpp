@@ -3,8 +3,8 @@
 // last or only packets (a WRITE without immediate into WRITE ONLY packets
 // unless asked otherwise: see WriteFraming); an RDMA READ as one request
 // whose responses use one PSN each; an atomic or an ATOMIC WRITE as one
-// request. For RC it keeps at most kWindow PSNs unacknowledged and at most
-// max_rd_atomic READs and atomics (ATOMIC WRITEs among them) outstanding.
+// request. For RC it keeps at most its window of PSNs unacknowledged
+// (TransportPort::window) and at most max_rd_atomic READs and atomics (ATOMIC WRITEs among them) outstanding.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -78,9 +78,9 @@ uint8_t segment_opcode(const UdpQp& qp, const SendWqe& wqe, uint32_t index, uint
 }
 
 // May a packet with this PSN go now? Always when nothing is outstanding.
-bool window_open(const UdpQp& qp, uint32_t psn) {
+bool window_open(const UdpQp& qp, uint32_t psn, int32_t window) {
   if (qp.type != QpType::Rc) return true;
-  return psn_distance(psn, qp.requester.acked_psn) <= kWindow;
+  return psn_distance(psn, qp.requester.acked_psn) <= window;
 }
 
 void note_sent(TransportPort& port, UdpQp& qp, uint32_t psn) {
@@ -109,7 +109,7 @@ void assign_psns(UdpQp& qp, SendWqe& wqe) {
 
 // Sends packet `index` of a SEND or WRITE; false if its data failed the
 // lkey check (the WQE then carries the error).
-bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) {
+bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index, int32_t window) {
   const uint64_t offset = uint64_t{index} * qp.mtu;
   const uint64_t length = std::min<uint64_t>(qp.mtu, wqe.length - std::min(wqe.length, offset));
   TransportPacket packet;
@@ -121,8 +121,9 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index) 
   const bool last = index + 1 == wqe.psn_count;
   packet.bth.solicited = last && (wqe.flags & send_flag::kSolicited);
   const bool nothing_older_in_flight = &wqe == &qp.requester.queue.front();
-  packet.bth.ack_request = qp.type == QpType::Rc && ((last && nothing_older_in_flight) ||
-                                                     (psn_add(packet.bth.psn, 1) % kAckRequestInterval) == 0);
+  const uint32_t ack_interval = std::min(kAckRequestInterval, static_cast<uint32_t>(window) / 2);
+  packet.bth.ack_request =
+      qp.type == QpType::Rc && ((last && nothing_older_in_flight) || (psn_add(packet.bth.psn, 1) % ack_interval) == 0);
   // Only a FIRST or an ONLY packet carries the RETH: a FIRST's names the
   // whole message, an ONLY's the bytes it carries (all of a one-packet
   // WRITE, or its part of one sent as WRITE ONLY packets).
@@ -246,6 +247,8 @@ bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uin
   return length == 0;
 }
 
+int32_t TransportPort::window(const UdpQp&) const { return parameters::kWindow; }
+
 void requester_post(TransportPort& port, UdpQp& qp, const SendWqe& wqe) {
   qp.requester.queue.push_back(wqe);
   requester_run(port, qp);
@@ -255,6 +258,7 @@ void requester_run(TransportPort& port, UdpQp& qp) {
   RequesterState& r = qp.requester;
   if (!qp.sending || port.now() < r.resume_at) return;
   const uint32_t rd_atomic_limit = std::max<uint32_t>(1, qp.attributes.max_rd_atomic);
+  const int32_t window = qp.type == QpType::Rc ? port.window(qp) : kWindow;
   bool executed_local = false;
   while (r.cursor < r.queue.size()) {
     SendWqe& wqe = r.queue[r.cursor];
@@ -293,7 +297,7 @@ void requester_run(TransportPort& port, UdpQp& qp) {
         ++r.rd_atomic_in_flight;
       }
       const uint32_t psn = wqe.is_read() ? wqe.read_next_psn : wqe.first_psn;
-      if (!window_open(qp, psn)) break;
+      if (!window_open(qp, psn, window)) break;
       if (wqe.is_read())
         send_read_request(port, qp, wqe);
       else if (wqe.is_atomic_write()) {
@@ -306,8 +310,8 @@ void requester_run(TransportPort& port, UdpQp& qp) {
     }
     bool failed = false;
     while (wqe.packets_sent < wqe.psn_count) {
-      if (!window_open(qp, psn_add(wqe.first_psn, wqe.packets_sent))) break;
-      if (!send_segment(port, qp, wqe, wqe.packets_sent)) {
+      if (!window_open(qp, psn_add(wqe.first_psn, wqe.packets_sent), window)) break;
+      if (!send_segment(port, qp, wqe, wqe.packets_sent, window)) {
         failed = true;
         break;
       }
