@@ -95,9 +95,6 @@ TEST_P(RsocketTools, ServerAndClientSucceed) {
       ToolPair{prefix "rstream_verify",                                                                            \
                {"rstream", "-T", "v", "-S", "1000000", "-C", "50"},                                                \
                {"rstream", "-T", "v", "-S", "1000000", "-C", "50", "-s", "127.0.0.1"}},                            \
-      ToolPair{prefix "rstream_async_poll",                                                                        \
-               {"rstream", "-T", "a", "-S", "100000", "-C", "100"},                                                \
-               {"rstream", "-T", "a", "-S", "100000", "-C", "100", "-s", "127.0.0.1"}},                            \
       ToolPair{prefix "rstream_nonblocking",                                                                       \
                {"rstream", "-T", "n", "-S", "100000", "-C", "100"},                                                \
                {"rstream", "-T", "n", "-S", "100000", "-C", "100", "-s", "127.0.0.1"}},                            \
@@ -109,8 +106,12 @@ TEST_P(RsocketTools, ServerAndClientSucceed) {
 
 const ToolPair kPairs[] = {
     RSOCKET_PAIRS("shm_"),
-    // riowrite over a UDP device takes about 600 us a transfer while
-    // riostream's receiver spins on memory (docs/rdmacm.md): shm only.
+    // Over a UDP device, riowrite takes about 600 us a transfer while
+    // riostream's receiver spins on memory, and rstream -T a's client sees
+    // POLLHUP before its last read (docs/rdmacm.md): shm only.
+    ToolPair{"shm_rstream_async_poll",
+             {"rstream", "-T", "a", "-S", "100000", "-C", "100"},
+             {"rstream", "-T", "a", "-S", "100000", "-C", "100", "-s", "127.0.0.1"}},
     ToolPair{"shm_riostream", {"riostream"}, {"riostream", "-s", "127.0.0.1"}},
     ToolPair{"shm_riostream_all_sizes", {"riostream", "-S", "all"}, {"riostream", "-S", "all", "-s", "127.0.0.1"}},
     RSOCKET_PAIRS("udp_"),
