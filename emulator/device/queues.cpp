@@ -110,6 +110,24 @@ void DeferredChannelWakeups::flush() {
   held_.clear();
 }
 
+namespace {
+// The QP fatal event of an overrun on this thread, sent once the QP is in ERR
+// (every caller of deliver_completion moves it there on the same thread).
+struct PendingFatal {
+  uint32_t qpn = 0;
+  SocketAddress owner_async;
+  uint64_t owner_handle = 0;
+};
+thread_local PendingFatal pending_overrun_fatal;
+}  // namespace
+
+void raise_overrun_fatal(const QpRecord& qp) {
+  if (pending_overrun_fatal.qpn == 0 || pending_overrun_fatal.qpn != qp.qpn) return;
+  const PendingFatal pending = pending_overrun_fatal;
+  pending_overrun_fatal = {};
+  send_async_event(pending.owner_async, pending.owner_handle, AsyncEventType::QpFatal);
+}
+
 bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& completion, bool solicited) {
   if (cq_index < 0 || cq_index >= limits::kMaxCq) return false;
   CqRecord& cq = memory.shared().cqs[cq_index];
@@ -138,9 +156,11 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
       // (the caller moves it to ERR: see deliver_completion in queues.h).
       // (Its owner and handle never change while it lives: read unlocked,
       // since the caller may hold that QP's lock.)
+      // The event waits until the QP is in ERR (raise_overrun_fatal), so that
+      // the owner's query after it never sees the QP still in RTS.
       const QpRecord* qp = memory.qp_by_number(completion.qp_num);
       if (qp != nullptr && load_state(*qp) != QpState::Error)
-        send_async_event(qp->owner_async, qp->owner_handle, AsyncEventType::QpFatal);
+        pending_overrun_fatal = {qp->qpn, qp->owner_async, qp->owner_handle};
     }
     bool solicited_match = solicited || completion.status != WcStatus::Success;
     if (stored && (cq.armed == CqArm::NextCompletion || (cq.armed == CqArm::SolicitedOnly && solicited_match)) &&
@@ -164,6 +184,7 @@ bool move_to_error(QpRecord& qp, uint32_t qpn) {
   SharedLock lock(qp.lock);
   if (!qp.live || qp.qpn != qpn || load_state(qp) == QpState::Error) return false;
   set_state(qp, QpState::Error);
+  raise_overrun_fatal(qp);
   return true;
 }
 

@@ -34,6 +34,10 @@ bool deliver_completion(DeviceMemory& memory, int cq_index, const Completion& co
 // in this device) goes to ERR; its receive queue flushes (the completions
 // land once the application makes room).
 void move_to_error_after_overrun(DeviceMemory& memory, uint32_t qpn);
+// Sends the QP fatal event of an overrun this thread met on `qp`, now that
+// the QP is in ERR (move_to_error does it; a caller that sets ERR itself
+// calls it).
+void raise_overrun_fatal(const QpRecord& qp);
 
 // While one lives on a thread, the completion channel wake-ups that
 // deliver_completion makes on that thread wait for flush() or its end

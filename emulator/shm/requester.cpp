@@ -234,6 +234,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
   // execute_send flushes its receive queue once it is let go).
   if (!deliver_completion(memory, receive.completion_cq(*target), received, request.flags & send_flag::kSolicited)) {
     set_state(*target, QpState::Error);
+    raise_overrun_fatal(*target);
     overrun_target_qpn = target->qpn;
   }
   return SendOutcome::Completed;
@@ -335,6 +336,7 @@ void Execution::deliver_write_immediate(const ReceivePlacement& receive) {
   received.src_qp = qp_.qpn;
   if (!deliver_completion(memory_, receive.completion_cq(target_), received, request_.flags & send_flag::kSolicited)) {
     set_state(target_, QpState::Error);  // overrun (see place_send)
+    raise_overrun_fatal(target_);
     overrun_target_qpn = target_.qpn;
   }
 }
