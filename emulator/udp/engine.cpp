@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 #include "host/netdev.h"
 #include "support/process_id.h"
@@ -50,9 +51,7 @@ PortEngine::~PortEngine() {
     std::lock_guard guard(mutex_);
     flush_sends();
     while (!held_acks_.empty()) send_held_ack_locked(held_acks_.front().qpn);
-    fault_delays_.release_due(
-        Clock::time_point::max(),
-        [this](int fd, const SocketAddressStorage& to, std::span<const uint8_t> bytes) { send_bytes(fd, to, bytes); });
+    fault_delays_.release_due(Clock::time_point::max(), std::bind_front(&PortEngine::send_bytes, this));
     flush_sends();
   }
   ready_waiter_.reset();
@@ -225,9 +224,7 @@ inline void PortEngine::run_due_timers_locked(Clock::time_point now) {
     timed_qps_[i] = timed_qps_.back();
     timed_qps_.pop_back();
   }
-  fault_delays_.release_due(now, [this](int fd, const SocketAddressStorage& to, std::span<const uint8_t> bytes) {
-    send_bytes(fd, to, bytes);
-  });
+  fault_delays_.release_due(now, std::bind_front(&PortEngine::send_bytes, this));
 }
 
 inline void PortEngine::schedule_remaining_answers_locked() {

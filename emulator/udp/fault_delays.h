@@ -33,8 +33,22 @@ struct FaultDelays {
   // ones first, in the order they were delayed, then the reordered ones.
   template <typename Send>
   void release_due(Clock::time_point now, Send&& send) {
+    release_where([now](const HeldPacket& item) { return item.due <= now; }, send);
+  }
+
+  // Hands every packet `qpn` sent to `send(fd, to, bytes)`: a destroyed
+  // QP's packets were on the wire already, as an HCA's would be.
+  template <typename Send>
+  void release_qp(uint32_t qpn, Send&& send) {
+    release_where([qpn](const HeldPacket& item) { return item.qpn == qpn; }, send);
+  }
+
+  // Hands every held packet that `chosen` picks to `send`, in the order
+  // release_due describes.
+  template <typename Chosen, typename Send>
+  void release_where(Chosen&& chosen, Send&& send) {
     for (size_t i = 0; i < delayed.size();) {
-      if (delayed[i].due <= now) {
+      if (chosen(delayed[i])) {
         HeldPacket item = std::move(delayed[i]);
         delayed.erase(delayed.begin() + static_cast<std::ptrdiff_t>(i));
         send(item.fd, item.to, item.bytes);
@@ -43,32 +57,12 @@ struct FaultDelays {
       }
     }
     for (auto it = reordered.begin(); it != reordered.end();) {
-      if (it->second.due <= now) {
+      if (chosen(it->second)) {
         send(it->second.fd, it->second.to, it->second.bytes);
         it = reordered.erase(it);
       } else {
         ++it;
       }
-    }
-  }
-
-  // Hands every packet `qpn` sent to `send(fd, to, bytes)`: a destroyed
-  // QP's packets were on the wire already, as an HCA's would be.
-  template <typename Send>
-  void release_qp(uint32_t qpn, Send&& send) {
-    for (size_t i = 0; i < delayed.size();) {
-      if (delayed[i].qpn == qpn) {
-        HeldPacket item = std::move(delayed[i]);
-        delayed.erase(delayed.begin() + static_cast<std::ptrdiff_t>(i));
-        send(item.fd, item.to, item.bytes);
-      } else {
-        ++i;
-      }
-    }
-    if (auto it = reordered.find(qpn); it != reordered.end()) {
-      HeldPacket item = std::move(it->second);
-      reordered.erase(it);
-      send(item.fd, item.to, item.bytes);
     }
   }
 

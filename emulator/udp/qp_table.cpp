@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 
 #include "device/shared_mutex.h"
 #include "udp/engine.h"
@@ -121,9 +122,7 @@ void PortEngine::forget_locked(uint32_t qpn) {
   held_acks_.forget_pacing(qpn);
   if (UdpQp* qp = find(qpn); qp != nullptr && qp->timer_listed) std::erase(timed_qps_, qp);
   qps_.erase(qpn);
-  fault_delays_.release_qp(qpn, [this](int fd, const SocketAddressStorage& to, std::span<const uint8_t> bytes) {
-    send_bytes(fd, to, bytes);
-  });
+  fault_delays_.release_qp(qpn, std::bind_front(&PortEngine::send_bytes, this));
   flush_sends();
   std::erase(touched_, qpn);
   std::erase(awaiting_receive_qps_, qpn);
