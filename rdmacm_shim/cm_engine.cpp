@@ -183,9 +183,7 @@ void Engine::check_peers(Clock::time_point now) {
   next_peer_check = now + kPeerCheckEvery;
   for (CmId* id : std::vector<CmId*>(ids.begin(), ids.end())) {
     if (!ids.count(id) || !peer_on_our_device(id) || id->agent->peer_alive(id->remote_comm_id)) continue;
-    stop_resending(id);
-    id->state = IdState::Disconnected;
-    deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+    ended_by_peer(id);
   }
 }
 

@@ -185,6 +185,10 @@ inline void stop_resending(CmId* id) { id->awaiting_answer.reset(); }
 // A MAD that arrived on `agent`; a MAD resent enough times and never answered.
 void on_mad(Engine& engine, CmAgent* agent, const ReceivedMad& received);
 void on_no_answer(CmId* id);
+// The peer ended the connection (its DREQ, or the death of its process):
+// DISCONNECTED for a connected id. The QP stays as it is, as with
+// librdmacm, whose DISCONNECTED leaves it alone.
+void ended_by_peer(CmId* id);
 
 // ---- queue pairs (cm_qp.cpp) ----------------------------------------------------
 

@@ -182,15 +182,7 @@ void on_message(CmId* id, const Message& message) {
       Message drep;
       drep.type = MessageType::Drep;
       send_to_peer(id, drep);
-      stop_resending(id);
-      // The QP stays as it is, as with librdmacm, whose DISCONNECTED leaves
-      // it alone: the application moves it (rdma_disconnect) or destroys it,
-      // maybe with ibv_destroy_qp behind the shim's back, so the runtime's
-      // handler must not touch it.
-      if (id->state == IdState::Connected || id->state == IdState::ReplySent) {
-        id->state = IdState::Disconnected;
-        deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
-      }
+      ended_by_peer(id);
       return;
     }
     case MessageType::Drep:
@@ -345,6 +337,17 @@ void on_mad(Engine& engine, CmAgent* agent, const ReceivedMad& received) {
     return;
   }
   if (settle_resending(id, agent, in)) on_message(id, message_of(in));
+}
+
+void ended_by_peer(CmId* id) {
+  stop_resending(id);
+  // The application moves the QP (rdma_disconnect) or destroys it, maybe
+  // with ibv_destroy_qp behind the shim's back, so the runtime's handler
+  // must not touch it.
+  if (id->state == IdState::Connected || id->state == IdState::ReplySent) {
+    id->state = IdState::Disconnected;
+    deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+  }
 }
 
 void on_no_answer(CmId* id) {
