@@ -649,14 +649,15 @@ ssize_t StreamSocket::recv(void* buf, size_t len, int flags) {
   return recvv(&iov, 1, flags);
 }
 
+int StreamSocket::finish_connect(int flags) {
+  if (!(state_ & kOpening) || do_connect(nonblocking(flags)) == 0) return 0;
+  if (errno == EINPROGRESS) errno = EAGAIN;
+  return -1;
+}
+
 ssize_t StreamSocket::recvv(const iovec* iov, int iovcnt, int flags) {
   std::unique_lock lock(lock_);
-  if (state_ & kOpening) {
-    if (do_connect(nonblocking(flags)) != 0) {
-      if (errno == EINPROGRESS) errno = EAGAIN;
-      return -1;
-    }
-  }
+  if (finish_connect(flags) != 0) return -1;
   if (cq_ == nullptr) return fail(ENOTCONN);
   size_t len = 0;
   for (int i = 0; i < iovcnt; ++i) len += iov[i].iov_len;
@@ -786,12 +787,7 @@ int StreamSocket::stage_and_write(const iovec*& iov, size_t& iov_offset, uint32_
 
 ssize_t StreamSocket::sendv(const iovec* iov, int iovcnt, int flags) {
   std::unique_lock lock(lock_);
-  if (state_ & kOpening) {
-    if (do_connect(nonblocking(flags)) != 0) {
-      if (errno == EINPROGRESS) errno = EAGAIN;
-      return -1;
-    }
-  }
+  if (finish_connect(flags) != 0) return -1;
   if (cq_ == nullptr) return fail(ENOTCONN);
   if (!(state_ & kWritable)) return fail(ECONNRESET);
   size_t len = 0;

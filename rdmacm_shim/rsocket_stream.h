@@ -134,6 +134,9 @@ class StreamSocket {
 
   // Connection setup.
   int do_connect(bool nonblock);  // lock held
+  // A data call on a socket still connecting finishes the connect first:
+  // 0, or -1 with errno (EAGAIN while a non-blocking one is under way).
+  int finish_connect(int flags);  // lock held
   int next_cm_event(bool nonblock, rdma_cm_event_type* type, int* status, ConnData* data, rdma_conn_param* param);
   void drain_cm_events();
   int create_endpoint();
