@@ -89,6 +89,12 @@ TEST_P(RsocketTools, ServerAndClientSucceed) {
   EXPECT_EQ(r.client.err.find("failed"), std::string::npos) << r.client.err;
 }
 
+// rstream_async_poll: the server waits in rpoll (-T a), not the client:
+// after the last transfer the server closes, and a client whose rpoll finds
+// the last data and the DISCONNECT together gets POLLHUP and gives up, as
+// with rdma-core's rsockets (rpoll reports both; rstream fails on POLLHUP).
+// riostream_*: riowrite into the peer's riomap'd buffer, on which the
+// receiver spins.
 #define RSOCKET_PAIRS(prefix)                                                                                      \
   ToolPair{prefix "rstream", {"rstream"}, {"rstream", "-s", "127.0.0.1"}},                                         \
       ToolPair{prefix "rstream_all_sizes", {"rstream", "-S", "all"}, {"rstream", "-S", "all", "-s", "127.0.0.1"}}, \
@@ -98,20 +104,26 @@ TEST_P(RsocketTools, ServerAndClientSucceed) {
       ToolPair{prefix "rstream_nonblocking",                                                                       \
                {"rstream", "-T", "n", "-S", "100000", "-C", "100"},                                                \
                {"rstream", "-T", "n", "-S", "100000", "-C", "100", "-s", "127.0.0.1"}},                            \
+      ToolPair{prefix "rstream_small_queues",                                                                      \
+               {"rstream", "-B", "4096", "-i", "0", "-S", "65536", "-C", "200"},                                   \
+               {"rstream", "-B", "4096", "-i", "0", "-S", "65536", "-C", "200", "-s", "127.0.0.1"}},               \
+      ToolPair{prefix "rstream_async_poll",                                                                        \
+               {"rstream", "-T", "a", "-S", "100000", "-C", "100"},                                                \
+               {"rstream", "-S", "100000", "-C", "100", "-s", "127.0.0.1"}},                                       \
+      ToolPair{prefix "riostream_stream",                                                                          \
+               {"riostream", "-T", "v", "-S", "65536", "-C", "100"},                                               \
+               {"riostream", "-T", "v", "-S", "65536", "-C", "100", "-s", "127.0.0.1"}},                           \
       ToolPair {                                                                                                   \
-    prefix "rstream_small_queues", {"rstream", "-B", "4096", "-i", "0", "-S", "65536", "-C", "200"}, {             \
-      "rstream", "-B", "4096", "-i", "0", "-S", "65536", "-C", "200", "-s", "127.0.0.1"                            \
+    prefix "riostream_pingpong", {"riostream", "-S", "64", "-I", "200", "-C", "1"}, {                              \
+      "riostream", "-S", "64", "-I", "200", "-C", "1", "-s", "127.0.0.1"                                           \
     }                                                                                                              \
   }
 
 const ToolPair kPairs[] = {
     RSOCKET_PAIRS("shm_"),
-    // Over a UDP device, riowrite takes about 600 us a transfer while
-    // riostream's receiver spins on memory, and rstream -T a's client sees
-    // POLLHUP before its last read (docs/rdmacm.md): shm only.
-    ToolPair{"shm_rstream_async_poll",
-             {"rstream", "-T", "a", "-S", "100000", "-C", "100"},
-             {"rstream", "-T", "a", "-S", "100000", "-C", "100", "-s", "127.0.0.1"}},
+    // riostream's default runs: 111,100 ping-pongs and 111,100 streamed
+    // transfers, each side spinning on its memory (minutes on two loaded
+    // CPUs over UDP, where each transfer also needs the receiver's io thread).
     ToolPair{"shm_riostream", {"riostream"}, {"riostream", "-s", "127.0.0.1"}},
     ToolPair{"shm_riostream_all_sizes", {"riostream", "-S", "all"}, {"riostream", "-S", "all", "-s", "127.0.0.1"}},
     RSOCKET_PAIRS("udp_"),
@@ -195,11 +207,15 @@ TEST_P(Preload, Iperf3CountsEveryByteOverRsockets) {
     std::regex pattern("\"" + section + "\":\\s*\\{[^}]*?\"bytes\":\\s*(\\d+)");
     return std::regex_search(r.client.out, m, pattern) ? std::stol(m[1]) : -1;
   };
-  EXPECT_EQ(bytes_of("sum_sent"), kBytes) << r.client.out;
+  // iperf3 -n stops at the first write that reaches the count; a write the
+  // non-blocking socket took only part of leaves the last one short of a
+  // block boundary, so it may end up to one block (128 KiB) past it.
+  EXPECT_GE(bytes_of("sum_sent"), kBytes) << r.client.out;
+  EXPECT_LT(bytes_of("sum_sent"), kBytes + (128L << 10)) << r.client.out;
   // iperf3's receiver stops counting at the client's TEST_END, which can
   // overtake the last data still in the receive buffer (over TCP too): what
   // it counts is all but at most one buffer (rsockets' default: 128 KiB).
-  EXPECT_LE(bytes_of("sum_received"), kBytes) << r.client.out;
+  EXPECT_LE(bytes_of("sum_received"), bytes_of("sum_sent")) << r.client.out;
   EXPECT_GE(bytes_of("sum_received"), kBytes - (128L << 10)) << r.client.out;
 }
 
