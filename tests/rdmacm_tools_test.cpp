@@ -25,6 +25,9 @@ struct ToolPair {
   bool server_runs_until_killed = false;  // cmtime's server never exits by itself
 };
 
+// Test names and failure messages show the pair's name, not its bytes.
+void PrintTo(const ToolPair& pair, std::ostream* out) { *out << pair.name; }
+
 class RdmacmTools : public ::testing::TestWithParam<ToolPair> {};
 
 std::vector<std::string> under_softverbs(std::vector<std::string> command) {
