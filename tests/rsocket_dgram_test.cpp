@@ -248,6 +248,42 @@ TEST_F(DgramSockets, AConnectedSocketSendsAndReadsWithoutAddresses) {
   EXPECT_EQ(rrecv(client_, got.data(), got.size(), 0), 100);
 }
 
+// Over IPv6 the header is 24 bytes, so a datagram carries at most 2024.
+TEST(DgramSocketsIpv6, LoopbackDatagramsCarryTheirSourceAndTheirLimit) {
+  sockaddr_in6 server{}, client{};
+  server.sin6_family = client.sin6_family = AF_INET6;
+  server.sin6_addr = client.sin6_addr = in6addr_loopback;
+  int s = rsocket(AF_INET6, SOCK_DGRAM, 0), c = rsocket(AF_INET6, SOCK_DGRAM, 0);
+  ASSERT_GE(s, 0);
+  ASSERT_GE(c, 0);
+  socklen_t len = sizeof server;
+  ASSERT_EQ(rbind(s, reinterpret_cast<sockaddr*>(&server), sizeof server), 0) << strerror(errno);
+  ASSERT_EQ(rgetsockname(s, reinterpret_cast<sockaddr*>(&server), &len), 0);
+  ASSERT_EQ(rbind(c, reinterpret_cast<sockaddr*>(&client), sizeof client), 0);
+  len = sizeof client;
+  ASSERT_EQ(rgetsockname(c, reinterpret_cast<sockaddr*>(&client), &len), 0);
+  std::vector<uint8_t> buffer(4096);
+  for (size_t size : {size_t{5}, size_t{1000}, size_t{2024}}) {
+    const auto bytes = pattern(size, static_cast<unsigned>(size));
+    ASSERT_EQ(rsendto(c, bytes.data(), size, 0, reinterpret_cast<sockaddr*>(&server), sizeof server),
+              static_cast<ssize_t>(size));
+    sockaddr_in6 from{};
+    len = sizeof from;
+    ASSERT_EQ(rrecvfrom(s, buffer.data(), buffer.size(), 0, reinterpret_cast<sockaddr*>(&from), &len),
+              static_cast<ssize_t>(size));
+    EXPECT_EQ(len, sizeof(sockaddr_in6));
+    EXPECT_EQ(from.sin6_port, client.sin6_port);
+    EXPECT_EQ(std::memcmp(&from.sin6_addr, &in6addr_loopback, 16), 0);
+    EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), buffer.begin()));
+    EXPECT_EQ(rsendto(s, buffer.data(), 2025, 0, reinterpret_cast<sockaddr*>(&from), len), -1);
+    EXPECT_EQ(errno, EMSGSIZE);
+    ASSERT_EQ(rsendto(s, buffer.data(), size, 0, reinterpret_cast<sockaddr*>(&from), len), static_cast<ssize_t>(size));
+    EXPECT_EQ(rrecv(c, buffer.data(), buffer.size(), 0), static_cast<ssize_t>(size));
+  }
+  EXPECT_EQ(rclose(c), 0);
+  EXPECT_EQ(rclose(s), 0);
+}
+
 TEST(DgramSocketErrors, CallsThatNeedAConnectionOrABindFail) {
   int s = rsocket(AF_INET, SOCK_DGRAM, 0);
   ASSERT_GE(s, 0);
