@@ -420,14 +420,14 @@ ssize_t DgramSocket::sendv(const iovec* iov, int iovcnt, int flags, const sockad
   // One datagram is one UD packet: what does not fit is refused whole, as a
   // UDP socket refuses what exceeds its maximum.
   if (length > dest->qp->max_payload) return fail(EMSGSIZE);
+  if (dest->ah != nullptr && !can_send() && wait_for(nonblocking(flags), &DgramSocket::can_send, lock) != 0) return -1;
   if (dest->ah == nullptr) {
-    // Its QPN is not known yet: over UDP, and see whether the answer came.
+    // Its QPN is not known yet (or its handle could not be made): over
+    // UDP, and see whether the answer came.
     const ssize_t sent = send_udp(*dest, iov, iovcnt, static_cast<uint8_t>(Op::Data));
     read_udp();
     return sent;
   }
-  if (!can_send() && wait_for(nonblocking(flags), &DgramSocket::can_send, lock) != 0) return -1;
-  if (dest->ah == nullptr) return fail(EAGAIN);  // cannot happen: answers only add handles
   const uint32_t offset = free_slots_.back();
   free_slots_.pop_back();
   uint8_t* slot = sbuf_.get() + offset;
