@@ -248,6 +248,87 @@ TEST_F(DgramSockets, AConnectedSocketSendsAndReadsWithoutAddresses) {
   EXPECT_EQ(rrecv(client_, got.data(), got.size(), 0), 100);
 }
 
+// rdma-core's ds_udp_header (librdmacm/docs/rsocket), as a plain UDP socket
+// sees it: what a host with the real librdmacm would receive and send.
+struct WireUdpHeader {
+  uint32_t tag;
+  uint8_t version, op, length, reserved;
+  uint32_t qpn;
+  uint32_t ipv4;
+};
+static_assert(sizeof(WireUdpHeader) == 16);
+
+TEST_F(DgramSockets, TheUdpExchangeFollowsRdmaCoresFormat) {
+  int peer = ::socket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(peer, 0);
+  sockaddr_in peer_address = loopback(0);
+  socklen_t len = sizeof peer_address;
+  ASSERT_EQ(::bind(peer, as_sockaddr(peer_address), sizeof peer_address), 0);
+  ASSERT_EQ(::getsockname(peer, as_sockaddr(peer_address), &len), 0);
+  timeval patience{5, 0};
+  ASSERT_EQ(::setsockopt(peer, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience), 0);
+
+  // A first datagram to an address with no known QPN: header, then data.
+  ASSERT_EQ(rsendto(client_, "abc", 3, 0, as_sockaddr(peer_address), sizeof peer_address), 3);
+  uint8_t wire[64];
+  sockaddr_in from{};
+  len = sizeof from;
+  ASSERT_EQ(::recvfrom(peer, wire, sizeof wire, 0, as_sockaddr(from), &len), 16 + 3);
+  WireUdpHeader header;
+  std::memcpy(&header, wire, sizeof header);
+  EXPECT_EQ(ntohl(header.tag), 0x55555555u);
+  EXPECT_EQ(header.version, 4);
+  EXPECT_EQ(header.op, 0);  // RS_OP_DATA
+  EXPECT_EQ(header.length, 16);
+  const uint32_t client_qpn = ntohl(header.qpn);
+  EXPECT_NE(client_qpn, 0u);
+  EXPECT_EQ(client_qpn & 0xFF000000u, 0u);
+  EXPECT_EQ(header.ipv4, htonl(INADDR_LOOPBACK));
+  EXPECT_EQ(std::memcmp(wire + 16, "abc", 3), 0);
+  EXPECT_TRUE(same_address(from, client_address_));
+
+  // Data from "a real rsocket" naming the client's QP: delivered with the
+  // UDP source, and answered with a header-only control message naming the
+  // server's QP.
+  WireUdpHeader data = header;  // the client's QPN and address
+  uint8_t message[16 + 3];
+  std::memcpy(message, &data, sizeof data);
+  std::memcpy(message + 16, "xyz", 3);
+  ASSERT_EQ(::sendto(peer, message, sizeof message, 0, as_sockaddr(server_address_), sizeof server_address_), 19);
+  char got[16] = {};
+  len = sizeof from;
+  ASSERT_EQ(rrecvfrom(server_, got, sizeof got, 0, as_sockaddr(from), &len), 3);
+  EXPECT_EQ(std::memcmp(got, "xyz", 3), 0);
+  EXPECT_TRUE(same_address(from, peer_address));
+  len = sizeof from;
+  ASSERT_EQ(::recvfrom(peer, wire, sizeof wire, 0, as_sockaddr(from), &len), 16);
+  std::memcpy(&header, wire, sizeof header);
+  EXPECT_EQ(ntohl(header.tag), 0x55555555u);
+  EXPECT_EQ(header.op, 7);  // RS_OP_CTRL
+  EXPECT_EQ(header.length, 16);
+  EXPECT_NE(ntohl(header.qpn), 0u);
+  EXPECT_NE(ntohl(header.qpn), client_qpn);
+  EXPECT_TRUE(same_address(from, server_address_));
+
+  // The server now sends to that address over the UD QP it was named: the
+  // client's, which reports the server as the source.
+  ASSERT_EQ(rsendto(server_, "hello", 5, 0, as_sockaddr(peer_address), sizeof peer_address), 5);
+  len = sizeof from;
+  ASSERT_EQ(rrecvfrom(client_, got, sizeof got, 0, as_sockaddr(from), &len), 5);
+  EXPECT_EQ(std::memcmp(got, "hello", 5), 0);
+  EXPECT_TRUE(same_address(from, server_address_));
+  char byte;
+  EXPECT_EQ(::recv(peer, &byte, 1, MSG_DONTWAIT), -1);  // nothing went over UDP
+
+  // A message without rdma-core's tag is no rsocket's: dropped, unanswered.
+  std::memcpy(message, "not a header....", 16);
+  ASSERT_EQ(::sendto(peer, message, sizeof message, 0, as_sockaddr(server_address_), sizeof server_address_), 19);
+  pollfd p{server_, POLLIN, 0};
+  EXPECT_EQ(rpoll(&p, 1, 200), 0);
+  EXPECT_EQ(::recv(peer, &byte, 1, MSG_DONTWAIT), -1);
+  ::close(peer);
+}
+
 // Over IPv6 the header is 24 bytes, so a datagram carries at most 2024.
 TEST(DgramSocketsIpv6, LoopbackDatagramsCarryTheirSourceAndTheirLimit) {
   sockaddr_in6 server{}, client{};
