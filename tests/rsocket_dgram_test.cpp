@@ -451,13 +451,13 @@ TEST_P(Udpong, ClientCompletesItsRun) {
       "kill $pid; wait $pid; exit 0\n";
   auto server = std::async(std::launch::async, [&] {
     return softverbs::test::run_process({"sh", "-c", server_script, "sh", SOFTVERBS_CLI, std::to_string(port), stop},
-                                        env, 50);
+                                        env, 45);
   });
   for (int i = 0; i < 200 && !udp_port_bound(port); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::vector<std::string> client = {SOFTVERBS_CLI, "run",       "--", "udpong",
                                      "-s",          "127.0.0.1", "-p", std::to_string(port)};
   client.insert(client.end(), c.options.begin(), c.options.end());
-  const auto r = softverbs::test::run_process(client, env, 40);
+  const auto r = softverbs::test::run_process(client, env, 30);
   std::ofstream(stop).put('\n');
   const auto s = server.get();
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err << "\nserver:\n" << s.out << s.err;
