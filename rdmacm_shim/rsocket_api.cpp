@@ -215,11 +215,14 @@ SV_EXPORT ssize_t rrecvmsg(int s, msghdr* msg, int flags) {
     errno = ENOTSUP;
     return -1;
   }
-  // As rdma-core: into the first buffer only.
-  if (auto dgram = lookup_dgram(s))
+  // As rdma-core: into the first buffer only; the source, as recvmsg gives it.
+  if (auto dgram = lookup_dgram(s)) {
+    auto* from = static_cast<sockaddr*>(msg->msg_name);
+    socklen_t* from_len = from != nullptr ? &msg->msg_namelen : nullptr;
     return msg->msg_iovlen == 0
-               ? dgram->recvfrom(nullptr, 0, flags, nullptr, nullptr)
-               : dgram->recvfrom(msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len, flags, nullptr, nullptr);
+               ? dgram->recvfrom(nullptr, 0, flags, from, from_len)
+               : dgram->recvfrom(msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len, flags, from, from_len);
+  }
   auto socket = lookup(s);
   if (!socket) return softverbs::rs::bad_fd();
   return socket->recvv(msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);

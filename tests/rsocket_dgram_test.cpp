@@ -155,6 +155,29 @@ TEST_F(DgramSockets, AShortBufferTakesTheStartOfTheDatagram) {
   EXPECT_EQ(errno, EAGAIN);
 }
 
+TEST_F(DgramSockets, MessageCallsCarryTheAddresses) {
+  char part1[] = "gather", part2[] = "ed";
+  iovec out[2] = {{part1, 6}, {part2, 2}};
+  msghdr sent{};
+  sent.msg_name = &server_address_;
+  sent.msg_namelen = sizeof server_address_;
+  sent.msg_iov = out;
+  sent.msg_iovlen = 2;
+  ASSERT_EQ(rsendmsg(client_, &sent, 0), 8);
+  char got[32] = {};
+  iovec in{got, sizeof got};
+  sockaddr_in from{};
+  msghdr received{};
+  received.msg_name = &from;
+  received.msg_namelen = sizeof from;
+  received.msg_iov = &in;
+  received.msg_iovlen = 1;
+  ASSERT_EQ(rrecvmsg(server_, &received, 0), 8);
+  EXPECT_EQ(std::string(got, 8), "gathered");
+  EXPECT_EQ(received.msg_namelen, sizeof(sockaddr_in));
+  EXPECT_TRUE(same_address(from, client_address_));
+}
+
 TEST_F(DgramSockets, ADatagramLargerThanOnePacketIsRefused) {
   round_trip(pattern(16, 1));
   std::vector<uint8_t> big(kMaxDatagram + 1);
