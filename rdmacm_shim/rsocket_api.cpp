@@ -1,9 +1,9 @@
 // The rsocket calls of <rdma/rsocket.h>: stream sockets over our rdma_cm
-// (rsocket_stream.cpp), rpoll/rselect over rsockets and ordinary
-// descriptors alike. An rsocket's number is a real descriptor (its CM event
-// channel), so it never collides with the process's other files. Datagram
-// rsockets are not emulated: rsocket(SOCK_DGRAM) fails with ENOTSUP. When
-// delegating to the real librdmacm, every call goes there.
+// (rsocket_stream.cpp), datagram sockets over UD QPs (rsocket_dgram.cpp),
+// rpoll/rselect over rsockets and ordinary descriptors alike. An rsocket's
+// number is a real descriptor (a stream socket's CM event channel, a
+// datagram socket's UDP socket), so it never collides with the process's
+// other files. When delegating to the real librdmacm, every call goes there.
 #include <rdma/rsocket.h>
 #include <sys/time.h>
 #include <time.h>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "real_librdmacm.h"
+#include "rsocket_dgram.h"
 #include "rsocket_stream.h"
 
 #define SV_EXPORT extern "C" __attribute__((visibility("default")))
@@ -29,10 +30,21 @@ std::unordered_map<int, std::shared_ptr<StreamSocket>>& table() {
   return *sockets;
 }
 
+std::unordered_map<int, std::shared_ptr<DgramSocket>>& dgram_table() {
+  static auto* sockets = new std::unordered_map<int, std::shared_ptr<DgramSocket>>;  // outlives exit handlers
+  return *sockets;
+}
+
 std::shared_ptr<StreamSocket> lookup(int fd) {
   std::shared_lock guard(table_lock);
   auto it = table().find(fd);
   return it == table().end() ? nullptr : it->second;
+}
+
+std::shared_ptr<DgramSocket> lookup_dgram(int fd) {
+  std::shared_lock guard(table_lock);
+  auto it = dgram_table().find(fd);
+  return it == dgram_table().end() ? nullptr : it->second;
 }
 
 int insert(std::shared_ptr<StreamSocket> socket) {
@@ -42,8 +54,21 @@ int insert(std::shared_ptr<StreamSocket> socket) {
   return fd;
 }
 
+int insert(std::shared_ptr<DgramSocket> socket) {
+  std::unique_lock guard(table_lock);
+  int fd = socket->fd();
+  dgram_table()[fd] = std::move(socket);
+  return fd;
+}
+
 int bad_fd() {
   errno = EBADF;
+  return -1;
+}
+
+// Connection calls on a datagram rsocket, as a UDP socket answers them.
+int not_for_datagrams() {
+  errno = EOPNOTSUPP;
   return -1;
 }
 
@@ -69,6 +94,8 @@ int check_all(pollfd* fds, nfds_t nfds) {
     if (fds[i].fd < 0) continue;
     if (auto socket = lookup(fds[i].fd))
       fds[i].revents = socket->poll_events(fds[i].events);
+    else if (auto dgram = lookup_dgram(fds[i].fd))
+      fds[i].revents = dgram->poll_events(fds[i].events);
     else
       ::poll(&fds[i], 1, 0);
     if (fds[i].revents != 0) count++;
@@ -80,14 +107,21 @@ int check_all(pollfd* fds, nfds_t nfds) {
 }  // namespace softverbs::rs
 
 using softverbs::rs::lookup;
+using softverbs::rs::lookup_dgram;
 
 SV_EXPORT int rsocket(int domain, int type, int protocol) {
   SOFTVERBS_FORWARD(rsocket, "RDMACM_1.0", domain, type, protocol);
   const int socket_type = type & ~(SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if ((domain != AF_INET && domain != AF_INET6) || socket_type != SOCK_STREAM ||
-      (protocol != 0 && protocol != IPPROTO_TCP)) {
+  if ((domain != AF_INET && domain != AF_INET6) || (socket_type != SOCK_STREAM && socket_type != SOCK_DGRAM) ||
+      (socket_type == SOCK_STREAM && protocol != 0 && protocol != IPPROTO_TCP) ||
+      (socket_type == SOCK_DGRAM && protocol != 0 && protocol != IPPROTO_UDP)) {
     errno = ENOTSUP;
     return -1;
+  }
+  if (socket_type == SOCK_DGRAM) {
+    auto dgram = softverbs::rs::DgramSocket::create(domain, type & SOCK_NONBLOCK, type & SOCK_CLOEXEC);
+    if (dgram == nullptr) return -1;
+    return softverbs::rs::insert(std::move(dgram));
   }
   auto socket = softverbs::rs::StreamSocket::create(domain, type & SOCK_NONBLOCK, type & SOCK_CLOEXEC);
   if (socket == nullptr) return -1;
@@ -96,18 +130,21 @@ SV_EXPORT int rsocket(int domain, int type, int protocol) {
 
 SV_EXPORT int rbind(int s, const sockaddr* addr, socklen_t len) {
   SOFTVERBS_FORWARD(rbind, "RDMACM_1.0", s, addr, len);
+  if (auto dgram = lookup_dgram(s)) return dgram->bind(addr, len);
   auto socket = lookup(s);
   return socket ? socket->bind(addr, len) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT int rlisten(int s, int backlog) {
   SOFTVERBS_FORWARD(rlisten, "RDMACM_1.0", s, backlog);
+  if (lookup_dgram(s)) return softverbs::rs::not_for_datagrams();
   auto socket = lookup(s);
   return socket ? socket->listen(backlog) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT int raccept(int s, sockaddr* addr, socklen_t* len) {
   SOFTVERBS_FORWARD(raccept, "RDMACM_1.0", s, addr, len);
+  if (lookup_dgram(s)) return softverbs::rs::not_for_datagrams();
   auto socket = lookup(s);
   if (!socket) return softverbs::rs::bad_fd();
   auto accepted = socket->accept(addr, len);
@@ -116,18 +153,33 @@ SV_EXPORT int raccept(int s, sockaddr* addr, socklen_t* len) {
 
 SV_EXPORT int rconnect(int s, const sockaddr* addr, socklen_t len) {
   SOFTVERBS_FORWARD(rconnect, "RDMACM_1.0", s, addr, len);
+  if (auto dgram = lookup_dgram(s)) return dgram->connect(addr, len);
   auto socket = lookup(s);
   return socket ? socket->connect(addr, len) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT int rshutdown(int s, int how) {
   SOFTVERBS_FORWARD(rshutdown, "RDMACM_1.0", s, how);
+  if (lookup_dgram(s)) return softverbs::rs::not_for_datagrams();
   auto socket = lookup(s);
   return socket ? socket->shutdown(how) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT int rclose(int s) {
   SOFTVERBS_FORWARD(rclose, "RDMACM_1.0", s);
+  std::shared_ptr<softverbs::rs::DgramSocket> dgram;
+  {
+    std::unique_lock guard(softverbs::rs::table_lock);
+    auto it = softverbs::rs::dgram_table().find(s);
+    if (it != softverbs::rs::dgram_table().end()) {
+      dgram = std::move(it->second);
+      softverbs::rs::dgram_table().erase(it);
+    }
+  }
+  if (dgram) {
+    dgram->close();
+    return 0;
+  }
   std::shared_ptr<softverbs::rs::StreamSocket> socket;
   {
     std::unique_lock guard(softverbs::rs::table_lock);
@@ -142,12 +194,14 @@ SV_EXPORT int rclose(int s) {
 
 SV_EXPORT ssize_t rrecv(int s, void* buf, size_t len, int flags) {
   SOFTVERBS_FORWARD(rrecv, "RDMACM_1.0", s, buf, len, flags);
+  if (auto dgram = lookup_dgram(s)) return dgram->recvfrom(buf, len, flags, nullptr, nullptr);
   auto socket = lookup(s);
   return socket ? socket->recv(buf, len, flags) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT ssize_t rrecvfrom(int s, void* buf, size_t len, int flags, sockaddr* from, socklen_t* fromlen) {
   SOFTVERBS_FORWARD(rrecvfrom, "RDMACM_1.0", s, buf, len, flags, from, fromlen);
+  if (auto dgram = lookup_dgram(s)) return dgram->recvfrom(buf, len, flags, from, fromlen);
   auto socket = lookup(s);
   if (!socket) return softverbs::rs::bad_fd();
   ssize_t n = socket->recv(buf, len, flags);
@@ -157,66 +211,85 @@ SV_EXPORT ssize_t rrecvfrom(int s, void* buf, size_t len, int flags, sockaddr* f
 
 SV_EXPORT ssize_t rrecvmsg(int s, msghdr* msg, int flags) {
   SOFTVERBS_FORWARD(rrecvmsg, "RDMACM_1.0", s, msg, flags);
-  auto socket = lookup(s);
-  if (!socket) return softverbs::rs::bad_fd();
   if (msg->msg_control != nullptr && msg->msg_controllen != 0) {
     errno = ENOTSUP;
     return -1;
   }
+  // As rdma-core: into the first buffer only; the source, as recvmsg gives it.
+  if (auto dgram = lookup_dgram(s)) {
+    auto* from = static_cast<sockaddr*>(msg->msg_name);
+    socklen_t* from_len = from != nullptr ? &msg->msg_namelen : nullptr;
+    return msg->msg_iovlen == 0
+               ? dgram->recvfrom(nullptr, 0, flags, from, from_len)
+               : dgram->recvfrom(msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len, flags, from, from_len);
+  }
+  auto socket = lookup(s);
+  if (!socket) return softverbs::rs::bad_fd();
   return socket->recvv(msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
 }
 
 SV_EXPORT ssize_t rread(int s, void* buf, size_t count) {
   SOFTVERBS_FORWARD(rread, "RDMACM_1.0", s, buf, count);
+  if (auto dgram = lookup_dgram(s)) return dgram->recvfrom(buf, count, 0, nullptr, nullptr);
   auto socket = lookup(s);
   return socket ? socket->recv(buf, count, 0) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT ssize_t rreadv(int s, const iovec* iov, int iovcnt) {
   SOFTVERBS_FORWARD(rreadv, "RDMACM_1.0", s, iov, iovcnt);
+  if (auto dgram = lookup_dgram(s))
+    return iovcnt <= 0 ? dgram->recvfrom(nullptr, 0, 0, nullptr, nullptr)
+                       : dgram->recvfrom(iov[0].iov_base, iov[0].iov_len, 0, nullptr, nullptr);
   auto socket = lookup(s);
   return socket ? socket->recvv(iov, iovcnt, 0) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT ssize_t rsend(int s, const void* buf, size_t len, int flags) {
   SOFTVERBS_FORWARD(rsend, "RDMACM_1.0", s, buf, len, flags);
-  auto socket = lookup(s);
   iovec iov{const_cast<void*>(buf), len};
+  if (auto dgram = lookup_dgram(s)) return dgram->sendv(&iov, 1, flags, nullptr, 0);
+  auto socket = lookup(s);
   return socket ? socket->sendv(&iov, 1, flags) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT ssize_t rsendto(int s, const void* buf, size_t len, int flags, const sockaddr* to, socklen_t tolen) {
   SOFTVERBS_FORWARD(rsendto, "RDMACM_1.0", s, buf, len, flags, to, tolen);
+  iovec iov{const_cast<void*>(buf), len};
+  if (auto dgram = lookup_dgram(s)) return dgram->sendv(&iov, 1, flags, to, tolen);
   auto socket = lookup(s);
   if (!socket) return softverbs::rs::bad_fd();
   if (to != nullptr || tolen != 0) {
     errno = EISCONN;
     return -1;
   }
-  iovec iov{const_cast<void*>(buf), len};
   return socket->sendv(&iov, 1, flags);
 }
 
 SV_EXPORT ssize_t rsendmsg(int s, const msghdr* msg, int flags) {
   SOFTVERBS_FORWARD(rsendmsg, "RDMACM_1.0", s, msg, flags);
-  auto socket = lookup(s);
-  if (!socket) return softverbs::rs::bad_fd();
   if (msg->msg_control != nullptr && msg->msg_controllen != 0) {
     errno = ENOTSUP;
     return -1;
   }
+  if (auto dgram = lookup_dgram(s))
+    return dgram->sendv(msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags,
+                        static_cast<const sockaddr*>(msg->msg_name), msg->msg_namelen);
+  auto socket = lookup(s);
+  if (!socket) return softverbs::rs::bad_fd();
   return socket->sendv(msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
 }
 
 SV_EXPORT ssize_t rwrite(int s, const void* buf, size_t count) {
   SOFTVERBS_FORWARD(rwrite, "RDMACM_1.0", s, buf, count);
-  auto socket = lookup(s);
   iovec iov{const_cast<void*>(buf), count};
+  if (auto dgram = lookup_dgram(s)) return dgram->sendv(&iov, 1, 0, nullptr, 0);
+  auto socket = lookup(s);
   return socket ? socket->sendv(&iov, 1, 0) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT ssize_t rwritev(int s, const iovec* iov, int iovcnt) {
   SOFTVERBS_FORWARD(rwritev, "RDMACM_1.0", s, iov, iovcnt);
+  if (auto dgram = lookup_dgram(s)) return dgram->sendv(iov, iovcnt, 0, nullptr, 0);
   auto socket = lookup(s);
   return socket ? socket->sendv(iov, iovcnt, 0) : softverbs::rs::bad_fd();
 }
@@ -239,14 +312,19 @@ SV_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
   } while (softverbs::rs::now_us() - spin_start <= softverbs::rs::kPollSpinMicroseconds);
   std::vector<pollfd> waits;
   std::vector<std::shared_ptr<softverbs::rs::StreamSocket>> armed;
+  std::vector<std::shared_ptr<softverbs::rs::DgramSocket>> armed_dgrams;
   for (;;) {
     waits.clear();
     armed.clear();
+    armed_dgrams.clear();
     for (nfds_t i = 0; i < nfds; ++i) {
       if (fds[i].fd < 0) continue;
       if (auto socket = lookup(fds[i].fd)) {
         socket->arm_for_poll(waits);
         armed.push_back(std::move(socket));
+      } else if (auto dgram = lookup_dgram(fds[i].fd)) {
+        dgram->arm_for_poll(waits);
+        armed_dgrams.push_back(std::move(dgram));
       } else {
         waits.push_back({fds[i].fd, fds[i].events, 0});
       }
@@ -261,6 +339,7 @@ SV_EXPORT int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
     }
     if (::poll(waits.data(), waits.size(), wait_ms) < 0) return -1;
     for (auto& socket : armed) socket->after_poll_wait();
+    for (auto& dgram : armed_dgrams) dgram->after_poll_wait();
     if ((count = softverbs::rs::check_all(fds, nfds)) != 0) return count;
   }
 }
@@ -297,42 +376,49 @@ SV_EXPORT int rselect(int nfds, fd_set* readfds, fd_set* writefds, fd_set* excep
 
 SV_EXPORT int rgetpeername(int s, sockaddr* addr, socklen_t* len) {
   SOFTVERBS_FORWARD(rgetpeername, "RDMACM_1.0", s, addr, len);
+  if (auto dgram = lookup_dgram(s)) return dgram->getpeername(addr, len);
   auto socket = lookup(s);
   return socket ? socket->getpeername(addr, len) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT int rgetsockname(int s, sockaddr* addr, socklen_t* len) {
   SOFTVERBS_FORWARD(rgetsockname, "RDMACM_1.0", s, addr, len);
+  if (auto dgram = lookup_dgram(s)) return dgram->getsockname(addr, len);
   auto socket = lookup(s);
   return socket ? socket->getsockname(addr, len) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT int rsetsockopt(int s, int level, int name, const void* value, socklen_t len) {
   SOFTVERBS_FORWARD(rsetsockopt, "RDMACM_1.0", s, level, name, value, len);
+  if (auto dgram = lookup_dgram(s)) return dgram->setsockopt(level, name, value, len);
   auto socket = lookup(s);
   return socket ? socket->setsockopt(level, name, value, len) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT int rgetsockopt(int s, int level, int name, void* value, socklen_t* len) {
   SOFTVERBS_FORWARD(rgetsockopt, "RDMACM_1.0", s, level, name, value, len);
+  if (auto dgram = lookup_dgram(s)) return dgram->getsockopt(level, name, value, len);
   auto socket = lookup(s);
   return socket ? socket->getsockopt(level, name, value, len) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT off_t riomap(int s, void* buf, size_t len, int prot, int flags, off_t offset) {
   SOFTVERBS_FORWARD(riomap, "RDMACM_1.0", s, buf, len, prot, flags, offset);
+  if (lookup_dgram(s)) return softverbs::rs::not_for_datagrams();
   auto socket = lookup(s);
   return socket ? socket->iomap(buf, len, prot, flags, offset) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT int riounmap(int s, void* buf, size_t len) {
   SOFTVERBS_FORWARD(riounmap, "RDMACM_1.0", s, buf, len);
+  if (lookup_dgram(s)) return softverbs::rs::not_for_datagrams();
   auto socket = lookup(s);
   return socket ? socket->iounmap(buf, len) : softverbs::rs::bad_fd();
 }
 
 SV_EXPORT size_t riowrite(int s, const void* buf, size_t count, off_t offset, int flags) {
   SOFTVERBS_FORWARD(riowrite, "RDMACM_1.0", s, buf, count, offset, flags);
+  if (lookup_dgram(s)) return static_cast<size_t>(softverbs::rs::not_for_datagrams());
   auto socket = lookup(s);
   return static_cast<size_t>(socket ? socket->iowrite(buf, count, offset, flags) : softverbs::rs::bad_fd());
 }
@@ -348,6 +434,7 @@ SV_EXPORT int rfcntl(int s, int cmd, ...) {
         reinterpret_cast<int (*)(int, int, ...)>(::softverbs::cm::real_symbol("rfcntl", "RDMACM_1.0"));
     return forwarded(s, cmd, argument);
   }
+  if (auto dgram = lookup_dgram(s)) return dgram->fcntl(cmd, argument);
   auto socket = lookup(s);
   return socket ? socket->fcntl(cmd, argument) : softverbs::rs::bad_fd();
 }

@@ -48,13 +48,7 @@ void PagesUnmap::operator()(uint8_t* p) const {
   if (p != nullptr) munmap(p, length);
 }
 
-namespace {
-
-// rdma-core's 8-bit encoding of the iomap table size.
-int scale_of(int value) { return value <= 128 ? value : 128 | (value >> 8); }
-int value_of(int scale) { return scale <= 128 ? scale : (scale & ~128) << 8; }
-
-AlignedBuffer allocate(size_t length) {
+AlignedBuffer allocate_pages(size_t length) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t rounded = std::max<size_t>(page, (length + page - 1) / page * page);
   void* memory = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -64,6 +58,12 @@ AlignedBuffer allocate(size_t length) {
   madvise(memory, rounded, MADV_DONTFORK);
   return AlignedBuffer(static_cast<uint8_t*>(memory), PagesUnmap{rounded});
 }
+
+namespace {
+
+// rdma-core's 8-bit encoding of the iomap table size.
+int scale_of(int value) { return value <= 128 ? value : 128 | (value >> 8); }
+int value_of(int scale) { return scale <= 128 ? scale : (scale & ~128) << 8; }
 
 void copy_sockaddr(sockaddr* to, socklen_t* len, const sockaddr* from) {
   socklen_t size = from->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
@@ -258,10 +258,10 @@ int StreamSocket::create_endpoint() {
 
   rmsg_.assign(rq_size_ + 1, RecvMessage{});
   const size_t total_sbuf = sbuf_size_ + kMaxCtrlMsg * kCtrlSlots;
-  sbuf_ = allocate(total_sbuf);
+  sbuf_ = allocate_pages(total_sbuf);
   const size_t target_length = sizeof(WireSge) * kSglSize + sizeof(WireIomap) * target_iomap_size_;
-  target_ = allocate(target_length);
-  rbuf_ = allocate(rbuf_size_);
+  target_ = allocate_pages(target_length);
+  rbuf_ = allocate_pages(rbuf_size_);
   if (!sbuf_ || !target_ || !rbuf_) return fail(ENOMEM);
   constexpr int kRemoteWrite = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   smr_ = ibv_reg_mr(id_->pd, sbuf_.get(), total_sbuf, IBV_ACCESS_LOCAL_WRITE);

@@ -91,6 +91,7 @@ struct PagesUnmap {
   void operator()(uint8_t* p) const;
 };
 using AlignedBuffer = std::unique_ptr<uint8_t[], PagesUnmap>;
+AlignedBuffer allocate_pages(size_t length);  // null when out of memory
 
 class StreamSocket {
  public:

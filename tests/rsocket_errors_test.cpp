@@ -143,7 +143,9 @@ TEST(RsocketErrors, BadDescriptorsAndTypes) {
   EXPECT_EQ(errno, EBADF);
   EXPECT_EQ(rsocket(AF_UNIX, SOCK_STREAM, 0), -1);
   EXPECT_EQ(errno, ENOTSUP);
-  EXPECT_EQ(rsocket(AF_INET, SOCK_DGRAM, 0), -1);  // datagram rsockets are not emulated
+  EXPECT_EQ(rsocket(AF_INET, SOCK_RAW, 0), -1);  // streams and datagrams only
+  EXPECT_EQ(errno, ENOTSUP);
+  EXPECT_EQ(rsocket(AF_INET, SOCK_STREAM, IPPROTO_UDP), -1);
   EXPECT_EQ(errno, ENOTSUP);
   int s = rsocket(AF_INET, SOCK_STREAM, 0);
   int size = 64;
