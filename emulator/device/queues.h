@@ -70,6 +70,30 @@ class DeferredChannelWakeups {
   std::vector<ChannelWakeup> held_;
 };
 
+// While one lives on a thread, the wake-ups of completion channel
+// `channel` that this thread makes are kept in it instead of sent: the
+// thread is about to read that channel itself (a UDP device's thread
+// waiting in ibv_get_cq_event, which reads the sockets while it waits), and
+// a datagram to itself cost three system calls. What it did not take()
+// leaves as datagrams when it ends.
+class CapturedChannelWakeups {
+ public:
+  explicit CapturedChannelWakeups(const SocketAddress& channel);
+  ~CapturedChannelWakeups();
+  CapturedChannelWakeups(const CapturedChannelWakeups&) = delete;
+  CapturedChannelWakeups& operator=(const CapturedChannelWakeups&) = delete;
+  bool empty() const { return handles_.empty(); }
+  // The first wake-up captured (its CQ handle); 0 if none.
+  uint64_t take();
+  // send_channel_wakeup's: true if `wakeup` was for this channel, and kept.
+  bool capture(const ChannelWakeup& wakeup);
+
+ private:
+  SocketAddress channel_;
+  std::vector<uint64_t> handles_;
+  CapturedChannelWakeups* outer_;
+};
+
 // Moves `qp` (its record live as `qpn`) to ERR under its lock. True if this
 // call moved it: whoever does raises what an HCA raises once per move, such
 // as IBV_EVENT_QP_LAST_WQE_REACHED for a QP on an SRQ.

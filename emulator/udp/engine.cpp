@@ -187,11 +187,9 @@ void PortEngine::drive() {
   posts_since_drive_ = 0;
   if (reads_left_to_this_call())
     drain_all_locked(Reads::All);
-  else
+  else if (!app_sleeps_in_channel_.load(std::memory_order_relaxed))  // else its waits read them
     drain_polling_locked();
-  // An application that sleeps in CQ events posts nothing soon after a
-  // packet arrives (see app_waits_for_events()).
-  after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
+  after_work(idle_app_acks());
 }
 
 // ---- a pass's end ----------------------------------------------------------------------
