@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "device/completion_ring.h"
@@ -87,6 +88,8 @@ class CapturedChannelWakeups {
   uint64_t take();
   // send_channel_wakeup's: true if `wakeup` was for this channel, and kept.
   bool capture(const ChannelWakeup& wakeup);
+  // The wake-ups not taken, which then are not sent when this ends.
+  std::vector<uint64_t> release_rest() { return std::exchange(handles_, {}); }
 
  private:
   SocketAddress channel_;

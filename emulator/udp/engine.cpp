@@ -151,6 +151,7 @@ bool PortEngine::start_timer(std::string* error) {
 // ---- the verbs calls -------------------------------------------------------------------
 
 int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
+  send_stale_pending_events();
   DeferredChannelWakeups wakeups;  // sent once the lock is free
   std::lock_guard guard(mutex_);
   // Read once the lock is ours: the io thread may have held it for a while.
@@ -179,6 +180,7 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
 }
 
 void PortEngine::drive() {
+  send_stale_pending_events();
   const Clock::time_point now = note_app_active();
   DeferredChannelWakeups wakeups;  // sent once the lock is free
   std::unique_lock guard(mutex_, std::try_to_lock);

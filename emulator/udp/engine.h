@@ -118,6 +118,12 @@ class PortEngine : public TransportPort {
   }
   // event_wait.cpp
   uint64_t wait_for_channel(int channel_fd, const SocketAddress& channel);
+  // Sends the pending events (see pending_events_) as datagrams: those at
+  // least `age` old.
+  void send_pending_events(Clock::duration age);
+  void send_stale_pending_events() {
+    if (pending_event_count_.load(std::memory_order_relaxed) != 0) send_pending_events(parameters::kPendingEventHold);
+  }
   // Does a thread of the application read the sockets in ibv_get_cq_event
   // (now, or its last wait ended less than kAppIdleAfter ago)? io thread.
   bool app_reads_in_channel_waits(Clock::time_point now) const;
@@ -596,6 +602,19 @@ class PortEngine : public TransportPort {
   // than in its own poll of the channel fd (cleared once it polls busily).
   std::atomic<int> channel_waiters_{0};
   std::atomic<bool> app_sleeps_in_channel_{false};
+  // Events a waiting thread's pass raised on its channel beyond the one it
+  // returned, kept for the next wait on that channel to take without a
+  // datagram to itself (sendto, then poll and recvmsg: a request's ACK
+  // and the peer's answer arrive together and raise two events). Sent as
+  // datagrams by the io thread's next look, or by a verbs call once they
+  // are kPendingEventHold old. Under mutex_; the count read without it.
+  struct PendingEvent {
+    SocketAddress channel;
+    uint64_t handle;
+    Clock::time_point since;
+  };
+  std::vector<PendingEvent> pending_events_;
+  std::atomic<size_t> pending_event_count_{0};
   std::atomic<Clock::rep> channel_wait_ended_{0};  // when the last one returned
   // The io thread, watching, found a verbs call at work and stepped aside:
   // that call reads the sockets before it returns (see io_check).

@@ -7,6 +7,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "udp/engine.h"
 
@@ -15,20 +16,35 @@ namespace softverbs::udp {
 using namespace parameters;
 
 uint64_t PortEngine::wait_for_channel(int channel_fd, const SocketAddress& channel) {
-  const int flags = ::fcntl(channel_fd, F_GETFL);
-  if (flags < 0 || (flags & O_NONBLOCK) != 0) return 0;  // the caller wants EAGAIN, not a wait
-  // The events this thread's passes raise on the channel come back here
-  // rather than through the socket.
-  CapturedChannelWakeups captured(channel);
-  channel_waiters_.fetch_add(1, std::memory_order_relaxed);
   Clock::time_point ack_due;
   {
+    std::lock_guard guard(mutex_);
+    // An event an earlier wait kept for this channel is the answer, whether
+    // or not the channel's fd blocks.
+    for (auto it = pending_events_.begin(); it != pending_events_.end(); ++it) {
+      if (it->channel.length != channel.length || std::memcmp(it->channel.path, channel.path, channel.length) != 0)
+        continue;
+      const uint64_t handle = it->handle;
+      pending_events_.erase(it);
+      pending_event_count_.store(pending_events_.size(), std::memory_order_relaxed);
+      return handle;
+    }
+    // Counted before the lock is let go: a wait that ends meanwhile keeps
+    // no events from a thread that is about to sleep.
+    channel_waiters_.fetch_add(1, std::memory_order_relaxed);
     // Packets to the socket a polling pass took out of the ready set
     // would not end the poll below.
-    std::lock_guard guard(mutex_);
     if (busy_watcher_ != nullptr) join_ready_set_locked(*busy_watcher_);
     ack_due = held_acks_.earliest_due();
   }
+  const int flags = ::fcntl(channel_fd, F_GETFL);
+  if (flags < 0 || (flags & O_NONBLOCK) != 0) {  // the caller wants EAGAIN, not a wait
+    channel_waiters_.fetch_sub(1, std::memory_order_relaxed);
+    return 0;
+  }
+  // The events this thread's passes raise on the channel come back here
+  // rather than through the socket.
+  CapturedChannelWakeups captured(channel);
   bool slept = false;
   while (captured.empty()) {
     pollfd waits[2] = {{channel_fd, POLLIN, 0}, {ready_set_.get(), POLLIN, 0}};
@@ -60,14 +76,38 @@ uint64_t PortEngine::wait_for_channel(int channel_fd, const SocketAddress& chann
     after_work(Acks::Hold);
     ack_due = held_acks_.earliest_due();
   }
-  channel_waiters_.fetch_sub(1, std::memory_order_relaxed);
-  if (!slept) return captured.take();
+  const uint64_t taken = captured.take();
   const Clock::time_point now = Clock::now();
+  {
+    std::lock_guard guard(mutex_);
+    // The rest wait for this application's next wait on the channel, if no
+    // other thread waits now (it would not see them).
+    if (channel_waiters_.fetch_sub(1, std::memory_order_relaxed) == 1 && !captured.empty()) {
+      for (uint64_t handle : captured.release_rest()) pending_events_.push_back({channel, handle, now});
+      pending_event_count_.store(pending_events_.size(), std::memory_order_relaxed);
+    }
+  }
+  if (!slept) return taken;
   channel_wait_ended_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
   // If the application now stays away from ibv_get_cq_event, the io thread
   // takes the sockets over (at a look no sooner than this).
   arm_timer(now + kAppIdleAfter);
-  return captured.take();
+  return taken;
+}
+
+void PortEngine::send_pending_events(Clock::duration age) {
+  std::vector<PendingEvent> due;
+  {
+    std::lock_guard guard(mutex_);
+    const Clock::time_point now = Clock::now();
+    std::erase_if(pending_events_, [&](const PendingEvent& event) {
+      if (now - event.since < age) return false;
+      due.push_back(event);
+      return true;
+    });
+    pending_event_count_.store(pending_events_.size(), std::memory_order_relaxed);
+  }
+  for (const PendingEvent& event : due) send_datagram(event.channel, &event.handle, sizeof event.handle);
 }
 
 bool PortEngine::app_reads_in_channel_waits(Clock::time_point now) const {

@@ -107,6 +107,8 @@ void PortEngine::wake_io_thread() {
 // ---- a look: step aside, or do the work ---------------------------------------------------
 
 void PortEngine::io_check() {
+  // Events kept for a wait that did not come (see pending_events_).
+  if (pending_event_count_.load(std::memory_order_relaxed) != 0) send_pending_events(Clock::duration::zero());
   const Clock::time_point now = Clock::now();
   DeferredChannelWakeups wakeups;  // sent once the lock is free
   std::unique_lock guard(mutex_, std::try_to_lock);
