@@ -120,7 +120,9 @@ void PortEngine::look_while_app_reads(std::unique_lock<std::mutex>& guard, Clock
   // A packet must not wake this thread as well as the waiting one.
   if (watching_) stop_watching();
   if (!guard.owns_lock()) guard.lock();
-  after_work(Acks::Send);  // retransmissions and other timers due
+  // Retransmissions and other timers due, and ACKs whose hold ran out (the
+  // others wait for the application's answer, as in its waits).
+  after_work(Acks::Hold);
   Clock::time_point next = earliest_deadline_locked();
   guard.unlock();
   if (channel_waiters_.load(std::memory_order_relaxed) == 0) {
