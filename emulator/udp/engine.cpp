@@ -249,9 +249,10 @@ inline void PortEngine::arm_for_deadlines_locked(Clock::time_point now) {
   // wake-up per ACK would cost more than the hold saves. While the io
   // thread watches the sockets it has no such timer to come back by.)
   const bool on_io_thread = std::this_thread::get_id() == thread_.get_id();
-  const Clock::time_point earliest = on_io_thread || watching_.load(std::memory_order_relaxed)
-                                         ? earliest_deadline_locked()
-                                         : earliest_protocol_deadline_locked();
+  const Clock::time_point earliest =
+      (on_io_thread && !looking_for_channel_waiter_) || watching_.load(std::memory_order_relaxed)
+          ? earliest_deadline_locked()
+          : earliest_protocol_deadline_locked();
   if (earliest.time_since_epoch().count() < armed_.load(std::memory_order_relaxed)) {
     if (on_io_thread || earliest - now >= kArmedFromAnyThread)
       arm_timer(earliest);

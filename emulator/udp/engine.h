@@ -616,6 +616,7 @@ class PortEngine : public TransportPort {
   std::vector<PendingEvent> pending_events_;
   std::atomic<size_t> pending_event_count_{0};
   std::atomic<Clock::rep> channel_wait_ended_{0};  // when the last one returned
+  bool looking_for_channel_waiter_ = false;        // in look_while_app_reads (io thread only)
   // The io thread, watching, found a verbs call at work and stepped aside:
   // that call reads the sockets before it returns (see io_check).
   std::atomic<bool> reads_left_to_call_{false};
