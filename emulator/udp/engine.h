@@ -253,7 +253,10 @@ class PortEngine : public TransportPort {
   // events where no pass of its own would send them soon (one that sleeps
   // in ibv_get_cq_event reading the sockets sends them there when due).
   Acks idle_app_acks() const {
-    return app_waits_for_events() && !app_sleeps_in_channel_.load(std::memory_order_relaxed) ? Acks::Send : Acks::Hold;
+    // (Not while a thread sleeps in a wait: its timeout would not cover them.)
+    const bool waits_read =
+        app_sleeps_in_channel_.load(std::memory_order_relaxed) && channel_waiters_.load(std::memory_order_relaxed) == 0;
+    return app_waits_for_events() && !waits_read ? Acks::Send : Acks::Hold;
   }
   Clock::time_point note_app_active() {
     const Clock::time_point now = Clock::now();

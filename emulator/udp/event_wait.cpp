@@ -32,6 +32,9 @@ uint64_t PortEngine::wait_for_channel(int channel_fd, const SocketAddress& chann
     // Counted before the lock is let go: a wait that ends meanwhile keeps
     // no events from a thread that is about to sleep.
     channel_waiters_.fetch_add(1, std::memory_order_relaxed);
+    // Packets to the socket a polling pass took out of the ready set
+    // would not end the poll below.
+    if (busy_watcher_ != nullptr) join_ready_set_locked(*busy_watcher_);
     ack_due = held_acks_.earliest_due();
   }
   const int flags = ::fcntl(channel_fd, F_GETFL);
@@ -42,28 +45,9 @@ uint64_t PortEngine::wait_for_channel(int channel_fd, const SocketAddress& chann
   // The events this thread's passes raise on the channel come back here
   // rather than through the socket.
   CapturedChannelWakeups captured(channel);
-  // The socket that had the last packet (the peer's flow of a ping-pong)
-  // is polled on its own, out of the ready set: its packet is then read
-  // without asking the set which socket has one. The set stands for the
-  // others.
-  uint64_t busy_id = 0;
-  int busy_fd = -1;
-  const auto poll_busy_alone_locked = [&] {
-    busy_id = 0;
-    busy_fd = -1;
-    if (busy_watcher_ == nullptr) return;
-    leave_ready_set_locked(*busy_watcher_);
-    if (busy_watcher_->in_ready_set) return;
-    busy_id = busy_watcher_->id;
-    busy_fd = busy_watcher_->fd.get();
-  };
-  {
-    std::lock_guard guard(mutex_);
-    poll_busy_alone_locked();
-  }
   bool slept = false;
   while (captured.empty()) {
-    pollfd waits[3] = {{channel_fd, POLLIN, 0}, {ready_set_.get(), POLLIN, 0}, {busy_fd, POLLIN, 0}};
+    pollfd waits[2] = {{channel_fd, POLLIN, 0}, {ready_set_.get(), POLLIN, 0}};
     // Until a held ACK falls due (this thread sends it then), or for good.
     timespec until_due{};
     const bool holding = ack_due != Clock::time_point::max();
@@ -72,7 +56,7 @@ uint64_t PortEngine::wait_for_channel(int channel_fd, const SocketAddress& chann
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
       until_due = {static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
     }
-    const int ready = ::ppoll(waits, busy_fd >= 0 ? 3 : 2, holding ? &until_due : nullptr, nullptr);
+    const int ready = ::ppoll(waits, 2, holding ? &until_due : nullptr, nullptr);
     // A signal or an error: the blocking read that follows behaves as the
     // kernel's channel would.
     if (ready < 0 || waits[0].revents != 0) break;
@@ -85,19 +69,12 @@ uint64_t PortEngine::wait_for_channel(int channel_fd, const SocketAddress& chann
     DeferredChannelWakeups wakeups;  // sent once the lock is free
     std::lock_guard guard(mutex_);
     PassClock clock(*this, Clock::now());
-    if (waits[2].revents != 0) {
-      // Gone meanwhile (its QP destroyed), or read by another thread: the
-      // set's readiness, or the next round, finds what waits.
-      if (auto busy = watchers_.find(busy_id); busy != watchers_.end() && busy->second.get() == busy_watcher_)
-        drain(*busy->second, Reads::All);
-    }
     if ((waits[1].revents & POLLIN) != 0) drain_all_locked(Reads::All);
     // An ACK for a request that just arrived waits for the application's
     // answer to the request, and leaves with it in one send: the peer,
     // sleeping on its channel, is woken once for both.
     after_work(Acks::Hold);
     ack_due = held_acks_.earliest_due();
-    poll_busy_alone_locked();
   }
   const uint64_t taken = captured.take();
   const Clock::time_point now = Clock::now();
@@ -144,16 +121,18 @@ void PortEngine::look_while_app_reads(std::unique_lock<std::mutex>& guard, Clock
   if (watching_) stop_watching();
   if (!guard.owns_lock()) guard.lock();
   // Retransmissions and other timers due, and ACKs whose hold ran out (the
-  // others wait for the application's answer, as in its waits). No look
-  // for the held ones: the answer, the application's next wait, or this
-  // thread's look once it may have stopped waiting sends them (a look at
-  // every hold's end came every few round trips).
-  looking_for_channel_waiter_ = true;
+  // others wait for the application's answer, as in its waits). While no
+  // thread waits, no look for the held ones before the application may
+  // have stopped: its answer or its next wait sends them (a look at every
+  // hold's end came every few round trips). A thread asleep in a wait may
+  // not know of an ACK held since it computed its timeout: looked for then.
+  const bool waiters = channel_waiters_.load(std::memory_order_relaxed) > 0;
+  looking_for_channel_waiter_ = !waiters;
   after_work(Acks::Hold);
   looking_for_channel_waiter_ = false;
-  Clock::time_point next = earliest_protocol_deadline_locked();
+  Clock::time_point next = waiters ? earliest_deadline_locked() : earliest_protocol_deadline_locked();
   guard.unlock();
-  if (channel_waiters_.load(std::memory_order_relaxed) == 0) {
+  if (!waiters) {
     const Clock::time_point ended(Clock::duration(channel_wait_ended_.load(std::memory_order_relaxed)));
     next = std::min(next, std::max(now, ended + kAppIdleAfter));
   }
