@@ -40,6 +40,7 @@ constexpr int32_t window_packets(uint32_t mtu) {
   const size_t packets = kWindowBytes / (mtu < 256 ? 256 : mtu);
   return static_cast<int32_t>(packets < kMinWindow ? kMinWindow : packets > kMaxWindow ? kMaxWindow : packets);
 }
+static_assert(window_packets(4096) == 256 && window_packets(1024) == 1024 && window_packets(256) == kMaxWindow);
 // READ and atomic requests remembered (at least max_dest_rd_atomic), so that
 // a duplicate is answered again, as IBA 9.7.5.1.4 asks.
 inline constexpr size_t kReplayEntries = 64;
