@@ -11,15 +11,16 @@ namespace softverbs::udp::parameters {
 
 // ---- the reliable protocol ------------------------------------------------------
 
-// Request bytes one RC QP may have unacknowledged: 256 packets at path MTU
+// Request bytes one RC QP may have unacknowledged: 512 packets at path MTU
 // 4096. The window is counted in PSNs, so a smaller path MTU gets more of
 // them (window_packets): 256 packets of 1 KiB held a veth of MTU 1500 to a
-// quarter of its raw UDP throughput. Go-back-N resends all of them after a
-// loss, so more than the receive buffers hold only costs.
-inline constexpr size_t kWindowBytes = 1 << 20;
+// quarter of its raw UDP throughput, and 1 MiB in flight to half of what 2
+// MiB gets there. Go-back-N resends all of them after a loss, so more than
+// the receive buffers hold only costs.
+inline constexpr size_t kWindowBytes = 2 << 20;
 // ...and at most this many PSNs (a path MTU of 256 or 512): every packet
 // costs the receive buffer its own skb (~2 KiB of truesize at 1 KiB).
-inline constexpr int32_t kMaxWindow = 1024;
+inline constexpr int32_t kMaxWindow = 2048;
 // A responder ACKs at least this often even if no packet asks.
 inline constexpr uint32_t kAckEveryPackets = 32;
 // Request bytes in flight that a process's RC QPs share (PortEngine::window):
@@ -40,7 +41,7 @@ constexpr int32_t window_packets(uint32_t mtu) {
   const size_t packets = kWindowBytes / (mtu < 256 ? 256 : mtu);
   return static_cast<int32_t>(packets < kMinWindow ? kMinWindow : packets > kMaxWindow ? kMaxWindow : packets);
 }
-static_assert(window_packets(4096) == 256 && window_packets(1024) == 1024 && window_packets(256) == kMaxWindow);
+static_assert(window_packets(4096) == 512 && window_packets(1024) == 2048 && window_packets(256) == kMaxWindow);
 // READ and atomic requests remembered (at least max_dest_rd_atomic), so that
 // a duplicate is answered again, as IBA 9.7.5.1.4 asks.
 inline constexpr size_t kReplayEntries = 64;
