@@ -11,6 +11,7 @@ the same run:
   (tests/all_to_all), byte-exact on both transports;
 - two network namespaces over a veth pair (MTU 1500): ib_write_bw 64 KiB
   against raw UDP over the same veth (bench/udp_pingpong); goal: 50%.
+SOFTVERBS_BENCH_SCALE_ROWS=qp,idle,nxn,veth chooses which (all by default).
 """
 import importlib.machinery
 import importlib.util
@@ -305,20 +306,27 @@ def veth_rows(build, scale, port):
 
 
 def rows(build: Path, scale: float):
-    """The scale rows: (table rows, one bool per goal row, baseline lines)."""
+    """The scale rows: (table rows, one bool per goal row, baseline lines).
+    SOFTVERBS_BENCH_SCALE_ROWS (a comma-separated subset of qp, idle, nxn,
+    veth) runs only those, e.g. with `bench/run --only scale`."""
+    chosen = set(filter(None, os.environ.get("SOFTVERBS_BENCH_SCALE_ROWS", "qp,idle,nxn,veth").split(",")))
     table, goals, baselines = [], [], []
     port = 23000
-    qp_table, qp_goals, port = qp_rows(build, scale, port)
-    table += qp_table
-    goals += qp_goals
-    idle_table, idle_goals = idle_rows(build, scale)
-    table += idle_table
-    goals += idle_goals
-    nxn_table, nxn_goals = all_to_all_rows(build)
-    table += nxn_table
-    goals += nxn_goals
-    veth_table, veth_goals, veth_baselines = veth_rows(build, scale, port + 100)
-    table += veth_table
-    goals += veth_goals
-    baselines += veth_baselines
+    if "qp" in chosen:
+        qp_table, qp_goals, port = qp_rows(build, scale, port)
+        table += qp_table
+        goals += qp_goals
+    if "idle" in chosen:
+        idle_table, idle_goals = idle_rows(build, scale)
+        table += idle_table
+        goals += idle_goals
+    if "nxn" in chosen:
+        nxn_table, nxn_goals = all_to_all_rows(build)
+        table += nxn_table
+        goals += nxn_goals
+    if "veth" in chosen:
+        veth_table, veth_goals, veth_baselines = veth_rows(build, scale, port + 100)
+        table += veth_table
+        goals += veth_goals
+        baselines += veth_baselines
     return table, goals, baselines

@@ -271,7 +271,8 @@ int32_t PortEngine::window(const UdpQp& qp) const {
   // wait counts too); a QP about to send its first is not listed yet.
   const size_t sharing = timed_qps_.size() + (qp.timer_listed ? 0 : 1);
   const size_t share = parameters::kInFlightBytes / (sharing * std::max<uint32_t>(qp.mtu, 256));
-  return static_cast<int32_t>(std::clamp<size_t>(std::bit_floor(share), parameters::kMinWindow, parameters::kWindow));
+  return std::clamp(static_cast<int32_t>(std::bit_floor(share)), parameters::kMinWindow,
+                    parameters::window_packets(qp.mtu));
 }
 
 Clock::time_point PortEngine::earliest_deadline_locked() const {

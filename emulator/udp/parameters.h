@@ -11,28 +11,37 @@ namespace softverbs::udp::parameters {
 
 // ---- the reliable protocol ------------------------------------------------------
 
-// PSNs in flight beyond the last acknowledged one. Go-back-N resends all of
-// them after a loss, so more than the receive buffers hold only costs.
-inline constexpr int32_t kWindow = 256;
+// Request bytes one RC QP may have unacknowledged: 512 packets at path MTU
+// 4096. The window is counted in PSNs, so a smaller path MTU gets more of
+// them (window_packets): 256 packets of 1 KiB held a veth of MTU 1500 to a
+// quarter of its raw UDP throughput, and 1 MiB in flight to half of what 2
+// MiB gets there. Go-back-N resends all of them after a loss, so more than
+// the receive buffers hold only costs.
+inline constexpr size_t kWindowBytes = 2 << 20;
+// ...and at most this many PSNs (a path MTU of 256 or 512): every packet
+// costs the receive buffer its own skb (~2 KiB of truesize at 1 KiB).
+inline constexpr int32_t kMaxWindow = 2048;
 // A responder ACKs at least this often even if no packet asks.
 inline constexpr uint32_t kAckEveryPackets = 32;
 // Request bytes in flight that a process's RC QPs share (PortEngine::window):
 // each QP with requests outstanding gets an equal share, a power of two of
-// packets between kMinWindow and kWindow. 64 QPs with a full window each put
-// 64 MiB in flight, which waited in the peer's socket queues longer than the
-// ACK timeout on a loaded machine: the timers fired while nothing was lost,
-// go-back-N doubled the queue, and retry counts ran out against a live peer.
-// 16 MiB drains in ~30 ms at 0.5 GB/s; 4 MiB cost 64 QPs a fifth of their
-// throughput (more ACKs asked for, bench/NOTES.md).
+// packets between kMinWindow and window_packets(mtu). 64 QPs with a full
+// window each put 64 MiB in flight, which waited in the peer's socket queues
+// longer than the ACK timeout on a loaded machine: the timers fired while
+// nothing was lost, go-back-N doubled the queue, and retry counts ran out
+// against a live peer. 16 MiB drains in ~30 ms at 0.5 GB/s; 4 MiB cost 64 QPs
+// a fifth of their throughput (more ACKs asked for, bench/NOTES.md).
 inline constexpr size_t kInFlightBytes = 16 << 20;
 // No share is smaller: the responder ACKs every kAckEveryPackets packets even
 // without an AckReq, so a window this large never waits on an ACK nobody sends.
 inline constexpr int32_t kMinWindow = kAckEveryPackets;
-// An RC requester asks for an ACK (AckReq) at the end of a message with
-// nothing older in flight, and every half window (at most this many PSNs),
-// so that the window moves while the responder holds unasked-for ACKs to
-// coalesce them.
-inline constexpr uint32_t kAckRequestInterval = kWindow / 2;
+// The PSNs an RC QP of this path MTU may have unacknowledged when it has
+// the port to itself: kWindowBytes of them, within kMinWindow..kMaxWindow.
+constexpr int32_t window_packets(uint32_t mtu) {
+  const size_t packets = kWindowBytes / (mtu < 256 ? 256 : mtu);
+  return static_cast<int32_t>(packets < kMinWindow ? kMinWindow : packets > kMaxWindow ? kMaxWindow : packets);
+}
+static_assert(window_packets(4096) == 512 && window_packets(1024) == 2048 && window_packets(256) == kMaxWindow);
 // READ and atomic requests remembered (at least max_dest_rd_atomic), so that
 // a duplicate is answered again, as IBA 9.7.5.1.4 asks.
 inline constexpr size_t kReplayEntries = 64;
@@ -112,7 +121,7 @@ inline constexpr uint32_t kReadsWithGroSizeAfterSearch = 1024;
 
 // ---- sending ---------------------------------------------------------------------
 
-// Socket buffers: a window of 256 packets of 4 KiB, with room.
+// Socket buffers: a window (kWindowBytes, or kMaxWindow packets), with room.
 inline constexpr int kSocketBuffer = 8 << 20;
 // GSO sends of one size in a row that set that size on the socket (a plain
 // send() is cheaper than a sendmsg with the size), and single datagrams in

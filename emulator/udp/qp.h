@@ -222,8 +222,9 @@ class TransportPort {
   virtual Clock::time_point now() const = 0;
   // How many posts and polls the application has made on the device.
   virtual uint64_t application_calls() const = 0;
-  // The PSNs this RC QP may have unacknowledged now (kWindow unless the
-  // port shares its bytes in flight among its QPs: see kInFlightBytes).
+  // The PSNs this RC QP may have unacknowledged now (window_packets of its
+  // path MTU unless the port shares its bytes in flight among its QPs: see
+  // kInFlightBytes).
   virtual int32_t window(const UdpQp& qp) const;
   // Sends a transport packet whose payload is the bytes of `payload` (local
   // buffers, already checked); the port adds pad and ICRC and applies

@@ -121,7 +121,10 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index, 
   const bool last = index + 1 == wqe.psn_count;
   packet.bth.solicited = last && (wqe.flags & send_flag::kSolicited);
   const bool nothing_older_in_flight = &wqe == &qp.requester.queue.front();
-  const uint32_t ack_interval = std::min(kAckRequestInterval, static_cast<uint32_t>(window) / 2);
+  // AckReq at the end of a message with nothing older in flight, and every
+  // half window, so that the window moves while the responder holds
+  // unasked-for ACKs to coalesce them.
+  const uint32_t ack_interval = static_cast<uint32_t>(window) / 2;
   packet.bth.ack_request =
       qp.type == QpType::Rc && ((last && nothing_older_in_flight) || (psn_add(packet.bth.psn, 1) % ack_interval) == 0);
   // Only a FIRST or an ONLY packet carries the RETH: a FIRST's names the
@@ -247,7 +250,7 @@ bool gather_local(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe, uin
   return length == 0;
 }
 
-int32_t TransportPort::window(const UdpQp&) const { return parameters::kWindow; }
+int32_t TransportPort::window(const UdpQp& qp) const { return parameters::window_packets(qp.mtu); }
 
 void requester_post(TransportPort& port, UdpQp& qp, const SendWqe& wqe) {
   qp.requester.queue.push_back(wqe);
@@ -258,7 +261,7 @@ void requester_run(TransportPort& port, UdpQp& qp) {
   RequesterState& r = qp.requester;
   if (!qp.sending || port.now() < r.resume_at) return;
   const uint32_t rd_atomic_limit = std::max<uint32_t>(1, qp.attributes.max_rd_atomic);
-  const int32_t window = qp.type == QpType::Rc ? port.window(qp) : kWindow;
+  const int32_t window = qp.type == QpType::Rc ? port.window(qp) : window_packets(qp.mtu);
   bool executed_local = false;
   while (r.cursor < r.queue.size()) {
     SendWqe& wqe = r.queue[r.cursor];
