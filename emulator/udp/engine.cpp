@@ -189,7 +189,7 @@ void PortEngine::drive() {
   posts_since_drive_ = 0;
   if (reads_left_to_this_call())
     drain_all_locked(Reads::All);
-  else if (!app_sleeps_in_channel_.load(std::memory_order_relaxed))  // else its waits read them
+  else if (channel_waiters_.load(std::memory_order_relaxed) == 0)  // else the waiting thread reads them
     drain_polling_locked();
   after_work(idle_app_acks());
 }

@@ -37,15 +37,26 @@ uint64_t PortEngine::wait_for_channel(int channel_fd, const SocketAddress& chann
     if (busy_watcher_ != nullptr) join_ready_set_locked(*busy_watcher_);
     ack_due = held_acks_.earliest_due();
   }
+  // However this wait ends (a return, or pthread_cancel in ppoll), it stops
+  // counting, and a wait that did not sleep has the io thread look at once:
+  // a look during it left the sockets to this thread and may have stopped
+  // watching them.
+  bool slept = false;
+  bool counted = true;
+  struct EndOfWait {
+    PortEngine& engine;
+    const bool& slept;
+    bool& counted;
+    ~EndOfWait() {
+      if (counted) engine.channel_waiters_.fetch_sub(1, std::memory_order_relaxed);
+      if (!slept) engine.arm_timer(Clock::now());
+    }
+  } end_of_wait{*this, slept, counted};
   const int flags = ::fcntl(channel_fd, F_GETFL);
-  if (flags < 0 || (flags & O_NONBLOCK) != 0) {  // the caller wants EAGAIN, not a wait
-    channel_waiters_.fetch_sub(1, std::memory_order_relaxed);
-    return 0;
-  }
+  if (flags < 0 || (flags & O_NONBLOCK) != 0) return 0;  // the caller wants EAGAIN, not a wait
   // The events this thread's passes raise on the channel come back here
   // rather than through the socket.
   CapturedChannelWakeups captured(channel);
-  bool slept = false;
   while (captured.empty()) {
     pollfd waits[2] = {{channel_fd, POLLIN, 0}, {ready_set_.get(), POLLIN, 0}};
     // Until a held ACK falls due (this thread sends it then), or for good.
@@ -82,6 +93,7 @@ uint64_t PortEngine::wait_for_channel(int channel_fd, const SocketAddress& chann
     std::lock_guard guard(mutex_);
     // The rest wait for this application's next wait on the channel, if no
     // other thread waits now (it would not see them).
+    counted = false;
     if (channel_waiters_.fetch_sub(1, std::memory_order_relaxed) == 1 && !captured.empty()) {
       for (uint64_t handle : captured.release_rest()) pending_events_.push_back({channel, handle, now});
       pending_event_count_.store(pending_events_.size(), std::memory_order_relaxed);

@@ -61,8 +61,8 @@ inline constexpr auto kMaxAckHold = std::chrono::microseconds(100);
 // retransmission timer, so that a waiting SEND is not resent.
 inline constexpr auto kReceiveGrace = std::chrono::microseconds(500);
 // Packets that may wait behind such a SEND; past this the sender gets the
-// RNR NAK at once.
-inline constexpr size_t kMaxAwaitingPackets = 256;
+// RNR NAK at once. A whole window: a sender within it never loses the grace.
+inline constexpr size_t kMaxAwaitingPackets = kMaxWindow;
 
 // ---- who does the work: the application's calls or the io thread -----------------
 
