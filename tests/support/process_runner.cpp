@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +18,54 @@
 extern char** environ;
 
 namespace softverbs::test {
+
+namespace {
+
+std::string read_small_file(const std::filesystem::path& path) {
+  std::string text;
+  if (FILE* file = std::fopen(path.c_str(), "r")) {
+    char buffer[512];
+    const size_t n = std::fread(buffer, 1, sizeof buffer, file);
+    text.assign(buffer, n);
+    std::fclose(file);
+  }
+  for (char& c : text) {
+    if (c == '\0') c = ' ';  // cmdline's separators
+  }
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+// What the processes of group `group` were doing when the run timed out:
+// each thread's name, system call and kernel wait channel, and, where gdb is
+// installed, every thread's stack, so that a hang seen once in CI can be
+// told from the log.
+std::string describe_hung_group(pid_t group) {
+  std::string report = "[run_process: the processes of the timed-out run]\n";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (getpgid(pid) != group) continue;
+    report += "pid " + name + ": " + read_small_file(entry.path() / "cmdline") + "\n";
+    for (const auto& task : std::filesystem::directory_iterator(entry.path() / "task", ec))
+      report += "  tid " + task.path().filename().string() + " " + read_small_file(task.path() / "comm") +
+                ": syscall " + read_small_file(task.path() / "syscall") + ", wchan " +
+                read_small_file(task.path() / "wchan") + "\n";
+    if (std::system("command -v gdb >/dev/null 2>&1") != 0) continue;
+    const std::string command =
+        "timeout 30 gdb -nx -batch -p " + name + " -ex 'thread apply all bt' 2>/dev/null | grep -E '^(Thread|#)'";
+    if (FILE* gdb = popen(command.c_str(), "r")) {
+      char line[1024];
+      while (std::fgets(line, sizeof line, gdb) != nullptr) report += std::string("  ") + line;
+      pclose(gdb);
+    }
+  }
+  return report;
+}
+
+}  // namespace
 
 ProcessResult run_process(const std::vector<std::string>& argv, const std::vector<std::string>& environment,
                           int timeout_seconds) {
@@ -82,6 +131,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::vecto
     }
   }
   if (timed_out) {
+    result.err += describe_hung_group(pid);
     kill(-pid, SIGKILL);
     kill(pid, SIGKILL);
     result.err += "\n[run_process: killed after " + std::to_string(timeout_seconds) + " s]\n";
