@@ -365,4 +365,22 @@ void add_completion_queue_ops(abi::verbs_context_ops& ops) {
   ops.resize_cq = resize_cq;
 }
 
+uint64_t wait_for_cq_event(ibv_comp_channel* channel) {
+  UdpTransport* udp = state_of(channel->context).udp_if_running();
+  if (udp == nullptr) return 0;
+  // The channel's address, kept per thread: a channel fd's number may be
+  // another channel's later, whose events then only miss the shortcut.
+  thread_local int known_fd = -1;
+  thread_local SocketAddress known_address;
+  if (channel->fd != known_fd) {
+    if (!socket_address_of(channel->fd, &known_address)) return 0;
+    known_fd = channel->fd;
+  }
+  const uint64_t handle = udp->wait_for_channel(channel->fd, known_address);
+  if (handle == 0 || is_channel_cq(channel, handle)) return handle;
+  // The address was a former channel's of that fd number: to its owner.
+  send_datagram(known_address, &handle, sizeof handle);
+  return 0;
+}
+
 }  // namespace softverbs::provider

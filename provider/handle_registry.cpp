@@ -29,11 +29,15 @@ uint64_t key(const void* handle) { return reinterpret_cast<uint64_t>(handle); }
 
 bool is_context(const ibv_context* context) { return is_live_handle(HandleKind::Context, key(context)); }
 
+}  // namespace
+
 bool is_channel_cq(const ibv_comp_channel* channel, uint64_t cq) {
   if (channel == nullptr || !is_live_handle(HandleKind::Cq, cq)) return false;
   // Live, so the pointer may be followed now.
   return reinterpret_cast<const ibv_cq*>(cq)->channel == channel;
 }
+
+namespace {
 
 bool is_event_element_checked(const ibv_context* context, uint32_t event_type, uint64_t element) {
   return is_valid_event(context, event_type, element);
@@ -68,7 +72,8 @@ void async_event_delivered(uint32_t event_type, uint64_t element) {
 }
 
 const SoftverbsHandleValidator kValidator{kValidatorVersion,        is_context,         is_channel_cq,
-                                          is_event_element_checked, cq_event_delivered, async_event_delivered};
+                                          is_event_element_checked, cq_event_delivered, async_event_delivered,
+                                          wait_for_cq_event};
 
 }  // namespace
 

@@ -54,4 +54,12 @@ void offer_validator_to_preload();
 // type says it names one.
 bool is_valid_event(const ibv_context* context, uint32_t event_type, uint64_t element);
 
+// The preload's wait_for_cq_event (preload_interface.h): over UDP the
+// waiting thread reads the device's sockets itself until `channel` has an
+// event, and returns it (a CQ of `channel`) if it raised it itself
+// (completion_queues.cpp).
+uint64_t wait_for_cq_event(ibv_comp_channel* channel);
+// The validator's is_channel_cq (handle_registry.cpp).
+bool is_channel_cq(const ibv_comp_channel* channel, uint64_t cq);
+
 }  // namespace softverbs::provider

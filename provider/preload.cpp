@@ -139,8 +139,9 @@ extern "C" __attribute__((visibility("default"))) int ibv_get_cq_event(ibv_comp_
     }
     return real(channel, cq, cq_context);
   }
-  ibv_cq* taken = nullptr;
-  if (read_until_accepted(channel->fd, [&](std::span<const unsigned char> bytes, bool trusted_sender) {
+  ibv_cq* taken = reinterpret_cast<ibv_cq*>(check->wait_for_cq_event(channel));
+  if (taken == nullptr &&
+      read_until_accepted(channel->fd, [&](std::span<const unsigned char> bytes, bool trusted_sender) {
         auto named = softverbs::decode_channel_datagram(bytes, trusted_sender, channel, *check);
         if (named) taken = *named;
         return named.has_value();

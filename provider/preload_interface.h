@@ -28,12 +28,19 @@ struct SoftverbsHandleValidator {
   // per object, to tell at a destroy whether all were acknowledged.
   void (*cq_event_delivered)(uint64_t cq);
   void (*async_event_delivered)(uint32_t event_type, uint64_t element);
+  // Before a blocking ibv_get_cq_event reads `channel`: returns once its fd
+  // may have a datagram, having done the device's work on this thread while
+  // it waited (so that a packet wakes this thread alone, not a background
+  // thread that then wakes this one); at once where there is none to do.
+  // Returns a live CQ of `channel` whose event that work raised (and did
+  // not send), to be delivered as read; 0 if none.
+  uint64_t (*wait_for_cq_event)(ibv_comp_channel* channel);
 };
 
 using SoftverbsRegisterValidator = void (*)(const SoftverbsHandleValidator* validator);
 }
 
 namespace softverbs {
-inline constexpr uint32_t kValidatorVersion = 2;
+inline constexpr uint32_t kValidatorVersion = 3;
 inline constexpr const char* kRegisterValidatorSymbol = "softverbs_preload_register_validator";
 }  // namespace softverbs

@@ -392,10 +392,12 @@ TEST_F(RcDataPath, RnrDelayedSendCompletesWhileTheSenderSleepsOnItsChannel) {
   ASSERT_EQ(ibv_req_notify_cq(evented, 0), 0);
   ASSERT_EQ(post_a(IBV_WR_SEND, 9, 0, 8), 0);  // no receive yet: RNR
   // The receive arrives later, from another thread, once this one sleeps
-  // on its channel (ibv_get_cq_event reads it with recvmsg).
+  // on its channel (ibv_get_cq_event reads it with recvmsg; over UDP it
+  // waits in ppoll on the channel and the device's sockets first).
   const pid_t sender = gettid();
   std::thread late_receiver([&] {
-    EXPECT_TRUE(wait_until_sleeping_in(sender, SYS_recvmsg, [] { return false; }));
+    const auto asleep_in_recvmsg = [&] { return sleeps_in(sender, SYS_recvmsg); };
+    EXPECT_TRUE(wait_until_sleeping_in(sender, SYS_ppoll, asleep_in_recvmsg) || asleep_in_recvmsg());
     EXPECT_EQ(post_recv_b(1, 0, 8), 0);
   });
   ibv_cq* event_cq = nullptr;

@@ -73,9 +73,14 @@ int post_srq_receive(DeviceMemory& memory, SrqRecord& srq, uint64_t wr_id, std::
 
 namespace {
 
+// The CapturedChannelWakeups living on this thread, if any (initial-exec,
+// as deferring_wakeups below).
+thread_local CapturedChannelWakeups* capturing_wakeups __attribute__((tls_model("initial-exec"))) = nullptr;
+
 // The owner reads 8 bytes (its ibv_cq pointer) from the channel fd, as
 // libibverbs' ibv_get_cq_event expects of a kernel completion channel.
 void send_channel_wakeup(const ChannelWakeup& wakeup) {
+  if (capturing_wakeups != nullptr && capturing_wakeups->capture(wakeup)) return;
   send_datagram(wakeup.channel, &wakeup.owner_handle, sizeof wakeup.owner_handle);
 }
 
@@ -103,6 +108,30 @@ DeferredChannelWakeups::~DeferredChannelWakeups() {
   if (!outermost_) return;
   flush();
   deferring_wakeups = nullptr;
+}
+
+CapturedChannelWakeups::CapturedChannelWakeups(const SocketAddress& channel)
+    : channel_(channel), outer_(capturing_wakeups) {
+  capturing_wakeups = this;
+}
+
+CapturedChannelWakeups::~CapturedChannelWakeups() {
+  capturing_wakeups = outer_;
+  for (uint64_t handle : handles_) send_channel_wakeup(ChannelWakeup{handle, channel_});
+}
+
+uint64_t CapturedChannelWakeups::take() {
+  if (handles_.empty()) return 0;
+  const uint64_t first = handles_.front();
+  handles_.erase(handles_.begin());
+  return first;
+}
+
+bool CapturedChannelWakeups::capture(const ChannelWakeup& wakeup) {
+  if (wakeup.channel.length != channel_.length || std::memcmp(wakeup.channel.path, channel_.path, channel_.length) != 0)
+    return false;
+  handles_.push_back(wakeup.owner_handle);
+  return true;
 }
 
 void DeferredChannelWakeups::flush() {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "device/completion_ring.h"
@@ -68,6 +69,32 @@ class DeferredChannelWakeups {
   // something is held.
   bool outermost_ = false;
   std::vector<ChannelWakeup> held_;
+};
+
+// While one lives on a thread, the wake-ups of completion channel
+// `channel` that this thread makes are kept in it instead of sent: the
+// thread is about to read that channel itself (a UDP device's thread
+// waiting in ibv_get_cq_event, which reads the sockets while it waits), and
+// a datagram to itself cost three system calls. What it did not take()
+// leaves as datagrams when it ends.
+class CapturedChannelWakeups {
+ public:
+  explicit CapturedChannelWakeups(const SocketAddress& channel);
+  ~CapturedChannelWakeups();
+  CapturedChannelWakeups(const CapturedChannelWakeups&) = delete;
+  CapturedChannelWakeups& operator=(const CapturedChannelWakeups&) = delete;
+  bool empty() const { return handles_.empty(); }
+  // The first wake-up captured (its CQ handle); 0 if none.
+  uint64_t take();
+  // send_channel_wakeup's: true if `wakeup` was for this channel, and kept.
+  bool capture(const ChannelWakeup& wakeup);
+  // The wake-ups not taken, which then are not sent when this ends.
+  std::vector<uint64_t> release_rest() { return std::exchange(handles_, {}); }
+
+ private:
+  SocketAddress channel_;
+  std::vector<uint64_t> handles_;
+  CapturedChannelWakeups* outer_;
 };
 
 // Moves `qp` (its record live as `qpn`) to ERR under its lock. True if this

@@ -151,6 +151,7 @@ bool PortEngine::start_timer(std::string* error) {
 // ---- the verbs calls -------------------------------------------------------------------
 
 int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
+  send_stale_pending_events();
   DeferredChannelWakeups wakeups;  // sent once the lock is free
   std::lock_guard guard(mutex_);
   // Read once the lock is ours: the io thread may have held it for a while.
@@ -179,6 +180,7 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
 }
 
 void PortEngine::drive() {
+  send_stale_pending_events();
   const Clock::time_point now = note_app_active();
   DeferredChannelWakeups wakeups;  // sent once the lock is free
   std::unique_lock guard(mutex_, std::try_to_lock);
@@ -187,11 +189,9 @@ void PortEngine::drive() {
   posts_since_drive_ = 0;
   if (reads_left_to_this_call())
     drain_all_locked(Reads::All);
-  else
+  else if (channel_waiters_.load(std::memory_order_relaxed) == 0)  // else the waiting thread reads them
     drain_polling_locked();
-  // An application that sleeps in CQ events posts nothing soon after a
-  // packet arrives (see app_waits_for_events()).
-  after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
+  after_work(idle_app_acks());
 }
 
 // ---- a pass's end ----------------------------------------------------------------------
@@ -249,9 +249,10 @@ inline void PortEngine::arm_for_deadlines_locked(Clock::time_point now) {
   // wake-up per ACK would cost more than the hold saves. While the io
   // thread watches the sockets it has no such timer to come back by.)
   const bool on_io_thread = std::this_thread::get_id() == thread_.get_id();
-  const Clock::time_point earliest = on_io_thread || watching_.load(std::memory_order_relaxed)
-                                         ? earliest_deadline_locked()
-                                         : earliest_protocol_deadline_locked();
+  const Clock::time_point earliest =
+      (on_io_thread && !looking_for_channel_waiter_) || watching_.load(std::memory_order_relaxed)
+          ? earliest_deadline_locked()
+          : earliest_protocol_deadline_locked();
   if (earliest.time_since_epoch().count() < armed_.load(std::memory_order_relaxed)) {
     if (on_io_thread || earliest - now >= kArmedFromAnyThread)
       arm_timer(earliest);

@@ -107,14 +107,29 @@ class PortEngine : public TransportPort {
     DeferredChannelWakeups wakeups;  // sent once the lock is free
     std::lock_guard guard(mutex_);
     PassClock clock(*this, Clock::now());
-    after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
+    after_work(idle_app_acks());
   }
   // (drive() after application_waits() counts one call: still idle.)
   void application_waits() {
     app_uses_events_.store(true, std::memory_order_relaxed);
     last_drive_.store(0, std::memory_order_relaxed);
-    wake_io_thread();
+    // One that sleeps in ibv_get_cq_event reads the sockets there itself.
+    if (!app_sleeps_in_channel_.load(std::memory_order_relaxed)) wake_io_thread();
   }
+  // event_wait.cpp
+  uint64_t wait_for_channel(int channel_fd, const SocketAddress& channel);
+  // Sends the pending events (see pending_events_) as datagrams: those at
+  // least `age` old.
+  void send_pending_events(Clock::duration age);
+  void send_stale_pending_events() {
+    if (pending_event_count_.load(std::memory_order_relaxed) != 0) send_pending_events(parameters::kPendingEventHold);
+  }
+  // Does a thread of the application read the sockets in ibv_get_cq_event
+  // (now, or its last wait ended less than kAppIdleAfter ago)? io thread.
+  bool app_reads_in_channel_waits(Clock::time_point now) const;
+  // io_check() then: runs only what fell due, and looks again once the
+  // application may have stopped waiting.
+  void look_while_app_reads(std::unique_lock<std::mutex>& guard, Clock::time_point now);
   void hold_data_paths(const std::function<void()>& change) {
     std::lock_guard guard(mutex_);
     change();
@@ -233,6 +248,16 @@ class PortEngine : public TransportPort {
   // polled busily since)? Then it posts nothing soon after a packet
   // arrives, and an ACK held for its next request only waits.
   bool app_waits_for_events() const { return app_uses_events_.load(std::memory_order_relaxed); }
+  // The ACKs of an application's pass that posts nothing: held for a
+  // request the application may post in answer, unless it sleeps in CQ
+  // events where no pass of its own would send them soon (one that sleeps
+  // in ibv_get_cq_event reading the sockets sends them there when due).
+  Acks idle_app_acks() const {
+    // (Not while a thread sleeps in a wait: its timeout would not cover them.)
+    const bool waits_read =
+        app_sleeps_in_channel_.load(std::memory_order_relaxed) && channel_waiters_.load(std::memory_order_relaxed) == 0;
+    return app_waits_for_events() && !waits_read ? Acks::Send : Acks::Hold;
+  }
   Clock::time_point note_app_active() {
     const Clock::time_point now = Clock::now();
     last_drive_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
@@ -574,6 +599,27 @@ class PortEngine : public TransportPort {
   std::mutex timer_mutex_;  // armed_ and the timerfd change together (any thread sets the timer)
   std::atomic<bool> wake_pending_{false};
   std::atomic<bool> watching_{false};  // changed by the io thread only
+  // Threads of the application in wait_for_channel: while there are any,
+  // they read the sockets and the io thread does not watch them (a packet
+  // would wake both). And whether the application waits that way, rather
+  // than in its own poll of the channel fd (cleared once it polls busily).
+  std::atomic<int> channel_waiters_{0};
+  std::atomic<bool> app_sleeps_in_channel_{false};
+  // Events a waiting thread's pass raised on its channel beyond the one it
+  // returned, kept for the next wait on that channel to take without a
+  // datagram to itself (sendto, then poll and recvmsg: a request's ACK
+  // and the peer's answer arrive together and raise two events). Sent as
+  // datagrams by the io thread's next look, or by a verbs call once they
+  // are kPendingEventHold old. Under mutex_; the count read without it.
+  struct PendingEvent {
+    SocketAddress channel;
+    uint64_t handle;
+    Clock::time_point since;
+  };
+  std::vector<PendingEvent> pending_events_;
+  std::atomic<size_t> pending_event_count_{0};
+  std::atomic<Clock::rep> channel_wait_ended_{0};  // when the last one returned
+  bool looking_for_channel_waiter_ = false;        // in look_while_app_reads (io thread only)
   // The io thread, watching, found a verbs call at work and stepped aside:
   // that call reads the sockets before it returns (see io_check).
   std::atomic<bool> reads_left_to_call_{false};

@@ -107,9 +107,15 @@ void PortEngine::wake_io_thread() {
 // ---- a look: step aside, or do the work ---------------------------------------------------
 
 void PortEngine::io_check() {
+  // Events kept for a wait that did not come (see pending_events_).
+  if (pending_event_count_.load(std::memory_order_relaxed) != 0) send_pending_events(Clock::duration::zero());
   const Clock::time_point now = Clock::now();
   DeferredChannelWakeups wakeups;  // sent once the lock is free
   std::unique_lock guard(mutex_, std::try_to_lock);
+  if (app_reads_in_channel_waits(now)) {
+    look_while_app_reads(guard, now);
+    return;
+  }
   const bool polling = app_active(now);
   const Clock::time_point last_call(Clock::duration(last_drive_.load(std::memory_order_relaxed)));
   // A polling application's thread inside a verbs call holds the lock: it
@@ -136,6 +142,7 @@ void PortEngine::io_check() {
 void PortEngine::step_aside(std::unique_lock<std::mutex>& guard, Clock::time_point now, Clock::time_point last_call,
                             bool polling, bool in_call) {
   app_uses_events_.store(false, std::memory_order_relaxed);
+  app_sleeps_in_channel_.store(false, std::memory_order_relaxed);
   // What woke a watching thread may wait in a socket, and the call may
   // be the application's last for a while (a post, then a spin on
   // memory): the call reads before it returns, as this thread would

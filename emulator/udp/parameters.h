@@ -72,6 +72,10 @@ inline constexpr size_t kMaxAwaitingPackets = kMaxWindow;
 // calling waits ~20 us.
 inline constexpr auto kAppIdleAfterFirst = std::chrono::microseconds(20);
 inline constexpr auto kAppIdleAfter = std::chrono::microseconds(500);
+// A CQ event kept for the next ibv_get_cq_event on its channel (see
+// PortEngine::pending_events_) goes out as a datagram after this, at the
+// application's next verbs call: another thread may wait on the channel.
+inline constexpr auto kPendingEventHold = std::chrono::microseconds(50);
 // Posts this close together with no poll between are a burst: their packets
 // wait in the send batch for the next post to join (one sendmsg for many).
 inline constexpr auto kBurstGap = std::chrono::microseconds(10);

@@ -106,7 +106,10 @@ void PortEngine::drain_polling_locked() {
   }
   // Left behind, it waits at most until the io thread's next look.
   if (busy_watcher_ != nullptr && ++passes_on_busy_watcher_ < kLookAroundEvery) {
-    if (drain(*busy_watcher_, Reads::One) && ++busy_watcher_->busy_reads == kBusyReadsBeforeLeavingSet)
+    // Not while a thread sleeps on the set in ibv_get_cq_event: the
+    // socket's packets would not wake it.
+    if (drain(*busy_watcher_, Reads::One) && ++busy_watcher_->busy_reads == kBusyReadsBeforeLeavingSet &&
+        channel_waiters_.load(std::memory_order_relaxed) == 0)
       leave_ready_set_locked(*busy_watcher_);
     return;
   }

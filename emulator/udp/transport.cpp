@@ -79,4 +79,8 @@ void UdpTransport::drive() { engine_->drive(); }
 void UdpTransport::receive_posted() { engine_->receive_posted(); }
 void UdpTransport::application_waits() { engine_->application_waits(); }
 
+uint64_t UdpTransport::wait_for_channel(int channel_fd, const SocketAddress& channel) {
+  return engine_->wait_for_channel(channel_fd, channel);
+}
+
 }  // namespace softverbs

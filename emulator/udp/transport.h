@@ -91,6 +91,13 @@ class UdpTransport {
   // The application is about to block (it armed a CQ for an event): the
   // background thread takes over at once.
   void application_waits();
+  // A thread of the application is about to block reading completion
+  // channel `channel_fd`: it reads the device's sockets itself until the
+  // channel has a datagram (at once if the fd is non-blocking).
+  // Returns the CQ handle of an event this thread raised on the channel (at
+  // `channel`, its address) while it waited, which then was not sent; 0 if
+  // none: the channel has a datagram then (or the fd is non-blocking).
+  uint64_t wait_for_channel(int channel_fd, const SocketAddress& channel);
 
   // Runs `change` (a deregistration or reregistration of this process's
   // memory) while no engine of this process for the device is using
