@@ -2,6 +2,8 @@
 // drive), and after_work(): what every pass ends with.
 #include "udp/engine.h"
 
+#include <fcntl.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/timerfd.h>
 
@@ -81,6 +83,9 @@ bool PortEngine::start(std::string* error) {
     return false;
   }
   if (!listen_on_addresses(error) || !open_forward_socket(error) || !start_timer(error)) return false;
+  load_average_ = Fd(::open("/proc/loadavg", O_RDONLY | O_CLOEXEC));
+  cpu_set_t usable;
+  if (sched_getaffinity(0, sizeof usable, &usable) == 0) usable_cpus_ = CPU_COUNT(&usable);
   boost::asio::post(io_, [this] { io_check(); });
   thread_ = std::thread([this] { run_thread(); });
   return true;

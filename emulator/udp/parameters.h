@@ -90,6 +90,9 @@ inline constexpr auto kArmedFromAnyThread = std::chrono::milliseconds(5);
 inline constexpr auto kAnswerSpin = std::chrono::microseconds(50);
 inline constexpr uint32_t kAnswerSpinAfterPackets = 1;
 inline constexpr auto kAnswerSpinPerLook = std::chrono::milliseconds(1);
+// ...and only while every runnable thread has a CPU, checked at its start
+// and every this many reads.
+inline constexpr uint32_t kSpinRoundsPerLoadCheck = 16;
 
 // ---- reading sockets ---------------------------------------------------------------
 
