@@ -175,9 +175,14 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
   // watches the sockets: then no poll, and no look of the io thread's
   // within app_idle_after_, would follow to send what waits.
   last_poster_ = current_thread_id();
-  const bool in_burst = posts_since_drive_++ > 0 && now - last_post_returned_ < kBurstGap &&
-                        now >= deferral_paused_until_ && !app_waits_for_events() &&
-                        !watching_.load(std::memory_order_relaxed);
+  // The first post after a poll joins a burst too if the polls before it
+  // were followed by bursts (ib_write_bw posts up to its queue depth after
+  // each completion), rather than leave alone and be answered alone.
+  const bool follows_post = posts_since_drive_++ > 0;
+  const bool in_burst =
+      (follows_post ? now - last_post_returned_ < kBurstGap
+                    : bursts_after_polls_ >= kBurstsBeforeFirstPostWaits && now - last_drive_at_ < kBurstGap) &&
+      now >= deferral_paused_until_ && !app_waits_for_events() && !watching_.load(std::memory_order_relaxed);
   after_work(Acks::Send, in_burst ? Sends::MayWait : Sends::Now);
   last_post_returned_ = Clock::now();
   return 0;
@@ -189,7 +194,12 @@ void PortEngine::drive() {
   std::unique_lock guard(mutex_, std::try_to_lock);
   if (!guard.owns_lock()) return;  // the background thread is at it
   PassClock clock(*this, now);
+  if (posts_since_drive_ > 1)
+    bursts_after_polls_ = std::min<uint32_t>(bursts_after_polls_ + 1, kBurstsBeforeFirstPostWaits);
+  else if (posts_since_drive_ == 1)
+    bursts_after_polls_ = 0;
   posts_since_drive_ = 0;
+  last_drive_at_ = now;
   if (reads_left_to_this_call())
     drain_all_locked(Reads::All);
   else

@@ -535,6 +535,10 @@ class PortEngine : public TransportPort {
   std::map<wire::IpAddress, GroupMembers> groups_;
   SendBatch batch_;
   uint32_t posts_since_drive_ = 0;
+  // Polls in a row whose next post began a burst (see post_send), up to
+  // kBurstsBeforeFirstPostWaits, and when the last poll began.
+  uint32_t bursts_after_polls_ = 0;
+  Clock::time_point last_drive_at_{};
   pid_t last_poster_ = 0;  // the thread of the last post, which a batch may wait for
   Clock::time_point last_post_returned_{};
   Clock::time_point deferral_paused_until_{};

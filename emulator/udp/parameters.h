@@ -75,6 +75,9 @@ inline constexpr auto kAppIdleAfter = std::chrono::microseconds(500);
 // Posts this close together with no poll between are a burst: their packets
 // wait in the send batch for the next post to join (one sendmsg for many).
 inline constexpr auto kBurstGap = std::chrono::microseconds(10);
+// After this many polls in a row that were followed by bursts, the first
+// post after a poll waits for the rest of its burst too.
+inline constexpr uint32_t kBurstsBeforeFirstPostWaits = 4;
 // When a burst's packets had to be sent by the io thread (the program spins
 // on memory instead of calling), batching pauses this long, doubling up to
 // kDeferralPause each time it happens again.
