@@ -2,6 +2,8 @@
 // drive), and after_work(): what every pass ends with.
 #include "udp/engine.h"
 
+#include <fcntl.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/timerfd.h>
 
@@ -81,6 +83,9 @@ bool PortEngine::start(std::string* error) {
     return false;
   }
   if (!listen_on_addresses(error) || !open_forward_socket(error) || !start_timer(error)) return false;
+  load_average_ = Fd(::open("/proc/loadavg", O_RDONLY | O_CLOEXEC));
+  cpu_set_t usable;
+  if (sched_getaffinity(0, sizeof usable, &usable) == 0) usable_cpus_ = CPU_COUNT(&usable);
   boost::asio::post(io_, [this] { io_check(); });
   thread_ = std::thread([this] { run_thread(); });
   return true;
@@ -171,9 +176,14 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
   // watches the sockets: then no poll, and no look of the io thread's
   // within app_idle_after_, would follow to send what waits.
   last_poster_ = current_thread_id();
-  const bool in_burst = posts_since_drive_++ > 0 && now - last_post_returned_ < kBurstGap &&
-                        now >= deferral_paused_until_ && !app_waits_for_events() &&
-                        !watching_.load(std::memory_order_relaxed);
+  // The first post after a poll joins a burst too if the polls before it
+  // were followed by bursts (ib_write_bw posts up to its queue depth after
+  // each completion), rather than leave alone and be answered alone.
+  const bool follows_post = posts_since_drive_++ > 0;
+  const bool in_burst =
+      (follows_post ? now - last_post_returned_ < kBurstGap
+                    : bursts_after_polls_ >= kBurstsBeforeFirstPostWaits && now - last_drive_at_ < kBurstGap) &&
+      now >= deferral_paused_until_ && !app_waits_for_events() && !watching_.load(std::memory_order_relaxed);
   after_work(Acks::Send, in_burst ? Sends::MayWait : Sends::Now);
   last_post_returned_ = Clock::now();
   return 0;
@@ -186,7 +196,12 @@ void PortEngine::drive() {
   std::unique_lock guard(mutex_, std::try_to_lock);
   if (!guard.owns_lock()) return;  // the background thread is at it
   PassClock clock(*this, now);
+  if (posts_since_drive_ > 1)
+    bursts_after_polls_ = std::min<uint32_t>(bursts_after_polls_ + 1, kBurstsBeforeFirstPostWaits);
+  else if (posts_since_drive_ == 1)
+    bursts_after_polls_ = 0;
   posts_since_drive_ = 0;
+  last_drive_at_ = now;
   if (reads_left_to_this_call())
     drain_all_locked(Reads::All);
   else if (channel_waiters_.load(std::memory_order_relaxed) == 0)  // else the waiting thread reads them

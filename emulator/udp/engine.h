@@ -219,6 +219,11 @@ class PortEngine : public TransportPort {
   // io_check() for an idle application after a pass that answered a short
   // request: keeps reading for the peer's next one (see kAnswerSpin).
   void spin_for_requests(std::unique_lock<std::mutex>& guard, DeferredChannelWakeups& wakeups);
+  // Has every runnable thread of the machine a CPU of its own (/proc/loadavg's
+  // count of runnable threads, this one among them, against the CPUs this
+  // process may run on)? If not, a spinning thread may keep the one it
+  // waits for from running.
+  bool cpus_to_spare();
   void start_watching();
   void stop_watching();
   void watch();
@@ -535,6 +540,8 @@ class PortEngine : public TransportPort {
   // watches, waits on it through one Asio descriptor (a duplicate, which
   // Asio owns and closes) made and destroyed on the io thread only.
   Fd ready_set_;
+  Fd load_average_;  // /proc/loadavg, read again at offset 0 (see cpus_to_spare)
+  int usable_cpus_ = 1;
   std::optional<boost::asio::posix::stream_descriptor> ready_waiter_;
   std::map<std::pair<wire::IpAddress, uint16_t>, Fd> send_sockets_;
   // The last flow transmit() sent on: a QP's requests, and the ACKs and
@@ -553,6 +560,10 @@ class PortEngine : public TransportPort {
   std::map<wire::IpAddress, GroupMembers> groups_;
   SendBatch batch_;
   uint32_t posts_since_drive_ = 0;
+  // Polls in a row whose next post began a burst (see post_send), up to
+  // kBurstsBeforeFirstPostWaits, and when the last poll began.
+  uint32_t bursts_after_polls_ = 0;
+  Clock::time_point last_drive_at_{};
   pid_t last_poster_ = 0;  // the thread of the last post, which a batch may wait for
   Clock::time_point last_post_returned_{};
   Clock::time_point deferral_paused_until_{};

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <cstdlib>
+#include <cstring>
 
 #include "support/process_id.h"
 #include "udp/engine.h"
@@ -177,21 +179,39 @@ void PortEngine::spin_for_requests(std::unique_lock<std::mutex>& guard, Deferred
   // with no request to answer, rather than sleep and be woken for it.
   // (Back to Asio's loop now and then, for what else is queued there: a
   // packet that arrives meanwhile wakes the watch() handler again.)
+  // Not where runnable threads outnumber the CPUs: the peer's thread may
+  // wait for this one's CPU, and a packet wakes a sleeping thread at once.
+  if (!cpus_to_spare()) return;
   const uint64_t calls = drive_count_.load(std::memory_order_relaxed);
   const Clock::time_point started = Clock::now();
   Clock::time_point last_answer = started;
-  for (;;) {
+  for (uint32_t round = 1;; ++round) {
     guard.unlock();
     wakeups.flush();
     guard.lock();
     // The application is back (its calls read the sockets), or stopping.
     if (drive_count_.load(std::memory_order_relaxed) != calls || io_.stopped()) break;
+    if (round % kSpinRoundsPerLoadCheck == 0 && !cpus_to_spare()) break;
     drain_all_locked(Reads::All);
     const bool answered = after_work(app_waits_for_events() ? Acks::Send : Acks::Hold);
     const Clock::time_point t = Clock::now();
     if (answered) last_answer = t;
     if (t - last_answer > kAnswerSpin || t - started > kAnswerSpinPerLook) break;
   }
+}
+
+bool PortEngine::cpus_to_spare() {
+  char text[128];
+  const ssize_t length = load_average_.get() < 0 ? -1 : ::pread(load_average_.get(), text, sizeof text - 1, 0);
+  if (length <= 0) return true;
+  text[length] = '\0';
+  // "0.52 0.48 0.41 2/345 12345": the fourth field counts the runnable.
+  const char* field = text;
+  for (int skip = 0; skip < 3 && field != nullptr; ++skip) {
+    field = std::strchr(field, ' ');
+    if (field != nullptr) ++field;
+  }
+  return field == nullptr || std::atoi(field) <= usable_cpus_;
 }
 
 void PortEngine::send_what_posts_left_locked(Clock::time_point now, Clock::time_point last_call) {

@@ -79,6 +79,9 @@ inline constexpr auto kPendingEventHold = std::chrono::microseconds(50);
 // Posts this close together with no poll between are a burst: their packets
 // wait in the send batch for the next post to join (one sendmsg for many).
 inline constexpr auto kBurstGap = std::chrono::microseconds(10);
+// After this many polls in a row that were followed by bursts, the first
+// post after a poll waits for the rest of its burst too.
+inline constexpr uint32_t kBurstsBeforeFirstPostWaits = 4;
 // When a burst's packets had to be sent by the io thread (the program spins
 // on memory instead of calling), batching pauses this long, doubling up to
 // kDeferralPause each time it happens again.
@@ -94,6 +97,9 @@ inline constexpr auto kArmedFromAnyThread = std::chrono::milliseconds(5);
 inline constexpr auto kAnswerSpin = std::chrono::microseconds(50);
 inline constexpr uint32_t kAnswerSpinAfterPackets = 1;
 inline constexpr auto kAnswerSpinPerLook = std::chrono::milliseconds(1);
+// ...and only while every runnable thread has a CPU, checked at its start
+// and every this many reads.
+inline constexpr uint32_t kSpinRoundsPerLoadCheck = 16;
 
 // ---- reading sockets ---------------------------------------------------------------
 

@@ -121,12 +121,13 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index, 
   const bool last = index + 1 == wqe.psn_count;
   packet.bth.solicited = last && (wqe.flags & send_flag::kSolicited);
   const bool nothing_older_in_flight = &wqe == &qp.requester.queue.front();
-  // AckReq at the end of a message with nothing older in flight, and every
+  // AckReq at the end of a message with nothing older in flight or whose
+  // completion the application will poll for (a signaled one), and every
   // half window, so that the window moves while the responder holds
   // unasked-for ACKs to coalesce them.
   const uint32_t ack_interval = static_cast<uint32_t>(window) / 2;
-  packet.bth.ack_request =
-      qp.type == QpType::Rc && ((last && nothing_older_in_flight) || (psn_add(packet.bth.psn, 1) % ack_interval) == 0);
+  packet.bth.ack_request = qp.type == QpType::Rc && ((last && (nothing_older_in_flight || wqe.signaled)) ||
+                                                     (psn_add(packet.bth.psn, 1) % ack_interval) == 0);
   // Only a FIRST or an ONLY packet carries the RETH: a FIRST's names the
   // whole message, an ONLY's the bytes it carries (all of a one-packet
   // WRITE, or its part of one sent as WRITE ONLY packets).
