@@ -71,9 +71,11 @@ void async_event_delivered(uint32_t event_type, uint64_t element) {
   }
 }
 
-const SoftverbsHandleValidator kValidator{kValidatorVersion,        is_context,         is_channel_cq,
-                                          is_event_element_checked, cq_event_delivered, async_event_delivered,
-                                          wait_for_cq_event};
+// Its wait hook comes from offer_validator_to_preload: the wait lives with
+// the CQs and the UDP transport, which the event fuzzer does not link.
+SoftverbsHandleValidator validator_table{
+    kValidatorVersion,     is_context, is_channel_cq, is_event_element_checked, cq_event_delivered,
+    async_event_delivered, nullptr};
 
 }  // namespace
 
@@ -138,12 +140,13 @@ bool is_valid_event(const ibv_context* context, uint32_t event_type, uint64_t el
   return *reinterpret_cast<ibv_context* const*>(element) == context;
 }
 
-const SoftverbsHandleValidator& handle_validator() { return kValidator; }
+const SoftverbsHandleValidator& handle_validator() { return validator_table; }
 
-void offer_validator_to_preload() {
-  static const bool offered = [] {
+void offer_validator_to_preload(uint64_t (*wait_for_cq_event)(ibv_comp_channel*)) {
+  static const bool offered = [wait_for_cq_event] {
+    validator_table.wait_for_cq_event = wait_for_cq_event;
     auto offer = reinterpret_cast<SoftverbsRegisterValidator>(dlsym(RTLD_DEFAULT, kRegisterValidatorSymbol));
-    if (offer != nullptr) offer(&kValidator);
+    if (offer != nullptr) offer(&validator_table);
     return true;
   }();
   (void)offered;

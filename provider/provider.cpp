@@ -198,7 +198,7 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   user_records().opened(context->state->config, address_to_text(context->state->async_address));
   register_handle(HandleKind::Context, &context->verbs.context);
-  offer_validator_to_preload();
+  offer_validator_to_preload(wait_for_cq_event);
   return &context->verbs;
 }
 
