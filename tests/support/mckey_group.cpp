@@ -1,21 +1,10 @@
 #include "mckey_group.h"
 
 #include <chrono>
-#include <fstream>
 #include <future>
-#include <iterator>
 #include <thread>
 
 namespace softverbs::test {
-
-namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-}  // namespace
 
 McKeyGroup run_mckey_group(const std::string& cli, const std::vector<std::string>& environment,
                            const std::string& scratch_dir, const std::string& group, const std::string& bind_address,

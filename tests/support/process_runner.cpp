@@ -7,11 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <system_error>
 
@@ -21,17 +24,10 @@ namespace softverbs::test {
 
 namespace {
 
-std::string read_small_file(const std::filesystem::path& path) {
-  std::string text;
-  if (FILE* file = std::fopen(path.c_str(), "r")) {
-    char buffer[512];
-    const size_t n = std::fread(buffer, 1, sizeof buffer, file);
-    text.assign(buffer, n);
-    std::fclose(file);
-  }
-  for (char& c : text) {
-    if (c == '\0') c = ' ';  // cmdline's separators
-  }
+// A /proc file of one line (or NUL-separated words, as cmdline) as one line.
+std::string proc_line(const std::filesystem::path& path) {
+  std::string text = read_file(path);
+  std::replace(text.begin(), text.end(), '\0', ' ');
   while (!text.empty() && text.back() == '\n') text.pop_back();
   return text;
 }
@@ -42,18 +38,18 @@ std::string read_small_file(const std::filesystem::path& path) {
 // told from the log.
 std::string describe_hung_group(pid_t group) {
   std::string report = "[run_process: the processes of the timed-out run]\n";
+  const bool have_gdb = std::system("command -v gdb >/dev/null 2>&1") == 0;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string name = entry.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     const pid_t pid = static_cast<pid_t>(std::stol(name));
     if (getpgid(pid) != group) continue;
-    report += "pid " + name + ": " + read_small_file(entry.path() / "cmdline") + "\n";
+    report += "pid " + name + ": " + proc_line(entry.path() / "cmdline") + "\n";
     for (const auto& task : std::filesystem::directory_iterator(entry.path() / "task", ec))
-      report += "  tid " + task.path().filename().string() + " " + read_small_file(task.path() / "comm") +
-                ": syscall " + read_small_file(task.path() / "syscall") + ", wchan " +
-                read_small_file(task.path() / "wchan") + "\n";
-    if (std::system("command -v gdb >/dev/null 2>&1") != 0) continue;
+      report += "  tid " + task.path().filename().string() + " " + proc_line(task.path() / "comm") + ": syscall " +
+                proc_line(task.path() / "syscall") + ", wchan " + proc_line(task.path() / "wchan") + "\n";
+    if (!have_gdb) continue;
     const std::string command =
         "timeout 30 gdb -nx -batch -p " + name + " -ex 'thread apply all bt' 2>/dev/null | grep -E '^(Thread|#)'";
     if (FILE* gdb = popen(command.c_str(), "r")) {
@@ -66,6 +62,11 @@ std::string describe_hung_group(pid_t group) {
 }
 
 }  // namespace
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
 
 ProcessResult run_process(const std::vector<std::string>& argv, const std::vector<std::string>& environment,
                           int timeout_seconds) {

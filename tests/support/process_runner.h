@@ -44,6 +44,9 @@ class TemporaryDirectory {
   std::string path_;
 };
 
+// The whole of file `path` ("" if it cannot be read).
+std::string read_file(const std::string& path);
+
 // The unsigned number a process printed right after `label`; 0 if it
 // printed no such line.
 inline uint64_t number_after(const std::string& text, const std::string& label) {
