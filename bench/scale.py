@@ -15,7 +15,6 @@ SOFTVERBS_BENCH_SCALE_ROWS=qp,idle,nxn,veth chooses which (all by default).
 """
 import importlib.machinery
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -127,20 +126,14 @@ def gbps(mbps):
     return mbps * 1.048576 / 1000
 
 
-def memcpy_across_blocks(build):
-    """bench/baseline_bench's memcpy of 64 KiB blocks cycling over as many
-    blocks as -q has QPs (the working set of ib_write_bw -q N): {N: GB/s}."""
-    out = B.run([str(build / "bench/baseline_bench"), "--benchmark_format=json", "--benchmark_min_time=0.2",
-                 "--benchmark_filter=MemcpyAcrossBlocks"], timeout=300).stdout
-    return {int(b["name"].split("/")[1]): b["bytes_per_second"] / 1e9 for b in json.loads(out)["benchmarks"]}
-
-
 def qp_rows(build, scale, port):
     """ib_write_bw -q 1/4/16/64 and 1/2/4 process pairs on each transport;
     the shm rows also against memcpy over the same working set."""
     rows, goals = [], []
     size = 65536
-    working_set = memcpy_across_blocks(build)
+    # memcpy of 64 KiB blocks cycling over as many blocks as -q has QPs
+    # (the working set of ib_write_bw -q N): {N: GB/s}.
+    working_set = B.baseline_bench(build, "MemcpyAcrossBlocks")
     for transport in ("shm", "udp"):
         device = Device(build, transport)
         try:
