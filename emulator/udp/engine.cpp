@@ -171,7 +171,8 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
   held_acks_.learn(qpn, now);
   requester_post(*this, *qp, wqe);
   note_timer_locked(*qp);
-  if (reads_left_to_this_call()) drain_all_locked(Reads::All);
+  const bool drained = reads_left_to_this_call();
+  if (drained) drain_all_locked(Reads::All);
   // Not for a program that sleeps in CQ events, nor while the io thread
   // watches the sockets: then no poll, and no look of the io thread's
   // within app_idle_after_, would follow to send what waits.
@@ -184,8 +185,11 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
       (follows_post ? now - last_post_returned_ < kBurstGap
                     : bursts_after_polls_ >= kBurstsBeforeFirstPostWaits && now - last_drive_at_ < kBurstGap) &&
       now >= deferral_paused_until_ && !app_waits_for_events() && !watching_.load(std::memory_order_relaxed);
-  after_work(Acks::Send, in_burst ? Sends::MayWait : Sends::Now);
-  last_post_returned_ = Clock::now();
+  // A request the application will poll for leaves with what the burst has
+  // gathered so far: the peer works through them while the rest is posted.
+  const bool polled_for = wqe.signaled && batch_.count >= kBatchBeforeSignaledLeaves;
+  after_work(Acks::Send, in_burst && !polled_for ? Sends::MayWait : Sends::Now);
+  last_post_returned_ = drained ? Clock::now() : now;
   return 0;
 }
 
