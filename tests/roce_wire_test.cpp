@@ -433,6 +433,34 @@ TEST(CoalescedRead, FindsThePacketsOfTheReadsSoftverbsAndGroMake) {
   }
 }
 
+TEST(CoalescedRead, PacketsForTwoQpsOfOneFlowAreSplitToo) {
+  // Two QP pairs whose UDP source ports collide share one flow, so GRO may
+  // hand over packets for both in one read; each is found, not dropped.
+  for (const FlowAddress& flow : {ipv4_flow(), ipv6_flow()}) {
+    for (uint8_t operation : {op::kSendOnly, op::kWriteOnly}) {
+      SCOPED_TRACE(static_cast<int>(operation));
+      std::vector<uint8_t> read;
+      std::vector<size_t> lengths;
+      for (uint32_t qpn : {kFlowQpn, 0x000123u, kFlowQpn, 0x000123u}) {
+        auto payload = sample_payload(500);
+        TransportPacket packet = sample_packet(opcode(Service::Rc, operation), payload);
+        packet.reth.dma_length = 500;
+        packet.bth.dest_qp = qpn;
+        auto bytes = build(packet);
+        seal(flow, bytes);
+        lengths.push_back(bytes.size());
+        read.insert(read.end(), bytes.begin(), bytes.end());
+      }
+      IcrcHeaderCache cache;
+      const FirstPacket first = find_first_packet(flow, read, {kFlowQpn, 4096}, cache);
+      EXPECT_EQ(first.bytes, lengths.front());
+      EXPECT_TRUE(first.icrc_checked);
+      for (size_t at = 0; at < read.size(); at += first.bytes)
+        EXPECT_TRUE(check_icrc(flow, std::span(read).subspan(at, std::min(first.bytes, read.size() - at))));
+    }
+  }
+}
+
 TEST(CoalescedRead, APayloadFullOfTheFlowsPacketsIsOnePacket) {
   // A SEND whose payload is the flow's own ACKs, back to back: a BTH of the
   // flow sits at every equal division of the read, but the ICRC of the

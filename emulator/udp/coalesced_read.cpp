@@ -30,6 +30,9 @@ struct Flow {
   uint32_t qpn;
   uint8_t service;  // the opcode's top three bits
   uint16_t pkey;
+  // Also packets for other QPs: two QP pairs whose UDP source ports
+  // collide (flow_source_port) share the flow, and GRO mixes their packets.
+  bool any_qpn;
 };
 
 // Whether a BTH of the flow's could begin `offset` bytes into `read`.
@@ -37,7 +40,7 @@ bool begins_packet(std::span<const uint8_t> read, size_t offset, const Flow& flo
   if (offset % 4 != 0 || offset >= read.size() || read.size() - offset < kShortest) return false;
   const uint8_t* bth = read.data() + offset;
   return (bth[0] & 0xe0) == flow.service && opcode_info(bth[0]).valid && (bth[1] & 0x0f) == 0 &&
-         load16(bth + 2) == flow.pkey && load24(bth + 5) == flow.qpn;
+         load16(bth + 2) == flow.pkey && (flow.any_qpn || load24(bth + 5) == flow.qpn);
 }
 
 // The length of the packet at the start of `read` where its headers give
@@ -58,14 +61,14 @@ size_t known_length(std::span<const uint8_t> read, uint32_t path_mtu) {
   return 0;
 }
 
-}  // namespace
-
-FirstPacket find_first_packet(const FlowAddress& address, std::span<const uint8_t> read, const FlowReceiver& receiver,
-                              IcrcHeaderCache& cache) {
+// find_first_packet with boundaries where the BTH is for `flow`'s QP, or
+// for any QP.
+FirstPacket find_first_packet_of(const FlowAddress& address, std::span<const uint8_t> read,
+                                 const FlowReceiver& receiver, IcrcHeaderCache& cache, bool any_qpn) {
   const size_t total = read.size();
   const FirstPacket whole{total, false, false};
   if (total < kShortest || total > UINT32_MAX || !opcode_info(read[0]).valid) return whole;
-  const Flow flow{receiver.qpn, static_cast<uint8_t>(read[0] & 0xe0), load16(read.data() + 2)};
+  const Flow flow{receiver.qpn, static_cast<uint8_t>(read[0] & 0xe0), load16(read.data() + 2), any_qpn};
   const uint32_t path_mtu = receiver.path_mtu != 0 ? receiver.path_mtu : 4096;
   // Whether the first `bytes` of the read are a packet with a good ICRC.
   // Only the packet taken in the end teaches the cache about its sender.
@@ -124,6 +127,18 @@ FirstPacket find_first_packet(const FlowAddress& address, std::span<const uint8_
     if (ends_first(bytes)) return found(bytes, true);
   }
   return {total, false, true};
+}
+
+}  // namespace
+
+FirstPacket find_first_packet(const FlowAddress& address, std::span<const uint8_t> read, const FlowReceiver& receiver,
+                              IcrcHeaderCache& cache) {
+  const FirstPacket first = find_first_packet_of(address, read, receiver, cache, false);
+  // Nothing found with the flow's QP: packets for another QP that shares
+  // the flow may follow the first (the QPN no longer narrows the search).
+  if (first.searched && !first.icrc_checked && first.bytes == read.size())
+    return find_first_packet_of(address, read, receiver, cache, true);
+  return first;
 }
 
 }  // namespace softverbs::wire
