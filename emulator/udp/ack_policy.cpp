@@ -97,7 +97,8 @@ void PortEngine::send_held_ack_locked(uint32_t qpn) {
 
 void PortEngine::take_request_locked(UdpQp& qp, const TransportPacket& packet, std::span<const uint8_t> bytes) {
   ResponderState& s = qp.responder;
-  touched_.push_back(qp.qpn);
+  // Once per run of packets, not per packet: send_answers_locked sorts these.
+  if (touched_.empty() || touched_.back() != qp.qpn) touched_.push_back(qp.qpn);
   bool may_wait = true;
   if (!s.awaiting_receive.empty()) {
     if (s.awaiting_receive.size() < kMaxAwaitingPackets) {
@@ -108,20 +109,21 @@ void PortEngine::take_request_locked(UdpQp& qp, const TransportPacket& packet, s
     retry_awaiting_locked(qp, false);
     may_wait = false;
   }
-  const Clock::time_point now = this->now();
   // The answer to a request may come before the request's ACK (in the same
   // UDP GSO send: see after_work), or after it while the application is
   // still on its way from the poll that can have returned the completion to
   // the receive it posts in answer (one call since, or none), or soon after.
+  // Only a packet that takes a receive can wait: the others do not read the
+  // clock (a stream of WRITEs read it once a packet).
   const RequesterState& r = qp.requester;
   const bool calls_since_completion_at_most_one =
       r.completed_at_call != UINT64_MAX && application_calls() - r.completed_at_call <= 1;
-  may_wait = may_wait && qp.type == QpType::Rc &&
-             (!r.queue.empty() || calls_since_completion_at_most_one || r.last_completion > now - kReceiveGrace);
+  may_wait = may_wait && qp.type == QpType::Rc && opcode_info(packet.bth.opcode).consumes_receive() &&
+             (!r.queue.empty() || calls_since_completion_at_most_one || r.last_completion > now() - kReceiveGrace);
   if (responder_receive(*this, qp, packet, may_wait) != Taken::AwaitsReceive) return;
   s.awaiting_receive.emplace_back(bytes.begin(), bytes.end());
   debug_log("QP %#x: SEND at PSN %#x waits for a receive", qp.qpn, packet.bth.psn);
-  s.await_until = now + kReceiveGrace;
+  s.await_until = now() + kReceiveGrace;
   awaiting_receive_qps_.push_back(qp.qpn);
   note_awaiting_count_locked();
   counters().add(Counter::ReceiveWaits);

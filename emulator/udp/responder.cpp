@@ -238,9 +238,7 @@ bool adversarial_rnr(TransportPort& port, const UdpQp& qp) {
 // receive WQE: none posted means RNR (RC) or a dropped message (UC).
 Verdict check_resource(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
   ResponderState& s = qp.responder;
-  const bool needs_receive = (what.kind == Kind::Send && starts_message(what.position)) ||
-                             (what.kind == Kind::Write && what.immediate && ends_message(what.position));
-  if (!needs_receive || s.have_receive) return Verdict::Continue;
+  if (!opcode_info(packet.bth.opcode).consumes_receive() || s.have_receive) return Verdict::Continue;
   if (adversary::enabled() && what.kind == Kind::Send && adversarial_rnr(port, qp)) [[unlikely]] {
     port.counters().add(Counter::RnrNaksSent);
     queue_nak(qp, packet.bth.psn, static_cast<uint8_t>(aeth::kRnrNak | (qp.attributes.min_rnr_timer & 0x1f)));

@@ -96,6 +96,11 @@ struct OpcodeInfo {
   }
   constexpr bool starts_message() const { return position == OpPosition::First || position == OpPosition::Only; }
   constexpr bool ends_message() const { return position == OpPosition::Last || position == OpPosition::Only; }
+  // A SEND's first packet, or the last of a WRITE with immediate, takes a
+  // receive WQE.
+  constexpr bool consumes_receive() const {
+    return (kind == OpKind::Send && starts_message()) || (kind == OpKind::Write && immediate() && ends_message());
+  }
 };
 
 // The opcode table; invalid entries for reserved and unsupported (RD) codes.
