@@ -113,8 +113,8 @@ void PortEngine::take_request_locked(UdpQp& qp, const TransportPacket& packet, s
   // UDP GSO send: see after_work), or after it while the application is
   // still on its way from the poll that can have returned the completion to
   // the receive it posts in answer (one call since, or none), or soon after.
-  // Only a packet that takes a receive can wait: the others do not read the
-  // clock (a stream of WRITEs read it once a packet).
+  // Only a packet that takes a receive can wait, and only such a packet
+  // reads the clock.
   const RequesterState& r = qp.requester;
   const bool calls_since_completion_at_most_one =
       r.completed_at_call != UINT64_MAX && application_calls() - r.completed_at_call <= 1;

@@ -185,9 +185,11 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
       (follows_post ? now - last_post_returned_ < kBurstGap
                     : bursts_after_polls_ >= kBurstsBeforeFirstPostWaits && now - last_drive_at_ < kBurstGap) &&
       now >= deferral_paused_until_ && !app_waits_for_events() && !watching_.load(std::memory_order_relaxed);
-  // A request the application will poll for leaves with what the burst has
-  // gathered so far: the peer works through them while the rest is posted.
-  const bool polled_for = wqe.signaled && batch_.count >= kBatchBeforeSignaledLeaves;
+  // The one signaled request among many that the application will poll for
+  // leaves with what the burst has gathered so far: the peer works through
+  // them while the rest is posted.
+  const bool polled_for = wqe.signaled && unsignaled_posts_in_row_ >= kUnsignaledBeforeSignaledLeaves;
+  unsignaled_posts_in_row_ = wqe.signaled ? 0 : unsignaled_posts_in_row_ + 1;
   after_work(Acks::Send, in_burst && !polled_for ? Sends::MayWait : Sends::Now);
   last_post_returned_ = drained ? Clock::now() : now;
   return 0;

@@ -566,6 +566,7 @@ class PortEngine : public TransportPort {
   Clock::time_point last_drive_at_{};
   pid_t last_poster_ = 0;  // the thread of the last post, which a batch may wait for
   Clock::time_point last_post_returned_{};
+  uint32_t unsignaled_posts_in_row_ = 0;  // since the last signaled post (see kUnsignaledBeforeSignaledLeaves)
   Clock::time_point deferral_paused_until_{};
   Clock::duration deferral_pause_ = parameters::kFirstDeferralPause;  // the last pause's length
   bool gso_ok_ = true;

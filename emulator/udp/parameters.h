@@ -82,11 +82,12 @@ inline constexpr auto kBurstGap = std::chrono::microseconds(10);
 // After this many polls in a row that were followed by bursts, the first
 // post after a poll waits for the rest of its burst too.
 inline constexpr uint32_t kBurstsBeforeFirstPostWaits = 4;
-// A signaled request does not wait in a burst's batch that holds this many
-// packets: ib_write_bw's 100 posts per completion overlap with the peer's
-// work on the first 72 (bench/NOTES.md). Smaller batches keep waiting, so a
-// program that signals every request still sends in batches.
-inline constexpr size_t kBatchBeforeSignaledLeaves = 16;
+// A signaled request posted after this many unsignaled ones does not wait
+// in a burst's batch: the application polls for its completion, and the
+// peer can work on what went before while the rest of the burst is posted
+// (ib_write_bw signals one in 100). A program that signals every request
+// polls for them as they come, and its bursts keep their batches.
+inline constexpr uint32_t kUnsignaledBeforeSignaledLeaves = 16;
 // When a burst's packets had to be sent by the io thread (the program spins
 // on memory instead of calling), batching pauses this long, doubling up to
 // kDeferralPause each time it happens again.
