@@ -333,11 +333,12 @@ TEST(FaultGenerator, SameSeedSameDecisionsAndRatesAsAsked) {
 constexpr uint32_t kFlowQpn = 0xabcdef;  // sample_packet's destination QP
 
 std::vector<uint8_t> sealed_packet(const FlowAddress& flow, uint8_t operation, size_t payload_length,
-                                   uint32_t psn = 0x123456) {
+                                   uint32_t psn = 0x123456, uint32_t destination_qpn = kFlowQpn) {
   auto payload = sample_payload(payload_length);
   TransportPacket packet = sample_packet(opcode(Service::Rc, operation), payload);
   packet.reth.dma_length = static_cast<uint32_t>(payload_length);
   packet.bth.psn = psn;
+  packet.bth.dest_qp = destination_qpn;
   auto bytes = build(packet);
   seal(flow, bytes);
   return bytes;
@@ -442,12 +443,7 @@ TEST(CoalescedRead, PacketsForTwoQpsOfOneFlowAreSplitToo) {
       std::vector<uint8_t> read;
       std::vector<size_t> lengths;
       for (uint32_t qpn : {kFlowQpn, 0x000123u, kFlowQpn, 0x000123u}) {
-        auto payload = sample_payload(500);
-        TransportPacket packet = sample_packet(opcode(Service::Rc, operation), payload);
-        packet.reth.dma_length = 500;
-        packet.bth.dest_qp = qpn;
-        auto bytes = build(packet);
-        seal(flow, bytes);
+        auto bytes = sealed_packet(flow, operation, 500, 0x123456, qpn);
         lengths.push_back(bytes.size());
         read.insert(read.end(), bytes.begin(), bytes.end());
       }
