@@ -181,9 +181,12 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
   // were followed by bursts (ib_write_bw posts up to its queue depth after
   // each completion), rather than leave alone and be answered alone.
   const bool follows_post = posts_since_drive_++ > 0;
+  // So does any post to a QP with many packets unacknowledged (see
+  // kPacketsInFlightToHold): their ACKs bring more.
   const bool in_burst =
-      (follows_post ? now - last_post_returned_ < kBurstGap
-                    : bursts_after_polls_ >= kBurstsBeforeFirstPostWaits && now - last_drive_at_ < kBurstGap) &&
+      ((follows_post ? now - last_post_returned_ < kBurstGap
+                     : bursts_after_polls_ >= kBurstsBeforeFirstPostWaits && now - last_drive_at_ < kBurstGap) ||
+       many_in_flight(*qp)) &&
       now >= deferral_paused_until_ && !app_waits_for_events() && !watching_.load(std::memory_order_relaxed);
   // The one signaled request among many that the application will poll for
   // leaves with what the burst has gathered so far: the peer works through
@@ -191,6 +194,10 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
   const bool polled_for = wqe.signaled && unsignaled_posts_in_row_ >= kUnsignaledBeforeSignaledLeaves;
   unsignaled_posts_in_row_ = wqe.signaled ? 0 : unsignaled_posts_in_row_ + 1;
   after_work(Acks::Send, in_burst && !polled_for ? Sends::MayWait : Sends::Now);
+  if (sends_waiting() && batch_.held_for_qpn != qpn) {
+    batch_.held_for_qpn = qpn;
+    batch_.held_since = now;
+  }
   last_post_returned_ = drained ? Clock::now() : now;
   return 0;
 }
@@ -212,7 +219,23 @@ void PortEngine::drive() {
     drain_all_locked(Reads::All);
   else if (channel_waiters_.load(std::memory_order_relaxed) == 0)  // else the waiting thread reads them
     drain_polling_locked();
-  after_work(idle_app_acks());
+  after_work(idle_app_acks(), keeps_batch_for_acks(now) ? Sends::MayWait : Sends::Now);
+}
+
+bool PortEngine::keeps_batch_for_acks(Clock::time_point now) {
+  const SendBatch& b = batch_;
+  if (b.count == 0 || b.held_for_qpn == 0 || b.count >= kHeldBatchPackets || now - b.held_since >= kBurstGap ||
+      now < deferral_paused_until_ || app_waits_for_events() || watching_.load(std::memory_order_relaxed))
+    return false;
+  const UdpQp* qp = find(b.held_for_qpn);
+  return qp != nullptr && many_in_flight(*qp);
+}
+
+bool PortEngine::many_in_flight(const UdpQp& qp) const {
+  // (The batch's packets have PSNs already: not counted, they are not in flight.)
+  const int32_t unacknowledged = psn_distance(qp.requester.next_psn, qp.requester.acked_psn);
+  return qp.type == QpType::Rc &&
+         unacknowledged - static_cast<int32_t>(batch_.count) >= static_cast<int32_t>(kPacketsInFlightToHold);
 }
 
 // ---- a pass's end ----------------------------------------------------------------------

@@ -437,6 +437,10 @@ class PortEngine : public TransportPort {
     size_t count = 0;
     bool closed = false;
     size_t used = 0;  // bytes in all its datagrams
+    // The QP whose posts left the batch waiting (see keeps_batch_for_acks),
+    // 0 for none (QPN 0 never sends requests), and since when.
+    uint32_t held_for_qpn = 0;
+    Clock::time_point held_since{};
     // The datagrams, copied back to back into `copies` (its first `used`
     // bytes): one piece for the kernel to copy, which it does faster than
     // a header, payload and trailer piece per datagram, by more than the
@@ -453,6 +457,11 @@ class PortEngine : public TransportPort {
   // kBurstGap)? Every other pass sends its batch before it ends, so outside
   // a pass a batch with packets in it is one a post left.
   bool sends_waiting() const { return batch_.count > 0; }
+  // Whether a poll may leave a posting burst's few packets waiting for more
+  // (see kPacketsInFlightToHold).
+  bool keeps_batch_for_acks(Clock::time_point now);
+  // Whether `qp` has kPacketsInFlightToHold packets or more unacknowledged.
+  bool many_in_flight(const UdpQp& qp) const;
 
   // ---- QPs and multicast groups (qp_table.cpp) ---------------------------------------
 

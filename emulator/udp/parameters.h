@@ -88,6 +88,13 @@ inline constexpr uint32_t kBurstsBeforeFirstPostWaits = 4;
 // (ib_write_bw signals one in 100). A program that signals every request
 // polls for them as they come, and its bursts keep their batches.
 inline constexpr uint32_t kUnsignaledBeforeSignaledLeaves = 16;
+// A poll leaves a burst's batch of fewer than kHeldBatchPackets waiting for
+// more posts (for at most kBurstGap) while its QP has this many packets
+// unacknowledged: they bring ACKs, completions and so more posts. Sent at
+// once, a few packets are answered by an ACK of their own, whose few
+// completions bring a few posts again (ib_write_bw -Q 1 at a fifth of its rate).
+inline constexpr uint32_t kPacketsInFlightToHold = 32;
+inline constexpr uint32_t kHeldBatchPackets = 16;
 // When a burst's packets had to be sent by the io thread (the program spins
 // on memory instead of calling), batching pauses this long, doubling up to
 // kDeferralPause each time it happens again.

@@ -66,6 +66,7 @@ void PortEngine::flush_sends() {
   b.count = 0;
   b.closed = false;
   b.used = 0;
+  b.held_for_qpn = 0;
 }
 
 PortEngine::PlainSend PortEngine::send_plain(int fd, SendPeer& peer, const iovec& piece, size_t total, size_t segment) {
