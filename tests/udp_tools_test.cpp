@@ -285,6 +285,38 @@ TEST_F(UdpOnLoopback, RpingThroughTheRdmacmShim) {
   EXPECT_GT(counters()["rx_packets"], 800u) << "rping's SENDs, READs and WRITEs as packets";
 }
 
+// Adversarial mode RNR-NAKs the first SEND to each QP; with every packet
+// sent twice, the duplicate of that SEND is then taken and ACKed. Each
+// side's requester gets the RNR NAK, then the ACK: the requests behind
+// the SEND must go at once. (They used to wait out the RNR timer, 655 ms
+// for rping's QPs, past a retry budget of 7 x 67 ms: IBV_WC_RETRY_EXC_ERR
+// on both sides at the first WRITE, in every run.)
+TEST_F(UdpOnLoopback, RpingSurvivesAnRnrNakFollowedByTheAckOfADuplicate) {
+  auto runtime = dir_.path() + "/rt";
+  std::vector<std::string> env = env_;
+  env.push_back("SOFTVERBS_FAULTS=duplicate=1");
+  auto rping = [](const char* role) {
+    return std::vector<std::string>{SOFTVERBS_CLI, "run", "--adversarial=1", "--", "rping", role, "-v", "-C",
+                                    "5",           "-a",  "127.0.0.1"};
+  };
+  auto background = std::async(std::launch::async, [&] { return run_process(rping("-s"), env, 60); });
+  auto listening = [&] {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(runtime + "/cm", ec))
+      if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
+    return false;
+  };
+  for (int i = 0; i < 200 && !listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto client = run_process(rping("-c"), env, 60);
+  auto server = background.get();
+  EXPECT_EQ(client.exit_code, 0) << client.out << client.err;
+  EXPECT_EQ(server.exit_code, 0) << server.out << server.err;
+  EXPECT_NE(client.out.find("ping data: rdma-ping-4"), std::string::npos) << client.out;
+  auto count = counters();
+  EXPECT_GE(count["rnr_naks_received"], 2u) << "each side's first SEND was turned back once";
+  EXPECT_GT(count["faults_duplicated"], 0u);
+}
+
 // mckey's group as IP multicast on lo: each receiving process joins the
 // group and takes its datagrams from its own socket, so the device counts
 // at least one packet per datagram and receiving process.

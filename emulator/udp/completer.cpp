@@ -87,7 +87,13 @@ void on_acknowledge(TransportPort& port, UdpQp& qp, const TransportPacket& packe
   const uint8_t syndrome = packet.aeth.syndrome;
   switch (aeth::kind(syndrome)) {
     case 0x00: {  // ACK
+      const uint32_t acknowledged_before = r.acked_psn;
       advance(port, qp, psn);
+      // An ACK past the PSN an RNR NAK turned back (the responder took a
+      // duplicate of that request after the NAK): that wait is over, and
+      // the requests behind it go now, not at the RNR timer's end, which
+      // may lie beyond what the retry budget allows for their ACKs.
+      if (r.acked_psn != acknowledged_before) r.resume_at = Clock::time_point::min();
       // A READ or atomic at or before the acknowledged PSN that has no
       // response yet: the response was lost.
       size_t covered = 0;
@@ -99,6 +105,9 @@ void on_acknowledge(TransportPort& port, UdpQp& qp, const TransportPacket& packe
     }
     case aeth::kRnrNak: {
       port.counters().add(Counter::RnrNaksReceived);
+      // For a request acknowledged since (the NAK of a first copy, arriving
+      // after the ACK of a duplicate): stale, no wait.
+      if (psn_distance(psn, r.acked_psn) <= 0) return;
       advance(port, qp, psn_add(psn, kPsnMask));  // psn - 1
       ptrdiff_t index = find_wqe(r, psn);
       if (index < 0) return;
