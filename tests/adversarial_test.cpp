@@ -108,12 +108,7 @@ TEST_P(Adversarial, CorrectProgramSurvives) {
     client = server;
     client[1] = "-c";
     const std::string runtime = dir_.path() + "/rt";
-    auto listening = [&] {
-      std::error_code ec;
-      for (const auto& entry : fs::directory_iterator(runtime + "/cm", ec))
-        if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
-      return false;
-    };
+    auto listening = [&] { return test::rdmacm_listening(runtime); };
     r = test::run_server_client(command(server, seed), command(client, seed), env_, listening, 120);
   }
   for (const ProcessResult* p : {&r.server, &r.client}) {

@@ -109,12 +109,7 @@ TEST_P(CheckedRping, FinishesCleanAndUnreported) {
   auto background = std::async(std::launch::async, [&] {
     return run_process(checked({"rping", "-s", "-v", "-C", "10", "-a", "127.0.0.1"}), env_, 60);
   });
-  auto listening = [&] {
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(runtime + "/cm", ec))
-      if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
-    return false;
-  };
+  auto listening = [&] { return test::rdmacm_listening(runtime); };
   for (int i = 0; i < 200 && !listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const ProcessResult client = run_process(checked({"rping", "-c", "-v", "-C", "10", "-a", "127.0.0.1"}), env_);
   const ProcessResult server = background.get();

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "device_status.h"
 #include "mckey_group.h"
 #include "process_runner.h"
 
@@ -44,12 +45,7 @@ TEST_P(RdmacmTools, ServerAndClientSucceed) {
   std::vector<std::string> server = pair.server;
   if (pair.server_runs_until_killed) server.insert(server.begin(), {"timeout", "5"});
   // The client starts once the server's listener is in the CM directory.
-  auto listening = [&] {
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(runtime + "/cm", ec))
-      if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
-    return false;
-  };
+  auto listening = [&] { return test::rdmacm_listening(runtime); };
   PairResult r = test::run_server_client(under_softverbs(server), under_softverbs(pair.client), env, listening);
   EXPECT_EQ(r.client.exit_code, 0) << "client:\n"
                                    << r.client.out << r.client.err << "\nserver:\n"

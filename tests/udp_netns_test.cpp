@@ -166,20 +166,11 @@ TEST_F(TwoNamespaces, UdPingpongValidated) {
   expect_pingpong("ibv_ud_pingpong", {"-s", "1000", "-c", "-n", "200"});
 }
 
-// Namespace A's shim has an rdma_cm listener (its entry in A's runtime
-// directory): the client may start.
-bool listening_in(const std::string& runtime) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(runtime + "/cm", ec))
-    if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
-  return false;
-}
-
 TEST_F(TwoNamespaces, RpingThroughTheRdmacmShim) {
   const std::string runtime = dir_.path() + "/rt-a";
   std::vector<std::string> server = {"rping", "-s", "-v", "-V", "-C", "100", "-a", address_a_, "-p", "7199"};
   std::vector<std::string> client = {"rping", "-c", "-v", "-V", "-C", "100", "-a", address_a_, "-p", "7199"};
-  Pair r = run_pair(server, client, [&] { return listening_in(runtime); });
+  Pair r = run_pair(server, client, [&] { return test::rdmacm_listening(runtime); });
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
   EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
   EXPECT_NE(r.client.out.find("ping data: rdma-ping-99"), std::string::npos);
@@ -199,7 +190,8 @@ TEST_F(TwoNamespaces, CmExchangeIsIbCmOnQp1AsTsharkDecodesIt) {
   ASSERT_TRUE(std::filesystem::exists(capture)) << "softverbs capture did not start";
   const std::string runtime = dir_.path() + "/rt-a";
   Pair r = run_pair({"rping", "-s", "-C", "3", "-a", address_a_, "-p", "7198"},
-                    {"rping", "-c", "-C", "3", "-a", address_a_, "-p", "7198"}, [&] { return listening_in(runtime); });
+                    {"rping", "-c", "-C", "3", "-a", address_a_, "-p", "7198"},
+                    [&] { return test::rdmacm_listening(runtime); });
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
   ASSERT_EQ(capturing.get().exit_code, 0);
   auto decoded = run_process({"tshark", "-r", capture, "-Y", "infiniband.mad", "-T", "fields", "-E", "separator=,",
@@ -230,7 +222,7 @@ TEST_F(TwoNamespaces, CmSurvivesLoss) {
   const std::string runtime = dir_.path() + "/rt-a";
   Pair r = run_pair({"rping", "-s", "-V", "-C", "20", "-a", address_a_, "-p", "7197"},
                     {"rping", "-c", "-V", "-C", "20", "-a", address_a_, "-p", "7197"},
-                    [&] { return listening_in(runtime); });
+                    [&] { return test::rdmacm_listening(runtime); });
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
   EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
   EXPECT_GT(counter("sva", "faults_dropped") + counter("svb", "faults_dropped"), 0u);
@@ -241,7 +233,7 @@ TEST_F(TwoNamespaces, PerftestOverRdmaCm) {
   const std::string runtime = dir_.path() + "/rt-a";
   for (const std::string tool : {"ib_send_bw", "ib_write_lat"}) {
     Pair r = run_pair({tool, "-R", "-n", "200", "-p", "18600"}, {tool, "-R", "-n", "200", "-p", "18600", address_a_},
-                      [&] { return listening_in(runtime); });
+                      [&] { return test::rdmacm_listening(runtime); });
     EXPECT_EQ(r.client.exit_code, 0) << tool << ":\n"
                                      << r.client.out << r.client.err << "\nserver:\n"
                                      << r.server.out << r.server.err;
@@ -253,7 +245,7 @@ TEST_F(TwoNamespaces, PerftestOverRdmaCm) {
 // udaddy: UD over rdma_cm (SIDR_REQ/SIDR_REP, then datagrams).
 TEST_F(TwoNamespaces, UdaddyOverSidr) {
   const std::string runtime = dir_.path() + "/rt-a";
-  Pair r = run_pair({"udaddy"}, {"udaddy", "-s", address_a_}, [&] { return listening_in(runtime); });
+  Pair r = run_pair({"udaddy"}, {"udaddy", "-s", address_a_}, [&] { return test::rdmacm_listening(runtime); });
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
   EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
   EXPECT_NE(r.client.out.find("test complete"), std::string::npos) << r.client.out;
@@ -319,7 +311,7 @@ TEST_F(TwoNamespaces, NoListenerIsRejectedAndSilenceIsUnreachable) {
   // A listens on another port (and is stopped after a while).
   const std::string runtime = dir_.path() + "/rt-a";
   Pair r = run_pair({"timeout", "3", "rping", "-s", "-C", "1", "-a", address_a_, "-p", "7302"}, to_7301,
-                    [&] { return listening_in(runtime); });
+                    [&] { return test::rdmacm_listening(runtime); });
   EXPECT_NE((r.client.out + r.client.err).find("RDMA_CM_EVENT_REJECTED, error 8"), std::string::npos)
       << r.client.out << r.client.err;
 }

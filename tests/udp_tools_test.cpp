@@ -270,12 +270,7 @@ TEST_F(UdpOnLoopback, RpingThroughTheRdmacmShim) {
   auto background = std::async(std::launch::async, [&] {
     return run_process(under_softverbs({"rping", "-s", "-v", "-C", "200", "-S", "4000", "-a", "127.0.0.1"}), env_, 60);
   });
-  auto listening = [&] {
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(runtime + "/cm", ec))
-      if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
-    return false;
-  };
+  auto listening = [&] { return test::rdmacm_listening(runtime); };
   for (int i = 0; i < 200 && !listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto client = run_process(under_softverbs({"rping", "-c", "-v", "-C", "200", "-S", "4000", "-a", "127.0.0.1"}), env_);
   auto server = background.get();
@@ -300,12 +295,7 @@ TEST_F(UdpOnLoopback, RpingSurvivesAnRnrNakFollowedByTheAckOfADuplicate) {
                                     "5",           "-a",  "127.0.0.1"};
   };
   auto background = std::async(std::launch::async, [&] { return run_process(rping("-s"), env, 60); });
-  auto listening = [&] {
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(runtime + "/cm", ec))
-      if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
-    return false;
-  };
+  auto listening = [&] { return test::rdmacm_listening(runtime); };
   for (int i = 0; i < 200 && !listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto client = run_process(rping("-c"), env, 60);
   auto server = background.get();

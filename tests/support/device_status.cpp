@@ -1,6 +1,7 @@
 #include "device_status.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <regex>
 #include <sstream>
 
@@ -31,6 +32,13 @@ std::map<std::string, uint64_t> parse_counters(const std::string& stat) {
     if (fields >> name >> value) counters[name] = value;
   }
   return counters;
+}
+
+bool rdmacm_listening(const std::string& runtime) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(runtime + "/cm", ec))
+    if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
+  return false;
 }
 
 }  // namespace softverbs::test

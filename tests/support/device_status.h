@@ -20,4 +20,8 @@ std::string roce_v2_gid_index(const std::string& status, const std::string& gid)
 // The counters in `stat`, the output of `softverbs stat DEVICE`, by name.
 std::map<std::string, uint64_t> parse_counters(const std::string& stat);
 
+// Whether a process of the device in runtime directory `runtime` has an
+// rdma_cm listener (its entry in the directory's cm/): a client may start.
+bool rdmacm_listening(const std::string& runtime);
+
 }  // namespace softverbs::test
