@@ -173,9 +173,6 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
   note_timer_locked(*qp);
   const bool drained = reads_left_to_this_call();
   if (drained) drain_all_locked(Reads::All);
-  // Not for a program that sleeps in CQ events, nor while the io thread
-  // watches the sockets: then no poll, and no look of the io thread's
-  // within app_idle_after_, would follow to send what waits.
   last_poster_ = current_thread_id();
   // The first post after a poll joins a burst too if the polls before it
   // were followed by bursts (ib_write_bw posts up to its queue depth after
@@ -187,7 +184,7 @@ int PortEngine::post_send(uint32_t qpn, const SendWqe& wqe) {
       ((follows_post ? now - last_post_returned_ < kBurstGap
                      : bursts_after_polls_ >= kBurstsBeforeFirstPostWaits && now - last_drive_at_ < kBurstGap) ||
        many_in_flight(*qp)) &&
-      now >= deferral_paused_until_ && !app_waits_for_events() && !watching_.load(std::memory_order_relaxed);
+      batch_may_wait(now);
   // The one signaled request among many that the application will poll for
   // leaves with what the burst has gathered so far: the peer works through
   // them while the rest is posted.
@@ -225,10 +222,14 @@ void PortEngine::drive() {
 bool PortEngine::keeps_batch_for_acks(Clock::time_point now) {
   const SendBatch& b = batch_;
   if (b.count == 0 || b.held_for_qpn == 0 || b.count >= kHeldBatchPackets || now - b.held_since >= kBurstGap ||
-      now < deferral_paused_until_ || app_waits_for_events() || watching_.load(std::memory_order_relaxed))
+      !batch_may_wait(now))
     return false;
   const UdpQp* qp = find(b.held_for_qpn);
   return qp != nullptr && many_in_flight(*qp);
+}
+
+bool PortEngine::batch_may_wait(Clock::time_point now) const {
+  return now >= deferral_paused_until_ && !app_waits_for_events() && !watching_.load(std::memory_order_relaxed);
 }
 
 bool PortEngine::many_in_flight(const UdpQp& qp) const {

@@ -460,6 +460,11 @@ class PortEngine : public TransportPort {
   // Whether a poll may leave a posting burst's few packets waiting for more
   // (see kPacketsInFlightToHold).
   bool keeps_batch_for_acks(Clock::time_point now);
+  // Whether anything would send a batch left waiting now: not while a
+  // deferral pause runs, nor for a program that sleeps in CQ events, nor while
+  // the io thread watches the sockets (no poll, and no look of the io
+  // thread's within app_idle_after_, would follow).
+  bool batch_may_wait(Clock::time_point now) const;
   // Whether `qp` has kPacketsInFlightToHold packets or more unacknowledged.
   bool many_in_flight(const UdpQp& qp) const;
 
