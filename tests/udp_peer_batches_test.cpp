@@ -351,6 +351,88 @@ TEST(UdpPeer, MultiPacketWritesLandWholeThroughFaultsInEitherFraming) {
   }
 }
 
+// A WRITE and a SEND gathered from five SGEs in two regions, their
+// boundaries inside packets, land byte for byte: the requester checks a
+// message's SGEs once for the packets it sends of it in a row, and must
+// place each packet's bytes as a check per packet would. A WRITE whose last
+// SGE names no region completes with a local protection error.
+TEST(UdpPeer, MultiPacketMessagesGatheredFromManySgesLandWhole) {
+  constexpr size_t kRegion = 1 << 17;
+  constexpr size_t kReceiveAt = 1 << 16;  // the SEND's receive, in the target's region
+  constexpr uint32_t kPieces[] = {1000, 7, 2 * 4096 + 1, 3000, 5000};
+  constexpr size_t kTotal = 1000 + 7 + 2 * 4096 + 1 + 3000 + 5000;
+  // Piece i comes from the endpoint's region (even i) or a second one (odd
+  // i), at an offset that is not a multiple of anything the wire uses.
+  const auto source_offset = [](size_t piece) { return 13 + piece * 9001; };
+  const auto byte_of = [](int region, size_t at) { return static_cast<uint8_t>(region * 101 + at * 7 + (at >> 9)); };
+  std::vector<uint8_t> expected;
+  for (size_t i = 0; i < std::size(kPieces); ++i)
+    for (size_t at = 0; at < kPieces[i]; ++at)
+      expected.push_back(byte_of(static_cast<int>(i % 2), source_offset(i) + at));
+  ASSERT_EQ(expected.size(), kTotal);
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+  pid_t child = spawn_peer(sockets[1], kRegion, 16, 12, 7, [&](Endpoint& self, int fd) {
+    ConnectInfo target;
+    if (!read_all(fd, &target, sizeof target)) return 20;
+    std::vector<uint8_t> other(kRegion);
+    ibv_mr* other_mr = ibv_reg_mr(self.pd(), other.data(), other.size(), IBV_ACCESS_LOCAL_WRITE);
+    if (other_mr == nullptr) return 21;
+    for (size_t at = 0; at < kRegion; ++at) {
+      self.data()[at] = byte_of(0, at);
+      other[at] = byte_of(1, at);
+    }
+    ibv_sge sges[std::size(kPieces)];
+    for (size_t i = 0; i < std::size(kPieces); ++i) {
+      uint8_t* base = i % 2 == 0 ? self.data() : other.data();
+      sges[i] = {reinterpret_cast<uint64_t>(base + source_offset(i)), kPieces[i],
+                 i % 2 == 0 ? self.mr()->lkey : other_mr->lkey};
+    }
+    const auto post = [&](uint64_t wr_id, ibv_wr_opcode opcode) {
+      ibv_send_wr wr{};
+      wr.wr_id = wr_id;
+      wr.sg_list = sges;
+      wr.num_sge = static_cast<int>(std::size(kPieces));
+      wr.opcode = opcode;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.rdma.remote_addr = target.address;
+      wr.wr.rdma.rkey = target.rkey;
+      ibv_send_wr* bad = nullptr;
+      return ibv_post_send(self.qp(), &wr, &bad);
+    };
+    if (post(1, IBV_WR_RDMA_WRITE) != 0 || post(2, IBV_WR_SEND) != 0) return 22;
+    auto done = poll_for(self, 2, std::chrono::seconds(20));
+    if (done.size() != 2) return 23;
+    for (const ibv_wc& wc : done)
+      if (wc.status != IBV_WC_SUCCESS) return 24;
+    sges[std::size(kPieces) - 1].lkey = other_mr->lkey + 1;  // a key no region has
+    if (post(3, IBV_WR_RDMA_WRITE) != 0) return 25;
+    auto failed = poll_for(self, 1, std::chrono::seconds(20));
+    if (failed.size() != 1) return 26;
+    if (failed[0].status != IBV_WC_LOC_PROT_ERR) return 27;
+    return ibv_dereg_mr(other_mr) == 0 ? 0 : 28;
+  });
+  ASSERT_GT(child, 0);
+  Endpoint self;
+  ConnectInfo peer;
+  ASSERT_TRUE(self.open(kRegion, 16));
+  ASSERT_TRUE(connect_to_peer(self, sockets[0], 12, 7, peer));
+  ASSERT_EQ(self.post_recv(7, kReceiveAt, kRegion - kReceiveAt), 0);
+  ConnectInfo mine = self.info();
+  ASSERT_TRUE(write_all(sockets[0], &mine, sizeof mine));
+  auto received = poll_for(self, 1, std::chrono::seconds(20));
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the sender's exit " << WEXITSTATUS(status);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(received[0].byte_len, kTotal);
+  EXPECT_EQ(std::memcmp(self.data(), expected.data(), kTotal), 0) << "the WRITE";
+  EXPECT_EQ(std::memcmp(self.data() + kReceiveAt, expected.data(), kTotal), 0) << "the SEND";
+  ::close(sockets[0]);
+  ::close(sockets[1]);
+}
+
 // The ping-pong's rounds, message areas and byte patterns.
 namespace ping_pong {
 

@@ -107,9 +107,57 @@ void assign_psns(UdpQp& qp, SendWqe& wqe) {
   r.next_psn = psn_add(r.next_psn, wqe.psn_count);
 }
 
+// A WQE's local SGEs checked whole, once, for the run of its packets that
+// one requester pass sends: its regions cannot go away in between (see
+// gather_local), and a key lookup per packet is a large share of a
+// packet's work at small path MTUs. Unresolved for inline data and when a check
+// fails: each packet is then checked alone, so that the packets before a
+// bad piece still go, as before.
+class ResolvedSges {
+ public:
+  void resolve(DeviceMemory& memory, const UdpQp& qp, const SendWqe& wqe) {
+    resolved_ = false;
+    if (wqe.flags & send_flag::kInline) return;
+    pieces_ = {};
+    for (const Sge& sge : wqe.sges) {
+      ResolvedRange where;
+      if (sge.length != 0) {  // never looked up by gather_local either
+        const KeyCheck verdict = memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address, sge.length, 0,
+                                                                 &where, MemoryRegionTable::Lock::NotHeld);
+        if (verdict != KeyCheck::Ok || where.owner_pid != current_pid()) return;
+      }
+      if (!pieces_.push_back({reinterpret_cast<void*>(where.address), sge.length})) return;
+    }
+    resolved_ = true;
+  }
+  bool resolved() const { return resolved_; }
+  // As gather_local, from the addresses resolved.
+  bool gather(uint64_t offset, uint64_t length, LocalVectors& out) const {
+    if (length == 0) return true;
+    for (const iovec& piece : pieces_) {
+      if (offset >= piece.iov_len) {
+        offset -= piece.iov_len;
+        continue;
+      }
+      const uint64_t take = std::min<uint64_t>(piece.iov_len - offset, length);
+      out.push_back({static_cast<uint8_t*>(piece.iov_base) + offset, take});
+      length -= take;
+      offset = 0;
+      if (length == 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  SmallVector<iovec, limits::kMaxSge> pieces_;
+  bool resolved_ = false;
+};
+
 // Sends packet `index` of a SEND or WRITE; false if its data failed the
-// lkey check (the WQE then carries the error).
-bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index, int32_t window) {
+// lkey check (the WQE then carries the error). `sges`: its SGEs resolved
+// in this run of its packets, or nullptr.
+bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index, int32_t window,
+                  const ResolvedSges* sges) {
   const uint64_t offset = uint64_t{index} * qp.mtu;
   const uint64_t length = std::min<uint64_t>(qp.mtu, wqe.length - std::min(wqe.length, offset));
   TransportPacket packet;
@@ -138,7 +186,9 @@ bool send_segment(TransportPort& port, UdpQp& qp, SendWqe& wqe, uint32_t index, 
   packet.invalidate_rkey = wqe.invalidate_rkey;
 
   LocalVectors payload;
-  if (!gather_local(port.memory(), qp, wqe, offset, length, 0, payload)) {
+  const bool gathered = sges != nullptr ? sges->gather(offset, length, payload)
+                                        : gather_local(port.memory(), qp, wqe, offset, length, 0, payload);
+  if (!gathered) {
     wqe.error = WcStatus::LocalProtectionError;
     return false;
   }
@@ -313,9 +363,11 @@ void requester_run(TransportPort& port, UdpQp& qp) {
       continue;
     }
     bool failed = false;
-    while (wqe.packets_sent < wqe.psn_count) {
+    ResolvedSges sges;  // from the run's second packet on (a one-packet message needs one lookup anyway)
+    for (uint32_t in_run = 0; wqe.packets_sent < wqe.psn_count; ++in_run) {
       if (!window_open(qp, psn_add(wqe.first_psn, wqe.packets_sent), window)) break;
-      if (!send_segment(port, qp, wqe, wqe.packets_sent, window)) {
+      if (in_run == 1) sges.resolve(port.memory(), qp, wqe);
+      if (!send_segment(port, qp, wqe, wqe.packets_sent, window, sges.resolved() ? &sges : nullptr)) {
         failed = true;
         break;
       }

@@ -35,7 +35,7 @@ bool Endpoint::open(void* memory, size_t bytes, int depth) {
   ibv_qp_init_attr init{};
   init.send_cq = init.recv_cq = cq_;
   init.qp_type = IBV_QPT_RC;
-  init.cap = {static_cast<uint32_t>(depth), static_cast<uint32_t>(depth), 1, 1, 0};
+  init.cap = {static_cast<uint32_t>(depth), static_cast<uint32_t>(depth), kMaxSendSges, 1, 0};
   qp_ = mr_ ? ibv_create_qp(pd_, &init) : nullptr;
   return mr_ && qp_;
 }

@@ -28,6 +28,9 @@ ibv_context* open_softverbs0(int& gid_index, ibv_gid& gid);
 
 class Endpoint {
  public:
+  // Gather lists of up to this many SGEs may be posted on qp() directly.
+  static constexpr uint32_t kMaxSendSges = 8;
+
   Endpoint() = default;
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
