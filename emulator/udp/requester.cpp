@@ -109,8 +109,8 @@ void assign_psns(UdpQp& qp, SendWqe& wqe) {
 
 // A WQE's local SGEs checked whole, once, for the run of its packets that
 // one requester pass sends: its regions cannot go away in between (see
-// gather_local), and a key lookup per packet is a large share of a
-// packet's work at small path MTUs. Unresolved for inline data and when a check
+// gather_local), and a key lookup per packet is a large share of a packet's
+// work at small path MTUs. Unresolved for inline data and when a check
 // fails: each packet is then checked alone, so that the packets before a
 // bad piece still go, as before.
 class ResolvedSges {
