@@ -6,19 +6,18 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 #include <random>
 #include <regex>
 #include <string>
 #include <vector>
 
+#include "device_status.h"
 #include "process_runner.h"
 
 namespace softverbs {
 namespace {
 
-namespace fs = std::filesystem;
 using test::PairResult;
 using test::run_process;
 using test::TemporaryDirectory;
@@ -48,12 +47,7 @@ class Device {
   const std::vector<std::string>& env() const { return env_; }
   const std::string& path() const { return dir_.path(); }
   // The server's listener is in the CM directory.
-  bool listening() const {
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(runtime_ + "/cm", ec))
-      if (entry.path().filename().string().find(".tmp") == std::string::npos) return true;
-    return false;
-  }
+  bool listening() const { return test::rdmacm_listening(runtime_); }
 
  private:
   TemporaryDirectory dir_;
