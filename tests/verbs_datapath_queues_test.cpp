@@ -518,6 +518,30 @@ TEST_F(RcDataPath, ReceivesPostedAcrossTheMoveToErrorOrResetAreFlushedOrGone) {
   }
 }
 
+// As rxe leaves them (mlx5 takes them out): libfabric's ofi_rxm destroys a
+// connection's QP when the peer disconnects and reads its CQ after that, and
+// the peer's last message must still be there.
+TEST_F(RcDataPath, DestroyingAQpLeavesItsCompletionsInTheCq) {
+  connect(IBV_QPT_RC);
+  for (uint64_t i = 0; i < 2; ++i) ASSERT_EQ(post_recv_b(100 + i, 64 * i, 64), 0);
+  for (uint64_t i = 0; i < 2; ++i) ASSERT_EQ(post_a(IBV_WR_SEND, i, 0, 8 + i), 0);
+  auto sent = poll_n(cq_a_, 2);  // ACKed: both landed in B's receives
+  ASSERT_EQ(sent.size(), 2u);
+  const uint32_t dead_qpn = qp_b_->qp_num;
+  ASSERT_EQ(ibv_destroy_qp(qp_b_), 0);
+  qp_b_ = nullptr;
+  auto received = poll_n(cq_b_, 2);
+  ASSERT_EQ(received.size(), 2u) << "the destroyed QP's completions are still in its CQ";
+  for (uint64_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(received[i].wr_id, 100 + i);
+    EXPECT_EQ(received[i].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(received[i].opcode, IBV_WC_RECV);
+    EXPECT_EQ(received[i].byte_len, 8 + i);
+    EXPECT_EQ(received[i].qp_num, dead_qpn);
+  }
+  EXPECT_TRUE(poll_n(cq_b_, 1, std::chrono::milliseconds(1)).empty());
+}
+
 TEST_F(RcDataPath, ExtendedQpAndCqApis) {
   ibv_cq_init_attr_ex cq_attr{};
   cq_attr.cqe = 16;

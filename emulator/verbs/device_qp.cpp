@@ -110,7 +110,8 @@ DeviceQp::~DeviceQp() {
     memory_.shared().mrs.unbind_windows_of_qp(qpn_);
   }
   if (UdpTransport* udp = context_.udp_if_running(); udp && qp.type == QpType::Ud) udp->leave_groups(qpn_);
-  purge_own_completions();
+  // Completions already in the CQs stay there, as rxe leaves them: libfabric's
+  // rxm destroys a QP on the peer's disconnect and reads the CQ after that.
   std::lock_guard guard(mutex_);
   drop_waiting_sends();
 }

@@ -97,7 +97,7 @@ class DeviceQp {
   bool first_send_meets_rnr(const QpRecord& qp, const SendWqe& send);
   void complete(const Completion& completion);
   void complete_flushed(uint64_t wr_id);  // a send that ends with the QP in ERR
-  void purge_own_completions();           // from both CQs (RESET, destroy)
+  void purge_own_completions();           // from both CQs (RESET)
   void enter_error_state();
   void flush_waiting_sends();
   void drop_waiting_sends();
