@@ -83,6 +83,50 @@ TEST(SharedRegions, WholeAnonymousPagesMoveInPlaceWithTheirBytes) {
   for (size_t i = 6; i < pages.length; ++i) ASSERT_EQ(pages.base[i], static_cast<uint8_t>(i * 13)) << i;
 }
 
+// Pages never written are not copied (they read as zero, as the memfd's
+// do); the written ones keep their bytes, including runs that cross the
+// 4,096 pages of one pagemap read, and a peer sees the same.
+TEST(SharedRegions, PagesNeverWrittenReadAsZeroAndWrittenOnesKeepTheirBytes) {
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // as the provider does
+  constexpr size_t kCount = 4100;
+  Pages pages(kCount);
+  ASSERT_NE(pages.base, nullptr);
+  // Runs of one page, a run across the two reads, one that starts in the second.
+  auto written = [](size_t page) {
+    return (page % 3 == 0 && page < 4090) || (page >= 4090 && page <= 4097) || page == kCount - 1;
+  };
+  auto expected = [&](size_t offset) -> uint8_t {
+    const size_t page = offset / kPage;
+    return written(page) ? static_cast<uint8_t>(page * 7 + offset % 251 + 1) : 0;
+  };
+  volatile uint8_t sink = 0;
+  for (size_t page = 0; page < kCount; ++page) {
+    uint8_t* at = pages.base + page * kPage;
+    if (written(page))
+      for (size_t i = 0; i < kPage; ++i) at[i] = expected(page * kPage + i);
+    else if (page % 3 == 1)
+      sink = sink + at[0];  // read only: the shared zero page
+  }
+  auto backing = share_pages(pages.address(), pages.length);
+  ASSERT_TRUE(backing);
+  EXPECT_TRUE(is_memfd_mapping(pages.base));
+  for (size_t i = 0; i < pages.length; ++i) ASSERT_EQ(pages.base[i], expected(i)) << "byte " << i;
+  const pid_t owner = getpid();
+  pid_t child = fork();
+  if (child == 0) {
+    const uint8_t* view = peer_view(owner, *backing, pages.address(), pages.length);
+    if (view == nullptr) _exit(1);
+    for (size_t i = 0; i < pages.length; ++i)
+      if (view[i] != expected(i)) _exit(2);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: no view; 2: the peer saw other bytes";
+  release_pages(*backing);
+}
+
 TEST(SharedRegions, ReleasingPagesTheApplicationRemappedLeavesItsMappingAlone) {
   Pages pages(2);
   auto backing = share_pages(pages.address(), pages.length);

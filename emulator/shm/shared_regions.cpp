@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -92,6 +93,65 @@ int check_registrable(uint64_t address, uint64_t length, bool writable) {
 }
 
 namespace {
+
+// Writes `bytes` at `offset` of `fd` from `from`; false on an error.
+bool write_all(int fd, const uint8_t* from, uint64_t bytes, uint64_t offset) {
+  while (bytes > 0) {
+    const ssize_t written = pwrite(fd, from, bytes, static_cast<off_t>(offset));
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return false;
+    from += written;
+    bytes -= static_cast<uint64_t>(written);
+    offset += static_cast<uint64_t>(written);
+  }
+  return true;
+}
+
+// Writes the pages of [from, from + length) that the process has touched
+// (present, or swapped out) into `fd`, which is zero there. An untouched
+// page of anonymous memory reads as zero: copying it would only fault it in,
+// and buffers are often registered before they are written (UCX's pools).
+// The kernel's copy (pwrite) allocates the memfd's pages as it goes, where a
+// copy through a mapping of it would take a page fault per page. Without
+// /proc/self/pagemap every page is written.
+bool write_touched_pages(int fd, const uint8_t* from, uint64_t length) {
+  const uint64_t page = page_size();
+  const int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (pagemap < 0) return write_all(fd, from, length, 0);
+  constexpr uint64_t kPresent = 1ull << 63, kSwapped = 1ull << 62;
+  constexpr size_t kEntriesPerRead = 4096;
+  std::vector<uint64_t> entries(kEntriesPerRead);
+  const uint64_t pages = length / page;
+  const uint64_t first_page = reinterpret_cast<uint64_t>(from) / page;
+  uint64_t run_start = 0, run_pages = 0;  // a run of touched pages, written at once
+  bool ok = true;
+  auto write_run = [&] {
+    if (run_pages != 0) ok = ok && write_all(fd, from + run_start * page, run_pages * page, run_start * page);
+    run_pages = 0;
+  };
+  for (uint64_t done = 0; done < pages && ok;) {
+    const size_t count = static_cast<size_t>(std::min<uint64_t>(kEntriesPerRead, pages - done));
+    const auto bytes = static_cast<ssize_t>(count * sizeof(uint64_t));
+    if (pread(pagemap, entries.data(), static_cast<size_t>(bytes),
+              static_cast<off_t>((first_page + done) * sizeof(uint64_t))) != bytes) {
+      write_run();
+      ok = ok && write_all(fd, from + done * page, (pages - done) * page, done * page);  // the rest, whole
+      break;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      if (entries[i] & (kPresent | kSwapped)) {
+        if (run_pages == 0) run_start = done + i;
+        ++run_pages;
+      } else {
+        write_run();
+      }
+    }
+    done += count;
+  }
+  write_run();
+  close(pagemap);
+  return ok;
+}
 
 // Is every byte of [start, end) private, anonymous, readable and writable
 // memory (and nothing else: no file, no hugetlb, no special mapping)?
@@ -266,17 +326,14 @@ std::optional<SharedBacking> share_pages(uint64_t address, uint64_t length, cons
     close(fd);
     return refuse("ftruncate failed");
   }
-  void* staging = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (staging == MAP_FAILED) {
-    close(fd);
-    return refuse("mmap failed");
-  }
   // The contents move to the memfd, which then takes the pages' place.
-  std::memcpy(staging, reinterpret_cast<void*>(address), length);
+  if (!write_touched_pages(fd, reinterpret_cast<const uint8_t*>(address), length)) {
+    close(fd);
+    return refuse("copying the region into its memfd failed");
+  }
   // Populated, as the peers' views are: the pages exist already.
   void* placed = mmap(reinterpret_cast<void*>(address), length, PROT_READ | PROT_WRITE,
                       MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0);
-  munmap(staging, length);
   if (placed == MAP_FAILED) {
     // MAP_FIXED failed before replacing anything: the original pages stay.
     close(fd);
