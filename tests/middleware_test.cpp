@@ -1,5 +1,6 @@
 // The libraries RDMA applications are built on, unmodified, on a softverbs
-// device: UCX (ucx_perftest, its uct and ucp tests), libfabric's verbs
+// device: UCX (ucx_perftest, its uct and ucp tests, io_demo connecting
+// through the rdma_cm), libfabric's verbs
 // provider (fi_pingpong, with data checks) and Open MPI over each (an MPI
 // program of ours that checks every byte of a ping-pong from 8 B to 4 MiB
 // and an allreduce). Each test brings up a device of its own, shared
@@ -142,6 +143,33 @@ TEST_P(Middleware, UctActiveMessagesOverRcAndUdVerbs) {
 TEST_P(Middleware, UcpTagRmaAndStreamTests) {
   for (const char* test : {"tag_lat", "tag_bw", "ucp_put_lat", "ucp_get", "stream_bw"})
     expect_finished(ucx_perftest({"-t", test, "-n", "2000"}, kUcxOnSoftverbs), std::string("ucp ") + test);
+}
+
+// UCX's client-server demo, io_demo: the client reaches the server's
+// listening address through UCX's rdma_cm connection manager (the shim), and
+// both check every byte of 2,000 READs and WRITEs of 1 B to 100 kB (-q).
+TEST_P(Middleware, UcxIoDemoConnectsThroughTheRdmaCmAndChecksEveryByte) {
+  if (!in_path("io_demo")) GTEST_SKIP() << "io_demo is not installed (ucx-utils)";
+  const std::string pid_file = dir_.path() + "/io_demo.pid";
+  const std::string io_demo =
+      "env UCX_TLS=rc_verbs,self UCX_NET_DEVICES=softverbs0:1 UCX_SOCKADDR_TLS_PRIORITY=rdmacm "
+      "io_demo -p 20123 -q -d 1:100000";
+  // The server runs until it is stopped: the client stops it when done.
+  const std::vector<std::string> server = {"sh", "-c", io_demo + " & echo $! > " + pid_file + "; wait $!"};
+  const std::vector<std::string> client = {
+      "sh", "-c", io_demo + " -i 2000 -o read,write 127.0.0.1; status=$?; kill $(cat " + pid_file + "); exit $status"};
+  const std::string runtime = dir_.path() + "/rt";
+  auto pair = run_server_client(
+      under_softverbs(server), under_softverbs(client), env(), [&] { return test::rdmacm_listening(runtime); }, 60);
+  const std::string client_text = pair.client.out + pair.client.err;
+  const std::string server_text = pair.server.out + pair.server.err;
+  EXPECT_EQ(pair.client.exit_code, 0) << client_text << "\nserver:\n" << server_text;
+  EXPECT_NE(client_text.find("Client exit with status 'OK'"), std::string::npos) << client_text;
+  EXPECT_NE(client_text.find("total min:2000 max:2000 total:2000"), std::string::npos) << client_text;
+  for (const char* trouble : {"corruption", "mismatch", "Assertion"}) {
+    EXPECT_EQ(client_text.find(trouble), std::string::npos) << client_text;
+    EXPECT_EQ(server_text.find(trouble), std::string::npos) << server_text;
+  }
 }
 
 TEST_P(Middleware, FiPingpongOverVerbsMsgDgramAndRxm) {
