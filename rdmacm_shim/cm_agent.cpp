@@ -170,7 +170,9 @@ bool CmAgent::send(const Gid16& source, const Gid16& destination, uint8_t traffi
   wr.wr.ud.remote_qpn = kGsiQpn;
   wr.wr.ud.remote_qkey = wire::cm::kGsiQkey;
   ibv_send_wr* bad = nullptr;
-  return ibv_post_send(qp_, &wr, &bad) == 0;
+  const int error = ibv_post_send(qp_, &wr, &bad);
+  if (error != 0) debug_log("rdma_cm: MAD send not posted: %s", strerror(error));
+  return error == 0;
 }
 
 std::vector<ReceivedMad> CmAgent::take() {

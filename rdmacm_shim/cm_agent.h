@@ -80,7 +80,7 @@ class CmAgent {
   bool post_receive(size_t slot);
   std::optional<uint8_t> gid_index(const Gid16& gid);
 
-  static constexpr size_t kReceives = 64;
+  static constexpr size_t kReceives = 512;
   static constexpr size_t kGrhBytes = 40;
   static constexpr size_t kSlotBytes = kGrhBytes + wire::cm::kMadBytes;
 
@@ -97,7 +97,7 @@ class CmAgent {
   std::map<std::pair<Gid16, Gid16>, ibv_ah*> ahs_;  // by source and destination GID
   std::map<Gid16, uint8_t> gid_indexes_;
   std::shared_ptr<DeviceMemory> memory_;
-  static constexpr size_t kSends = 64;
+  static constexpr size_t kSends = 128;
 };
 
 }  // namespace softverbs::cm
