@@ -307,6 +307,35 @@ TEST_F(UdpOnLoopback, RpingSurvivesAnRnrNakFollowedByTheAckOfADuplicate) {
   EXPECT_GT(count["faults_duplicated"], 0u);
 }
 
+// cmtime connects 500 ids at once. Every CM MAD arrives on the first try
+// (five per connection: REQ, REP, RTU, DREQ, DREP; a lost one is sent again
+// after a second): the CM agents take that many at once, as the kernel's MAD
+// layer does (512 receives), and a QP's flow socket, which takes any
+// packet to the port between its bind() and its connect(), reads those
+// with their real source (they were dropped for a bad ICRC, computed over
+// the wrong source port).
+TEST_F(UdpOnLoopback, CmtimeConnectsFiveHundredIdsAtOnceWithNoMadSentTwice) {
+  constexpr int kIds = 500;
+  const std::string pid_file = dir_.path() + "/cmtime.pid";
+  const std::string ids = std::to_string(kIds);
+  // cmtime's server never exits by itself: the client stops it when done.
+  const std::vector<std::string> server = {"sh", "-c", "cmtime -c " + ids + " & echo $! > " + pid_file + "; wait $!"};
+  const std::vector<std::string> client = {
+      "sh", "-c", "cmtime -s 127.0.0.1 -c " + ids + "; status=$?; kill $(cat " + pid_file + "); exit $status"};
+  const auto runtime = dir_.path() + "/rt";
+  auto background = std::async(std::launch::async, [&] { return run_process(under_softverbs(server), env_, 120); });
+  for (int i = 0; i < 200 && !test::rdmacm_listening(runtime); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto client_run = run_process(under_softverbs(client), env_, 120);
+  auto server_run = background.get();
+  ASSERT_EQ(client_run.exit_code, 0) << client_run.out << client_run.err << server_run.out << server_run.err;
+  EXPECT_NE(client_run.out.find("connect"), std::string::npos) << client_run.out;
+  auto count = counters();
+  EXPECT_EQ(count["icrc_errors"], 0u);
+  EXPECT_EQ(count["tx_packets"], 5u * kIds) << "each MAD once";
+  EXPECT_EQ(count["rx_packets"], 5u * kIds);
+}
+
 // mckey's group as IP multicast on lo: each receiving process joins the
 // group and takes its datagrams from its own socket, so the device counts
 // at least one packet per datagram and receiving process.

@@ -287,6 +287,9 @@ class PortEngine : public TransportPort {
     // A socket connected to one flow receives only from its peer: reads
     // need not ask the kernel for the source address.
     bool connected = false;
+    // Until the socket was once read empty: it took any packet to the port
+    // between its bind() and its connect(), which may be another flow's.
+    bool sources_unknown = false;
     wire::IpAddress peer{};
     uint16_t peer_port = 0;
     // A connected socket's packets are all for one QP; the polling path

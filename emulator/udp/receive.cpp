@@ -4,6 +4,7 @@
 // device that owns its QP (over the loopback forwarding socket).
 #include <arpa/inet.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "device/cm_routing.h"
@@ -64,7 +65,9 @@ uint64_t PortEngine::handle_read(const FlowAddress& flow, std::span<const uint8_
 }
 
 bool PortEngine::drain(Watcher& watcher, Reads reads) {
-  if (reads == Reads::One && watcher.connected) {
+  // A connected socket's reads name their source until it was read empty once.
+  const bool ask_source = !watcher.forward && (!watcher.connected || watcher.sources_unknown);
+  if (reads == Reads::One && watcher.connected && !watcher.sources_unknown) {
     if (watcher.reads_with_gro_size == 0) return read_connected(watcher);
     --watcher.reads_with_gro_size;
   }
@@ -83,7 +86,7 @@ bool PortEngine::drain(Watcher& watcher, Reads reads) {
       messages[i].msg_hdr.msg_iovlen = 1;
       messages[i].msg_hdr.msg_control = controls[i].bytes;
       messages[i].msg_hdr.msg_controllen = sizeof controls[i].bytes;
-      if (!watcher.forward && !watcher.connected) {
+      if (ask_source) {
         messages[i].msg_hdr.msg_name = &sources[i];
         messages[i].msg_hdr.msg_namelen = sizeof sources[i];
       }
@@ -98,7 +101,10 @@ bool PortEngine::drain(Watcher& watcher, Reads reads) {
     } else {
       count = ::recvmmsg(fd, messages, static_cast<unsigned>(batch), MSG_DONTWAIT, nullptr);
     }
-    if (count <= 0) return any;
+    if (count <= 0) {
+      if (count < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) watcher.sources_unknown = false;
+      return any;
+    }
     any = true;
     uint64_t received_packets = 0, received_bytes = 0;
     for (int i = 0; i < count; ++i) {
@@ -113,7 +119,7 @@ bool PortEngine::drain(Watcher& watcher, Reads reads) {
       }
       const size_t segment = udp_gro_segment(messages[i].msg_hdr, bytes.size());
       FlowAddress flow = arriving_flow(watcher);
-      if (!watcher.connected && !from_sockaddr(sources[i], flow.source, flow.source_port)) continue;
+      if (ask_source && !from_sockaddr(sources[i], flow.source, flow.source_port)) continue;
       received_packets += handle_read(flow, bytes, segment, false);
       received_bytes += bytes.size();
     }
@@ -124,7 +130,11 @@ bool PortEngine::drain(Watcher& watcher, Reads reads) {
       counters().add(Counter::RxPackets, received_packets);
       counters().add(Counter::RxBytes, received_bytes);
     }
-    if (static_cast<size_t>(count) < batch || reads == Reads::One) return any;
+    if (static_cast<size_t>(count) < batch) {
+      watcher.sources_unknown = false;  // read empty
+      return any;
+    }
+    if (reads == Reads::One) return any;
   }
 }
 

@@ -58,6 +58,7 @@ void PortEngine::connect_flow_locked(const UdpQp& qp) {
   const uint64_t id = add_watcher_locked(Fd(fd), qp.path.local, false);
   Watcher& watcher = *watchers_.at(id);
   watcher.connected = true;
+  watcher.sources_unknown = true;
   watcher.peer = qp.path.remote;
   watcher.peer_port = flow_source_port(qp.dest_qpn, qp.qpn);
   watcher.receiver = {qp.qpn, qp.mtu};
