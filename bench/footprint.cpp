@@ -85,8 +85,10 @@ int main(int argc, char** argv) {
   int devices = 0;
   ibv_device** list = ibv_get_device_list(&devices);
   ibv_context* context = nullptr;
+  const long before_open = resident_kib();
   for (int i = 0; list && i < devices; ++i)
     if (std::strncmp(ibv_get_device_name(list[i]), "softverbs", 9) == 0) context = ibv_open_device(list[i]);
+  const long after_open = resident_kib();
   if (context == nullptr) {
     std::fprintf(stderr, "footprint: no softverbs device\n");
     return 1;
@@ -118,6 +120,7 @@ int main(int argc, char** argv) {
   long after_mrs = resident_kib();
   std::printf("footprint_qp_bytes value=%.0f (RC QP, 128 send and 128 receive WRs, %d QPs)\n",
               (after_qps - before) * 1024.0 / count, count);
+  std::printf("footprint_open_kib value=%ld (ibv_open_device)\n", after_open - before_open);
   std::printf("footprint_mr_bytes value=%.0f (%d MRs)\n", (after_mrs - before_mrs) * 1024.0 / (count - 1), count);
   for (ibv_mr* mr : mrs) ibv_dereg_mr(mr);
   std::printf("registration_unwritten_ms value=%.1f\n", registration_ms(pd, false));
