@@ -150,17 +150,15 @@ TEST_P(Middleware, UcpTagRmaAndStreamTests) {
 // both check every byte of 2,000 READs and WRITEs of 1 B to 100 kB (-q).
 TEST_P(Middleware, UcxIoDemoConnectsThroughTheRdmaCmAndChecksEveryByte) {
   if (!in_path("io_demo")) GTEST_SKIP() << "io_demo is not installed (ucx-utils)";
-  const std::string pid_file = dir_.path() + "/io_demo.pid";
   const std::string io_demo =
       "env UCX_TLS=rc_verbs,self UCX_NET_DEVICES=softverbs0:1 UCX_SOCKADDR_TLS_PRIORITY=rdmacm "
       "io_demo -p 20123 -q -d 1:100000";
-  // The server runs until it is stopped: the client stops it when done.
-  const std::vector<std::string> server = {"sh", "-c", io_demo + " & echo $! > " + pid_file + "; wait $!"};
-  const std::vector<std::string> client = {
-      "sh", "-c", io_demo + " -i 2000 -o read,write 127.0.0.1; status=$?; kill $(cat " + pid_file + "); exit $status"};
+  const auto commands = test::server_stopped_by_client(io_demo, io_demo + " -i 2000 -o read,write 127.0.0.1",
+                                                       dir_.path() + "/io_demo.pid");
   const std::string runtime = dir_.path() + "/rt";
   auto pair = run_server_client(
-      under_softverbs(server), under_softverbs(client), env(), [&] { return test::rdmacm_listening(runtime); }, 60);
+      under_softverbs(commands.server), under_softverbs(commands.client), env(),
+      [&] { return test::rdmacm_listening(runtime); }, 60);
   const std::string client_text = pair.client.out + pair.client.err;
   const std::string server_text = pair.server.out + pair.server.err;
   EXPECT_EQ(pair.client.exit_code, 0) << client_text << "\nserver:\n" << server_text;

@@ -316,20 +316,15 @@ TEST_F(UdpOnLoopback, RpingSurvivesAnRnrNakFollowedByTheAckOfADuplicate) {
 // the wrong source port).
 TEST_F(UdpOnLoopback, CmtimeConnectsFiveHundredIdsAtOnceWithNoMadSentTwice) {
   constexpr int kIds = 500;
-  const std::string pid_file = dir_.path() + "/cmtime.pid";
   const std::string ids = std::to_string(kIds);
-  // cmtime's server never exits by itself: the client stops it when done.
-  const std::vector<std::string> server = {"sh", "-c", "cmtime -c " + ids + " & echo $! > " + pid_file + "; wait $!"};
-  const std::vector<std::string> client = {
-      "sh", "-c", "cmtime -s 127.0.0.1 -c " + ids + "; status=$?; kill $(cat " + pid_file + "); exit $status"};
+  const auto commands =
+      test::server_stopped_by_client("cmtime -c " + ids, "cmtime -s 127.0.0.1 -c " + ids, dir_.path() + "/cmtime.pid");
   const auto runtime = dir_.path() + "/rt";
-  auto background = std::async(std::launch::async, [&] { return run_process(under_softverbs(server), env_, 120); });
-  for (int i = 0; i < 200 && !test::rdmacm_listening(runtime); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  auto client_run = run_process(under_softverbs(client), env_, 120);
-  auto server_run = background.get();
-  ASSERT_EQ(client_run.exit_code, 0) << client_run.out << client_run.err << server_run.out << server_run.err;
-  EXPECT_NE(client_run.out.find("connect"), std::string::npos) << client_run.out;
+  auto pair = test::run_server_client(
+      under_softverbs(commands.server), under_softverbs(commands.client), env_,
+      [&] { return test::rdmacm_listening(runtime); }, 120);
+  ASSERT_EQ(pair.client.exit_code, 0) << pair.client.out << pair.client.err << pair.server.out << pair.server.err;
+  EXPECT_NE(pair.client.out.find("connect"), std::string::npos) << pair.client.out;
   auto count = counters();
   EXPECT_EQ(count["icrc_errors"], 0u);
   EXPECT_EQ(count["tx_packets"], 5u * kIds) << "each MAD once";

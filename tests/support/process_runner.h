@@ -31,6 +31,18 @@ template <typename Ready>
 PairResult run_server_client(const std::vector<std::string>& server, const std::vector<std::string>& client,
                              const std::vector<std::string>& environment, Ready ready, int timeout_seconds = 60);
 
+// The `sh -c` commands for a server that never exits by itself (cmtime's,
+// io_demo's) and its client: the server's shell notes its pid in
+// `pid_file`, and the client stops it once done, keeping its own status.
+struct StoppedByClient {
+  std::vector<std::string> server, client;
+};
+inline StoppedByClient server_stopped_by_client(const std::string& server, const std::string& client,
+                                                const std::string& pid_file) {
+  return {{"sh", "-c", server + " & echo $! > " + pid_file + "; wait $!"},
+          {"sh", "-c", client + "; status=$?; kill $(cat " + pid_file + "); exit $status"}};
+}
+
 // A fresh empty directory under $TMPDIR (or /tmp), removed by the destructor.
 class TemporaryDirectory {
  public:
