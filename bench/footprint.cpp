@@ -49,9 +49,9 @@ double registration_ms(ibv_pd* pd, bool written) {
     ibv_mr* mr = ibv_reg_mr(pd, pages, kRegisteredBytes,
                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     runs.push_back(milliseconds_since(start));
-    if (mr == nullptr) return -1;
-    ibv_dereg_mr(mr);
+    if (mr != nullptr) ibv_dereg_mr(mr);
     munmap(pages, kRegisteredBytes);
+    if (mr == nullptr) return -1;
   }
   std::sort(runs.begin(), runs.end());
   return runs[1];
