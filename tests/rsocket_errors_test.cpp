@@ -66,14 +66,16 @@ TEST(RsocketErrors, ConnectWithNoListenerIsRefused) {
 TEST(RsocketErrors, NonBlockingConnectCompletesThroughRpoll) {
   int l = listener(7591);
   ASSERT_GE(l, 0);
-  int accepted = -1;
-  std::thread server([&] { accepted = raccept(l, nullptr, nullptr); });
   int s = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
   ASSERT_GE(s, 0);
   EXPECT_EQ(rfcntl(s, F_GETFL) & O_NONBLOCK, O_NONBLOCK);
   sockaddr_in a = loopback(7591);
+  // Accepting only after rconnect returns keeps the connection pending: an
+  // accept racing ahead could let it complete at once, which is also valid.
   ASSERT_EQ(rconnect(s, reinterpret_cast<sockaddr*>(&a), sizeof a), -1);
   EXPECT_EQ(errno, EINPROGRESS);
+  int accepted = -1;
+  std::thread server([&] { accepted = raccept(l, nullptr, nullptr); });
   pollfd p{s, POLLOUT, 0};
   ASSERT_EQ(rpoll(&p, 1, 10000), 1);
   EXPECT_TRUE(p.revents & POLLOUT) << p.revents;
@@ -102,7 +104,9 @@ TEST(RsocketErrors, NonBlockingConnectRefusedShowsInPollAndSoError) {
   ASSERT_GE(s, 0);
   sockaddr_in a = loopback(7592);
   ASSERT_EQ(rconnect(s, reinterpret_cast<sockaddr*>(&a), sizeof a), -1);
-  EXPECT_EQ(errno, EINPROGRESS);
+  // The rejection can arrive before rconnect looks for it (a preempted
+  // caller); either way poll and SO_ERROR must then report it.
+  EXPECT_TRUE(errno == EINPROGRESS || errno == ECONNREFUSED) << std::strerror(errno);
   pollfd p{s, POLLOUT, 0};
   ASSERT_EQ(rpoll(&p, 1, 10000), 1);
   EXPECT_TRUE(p.revents & POLLERR) << p.revents;
