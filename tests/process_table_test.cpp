@@ -37,6 +37,8 @@ class ProcessTableTest : public ::testing::Test {
       int mine = memory ? memory->process_slot() : -1;
       if (objects && mine >= 0) {
         memory->allocate_qp();
+        memory->allocate_cq();
+        memory->allocate_srq();
         ExclusiveLock lock(memory->shared().memory_lock);
         memory->shared().mrs.register_region(1, getpid(), 0x1000, 0x1000, 64, 0, {}, mine);
       }
@@ -115,6 +117,54 @@ TEST_F(ProcessTableTest, ADeadProcessesRecordIsFreedOnlyWithItsObjects) {
   EXPECT_EQ(after.mrs, 0u);
   EXPECT_EQ(after.heap_bytes, 0u) << "the QP's receive queue went back to the heap";
   EXPECT_EQ(memory_->shared().processes.pid_of(slot), 0) << "free again";
+}
+
+// The sweep reads only the records ever allocated and the MR table only
+// for a dead owner of keys: objects above others and keys deep in the
+// table's rotation are reclaimed all the same, and nothing of the living.
+TEST_F(ProcessTableTest, ADeadProcessesObjectsAreFoundAboveTheLivingOnesAndDeepInTheKeyTable) {
+  constexpr uint32_t kOurs = 300;
+  for (uint32_t i = 0; i < kOurs; ++i)
+    ASSERT_TRUE(memory_->allocate_qp() >= 0 && memory_->allocate_cq() >= 0 && memory_->allocate_srq() >= 0);
+  const int our_slot = memory_->process_slot();
+  {
+    // Moves the key table's rotation on, so that the child's key lands past them.
+    ExclusiveLock lock(memory_->shared().memory_lock);
+    for (int i = 0; i < 5000; ++i) {
+      auto key = memory_->shared().mrs.register_region(1, getpid(), 0x1000, 0x1000, 64, 0, {}, our_slot);
+      ASSERT_TRUE(key && memory_->shared().mrs.deregister(*key));
+    }
+    ASSERT_TRUE(memory_->shared().mrs.register_region(1, getpid(), 0x1000, 0x1000, 64, 0, {}, our_slot));
+  }
+  int slot = -1;
+  const pid_t child = joined_child(slot, true, [] { return 0; });
+  ASSERT_GE(slot, 0);
+  waitpid(child, nullptr, 0);
+  EXPECT_EQ(memory_->qps_ever_used().size(), kOurs + 1);
+  EXPECT_EQ(memory_->cqs_ever_used().size(), kOurs + 1);
+  EXPECT_EQ(memory_->srqs_ever_used().size(), kOurs + 1);
+  EXPECT_EQ(memory_->shared().mrs.owned_by(slot), 1u);
+  DeviceUsage before = memory_->usage();
+  EXPECT_EQ(before.qps, kOurs + 1);
+  EXPECT_EQ(before.cqs, kOurs + 1);
+  EXPECT_EQ(before.srqs, kOurs + 1);
+  EXPECT_EQ(before.mrs, 2u);
+  memory_->reclaim_dead_owners();
+  DeviceUsage after = memory_->usage();
+  EXPECT_EQ(after.qps, kOurs);
+  EXPECT_EQ(after.cqs, kOurs);
+  EXPECT_EQ(after.srqs, kOurs);
+  EXPECT_EQ(after.mrs, 1u) << "the child's key went, ours stayed";
+  EXPECT_EQ(memory_->shared().mrs.owned_by(slot), 0u);
+  EXPECT_EQ(memory_->shared().processes.pid_of(slot), 0) << "free again";
+  // A process that dies owning nothing is released as well.
+  int empty = -1;
+  const pid_t idle = joined_child(empty, false, [] { return 0; });
+  ASSERT_GE(empty, 0);
+  waitpid(idle, nullptr, 0);
+  memory_->reclaim_dead_owners();
+  EXPECT_EQ(memory_->shared().processes.pid_of(empty), 0);
+  EXPECT_EQ(memory_->usage().qps, kOurs);
 }
 
 TEST_F(ProcessTableTest, QpnsCarryRandomBitsAndAStaleQpnNamesNothing) {

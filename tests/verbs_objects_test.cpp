@@ -250,6 +250,37 @@ TEST_F(MrTable, FullTableRefusesRegistration) {
   EXPECT_FALSE(table->register_region(1, 1, 0x1000, 0x1000, 1, 0));
 }
 
+// The table counts each owner's live keys: a dead process that owns none is
+// released without a walk over all 65,536 slots.
+TEST_F(MrTable, CountsEachOwnersLiveRegionsAndWindows) {
+  const auto mine = [&](int32_t owner) {
+    return table->register_region(1, 100, 0x10000, 0x10000, 4096, access::kLocalWrite | access::kMwBind, {}, owner);
+  };
+  auto a = mine(5), b = mine(5), c = mine(7), unowned = mine(-1);
+  auto window = table->allocate_window(1, 100, 5, 1);
+  ASSERT_TRUE(a && b && c && unowned && window);
+  EXPECT_EQ(table->owned_by(5), 3u);
+  EXPECT_EQ(table->owned_by(7), 1u);
+  EXPECT_EQ(table->owned_by(-1), 0u) << "no record, nothing counted";
+  EXPECT_EQ(table->owned_by(MemoryRegionTable::kOwnerCapacity), 0u);
+  MemoryRegion changed = *table->find(*a);
+  changed.length = 8192;
+  ASSERT_TRUE(table->reregister(*a, changed));
+  EXPECT_EQ(table->owned_by(5), 3u) << "a re-registration is the same region";
+  WindowBind bind{*window, 0x11, *b, access::kRemoteRead, 0x10000, 64, true};
+  ASSERT_TRUE(table->bind_window(bind, 1, 0));
+  EXPECT_EQ(table->owned_by(5), 3u) << "binding changes neither owner";
+  ASSERT_TRUE(table->deregister(*a));
+  EXPECT_FALSE(table->deregister(*a));
+  EXPECT_EQ(table->owned_by(5), 2u) << "a refused deregistration counts nothing";
+  ASSERT_TRUE(table->deallocate_window(*window));
+  EXPECT_EQ(table->owned_by(5), 1u);
+  EXPECT_EQ(table->deregister_owned_if([](int32_t owner) { return owner == 5; }), 1u);
+  EXPECT_EQ(table->owned_by(5), 0u);
+  EXPECT_EQ(table->owned_by(7), 1u);
+  EXPECT_EQ(table->live_count(), 2u);
+}
+
 TEST_F(MrTable, UnlockedChecksGiveTheLockedChecksAnswers) {
   uint32_t key =
       *table->register_region(3, 11, 0x7f0000000000, 0x4000, 0x2000, access::kLocalWrite | access::kRemoteWrite);

@@ -63,7 +63,7 @@ void remove_device_memory(const DeviceConfig& config) {
   auto memory = DeviceMemory::open(path, &error);
   if (memory) {
     memory->shared().removed.store(1, std::memory_order_release);
-    for (QpRecord& qp : memory->shared().qps) {
+    for (QpRecord& qp : memory->qps_ever_used()) {
       const uint32_t qpn = qp.qpn;
       if (qp.live && move_to_error(qp, qpn)) flush_receive_queue(*memory, qp);
     }

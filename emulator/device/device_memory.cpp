@@ -22,13 +22,21 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 18;
+constexpr uint32_t kVersion = 19;
 // Sparse: pages are committed only as rings and queues use them, so the
 // heap can hold rings as large as the device allows (a 4 Mi-entry CQ is
 // 256 MiB of address space).
 constexpr uint64_t kHeapBytes = uint64_t{8} << 30;
 constexpr unsigned kMinBlockShift = 12;
 constexpr uint64_t kReleaseBlockBytes = uint64_t{1} << 16;
+
+static_assert(MemoryRegionTable::kOwnerCapacity == ProcessTable::kCapacity);
+
+// Called under objects_lock with the index just allocated.
+void raise_high_water(uint32_t& high_water, int index) {
+  const auto next = static_cast<uint32_t>(index) + 1;
+  if (next > high_water) std::atomic_ref<uint32_t>(high_water).store(next, std::memory_order_release);
+}
 
 uint64_t round_up(uint64_t value, uint64_t alignment) { return (value + alignment - 1) / alignment * alignment; }
 
@@ -211,6 +219,7 @@ int DeviceMemory::allocate_qp() {
     qp.caps = {};
     qp.attributes = {};
     qp.rq = {};
+    raise_high_water(shared().qp_high_water, i);
     return i;
   }
   return -1;
@@ -236,6 +245,7 @@ int DeviceMemory::allocate_cq() {
     cq.armed = CqArm::None;
     cq.channel = {};
     cq.owner_async = {};
+    raise_high_water(shared().cq_high_water, i);
     return i;
   }
   return -1;
@@ -262,6 +272,7 @@ int DeviceMemory::allocate_srq() {
     srq.owner_handle = 0;
     srq.owner_async = {};
     srq.rq = {};
+    raise_high_water(shared().srq_high_water, i);
     return i;
   }
   return -1;
@@ -302,12 +313,12 @@ void DeviceMemory::reclaim_dead_owners() {
   for (int slot = 0; slot < ProcessTable::kCapacity; ++slot)
     if (shared().processes.pid_of(slot) != 0 && !owner_alive(slot)) dead_before.push_back(slot);
   // Objects outlive their process's record only until a sweep: with no dead
-  // record there is nothing to reclaim, and the tables (~20 MB) stay
+  // record there is nothing to reclaim, and the tables (~27 MB) stay
   // untouched by this process.
   if (dead_before.empty()) return;
   // A record whose owner never joined (-1) is not reclaimed here.
   const auto dead = [this](int process) { return process >= 0 && !owner_alive(process); };
-  for (auto& qp : shared().qps) {
+  for (auto& qp : qps_ever_used()) {
     if (!qp.live || !dead(qp.owner_process)) continue;
     uint64_t ring = 0, bytes = 0;
     {
@@ -321,7 +332,7 @@ void DeviceMemory::reclaim_dead_owners() {
     ExclusiveLock memory_lock(shared().memory_lock);
     shared().multicast.detach_everywhere(qp.qpn);
   }
-  for (auto& cq : shared().cqs) {
+  for (auto& cq : cqs_ever_used()) {
     if (!cq.live || !dead(cq.owner_process)) continue;
     uint64_t ring = 0, bytes = 0;
     {
@@ -333,7 +344,7 @@ void DeviceMemory::reclaim_dead_owners() {
     }
     release(ring, bytes);
   }
-  for (auto& srq : shared().srqs) {
+  for (auto& srq : srqs_ever_used()) {
     if (!srq.live || !dead(srq.owner_process)) continue;
     uint64_t ring = 0, bytes = 0;
     {
@@ -345,7 +356,10 @@ void DeviceMemory::reclaim_dead_owners() {
     }
     release(ring, bytes);
   }
-  {
+  // The MR table's slots rotate through all 65,536 (~7.5 MB): walked only
+  // for a dead process that still owns a region or window.
+  const auto owns_keys = [this](int slot) { return shared().mrs.owned_by(slot) != 0; };
+  if (std::any_of(dead_before.begin(), dead_before.end(), owns_keys)) {
     ExclusiveLock lock(shared().memory_lock);
     shared().mrs.deregister_owned_if(dead);
   }
@@ -360,9 +374,9 @@ DeviceUsage DeviceMemory::usage() {
   DeviceUsage usage;
   DeviceShared& s = shared();
   for (int slot = 0; slot < ProcessTable::kCapacity; ++slot) usage.processes += owner_alive(slot);
-  for (const QpRecord& qp : s.qps) usage.qps += qp.live != 0;
-  for (const CqRecord& cq : s.cqs) usage.cqs += cq.live != 0;
-  for (const SrqRecord& srq : s.srqs) usage.srqs += srq.live != 0;
+  for (const QpRecord& qp : qps_ever_used()) usage.qps += qp.live != 0;
+  for (const CqRecord& cq : cqs_ever_used()) usage.cqs += cq.live != 0;
+  for (const SrqRecord& srq : srqs_ever_used()) usage.srqs += srq.live != 0;
   usage.mrs = static_cast<uint32_t>(s.mrs.live_count());
   SharedLock lock(s.objects_lock);
   usage.xrc_domains = s.xrc_domains.live_count();

@@ -7,10 +7,12 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "device/cm_routing.h"
@@ -206,6 +208,11 @@ struct DeviceShared {
   uint64_t heap_next = 0;
   uint64_t heap_end = 0;
   uint64_t free_lists[40] = {};  // by power-of-two size class
+  // Records are allocated lowest first; none at or above its mark was ever
+  // live, so sweeps stop there. Raised under objects_lock.
+  uint32_t qp_high_water = 0;
+  uint32_t cq_high_water = 0;
+  uint32_t srq_high_water = 0;
   QpRecord qps[limits::kMaxQp];
   CqRecord cqs[limits::kMaxCq];
   SrqRecord srqs[limits::kMaxSrq];
@@ -258,6 +265,12 @@ class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
   QpRecord* qp_by_number(uint32_t qpn);
   SrqRecord* srq_by_number(uint32_t srqn);
 
+  // The records that were ever allocated (live or not): a walk over them
+  // misses no live one and reads none of the rest of the tables.
+  std::span<QpRecord> qps_ever_used() { return ever_used(shared().qps, shared().qp_high_water); }
+  std::span<CqRecord> cqs_ever_used() { return ever_used(shared().cqs, shared().cq_high_water); }
+  std::span<SrqRecord> srqs_ever_used() { return ever_used(shared().srqs, shared().srq_high_water); }
+
   // This process's record in the device's ProcessTable: the process joins
   // the device on first use (and again in a forked child), which starts
   // the thread that holds the record's life mutex and serves as its copy
@@ -303,6 +316,11 @@ class DeviceMemory : public std::enable_shared_from_this<DeviceMemory> {
   DeviceMemory(char* base, size_t size);
   static std::shared_ptr<DeviceMemory> open_or_recreate(const std::filesystem::path& path, std::string* error,
                                                         bool may_recreate);
+  template <typename Record, size_t N>
+  static std::span<Record> ever_used(Record (&records)[N], uint32_t& high_water) {
+    const uint32_t used = std::atomic_ref<uint32_t>(high_water).load(std::memory_order_acquire);
+    return std::span<Record>(records, std::min<size_t>(used, N));
+  }
   char* base_;
   size_t size_;
   std::atomic<uint64_t> memory_lock_slot_{0};  // pid << 32 | slot; 0: none yet

@@ -54,7 +54,15 @@ void end_change(uint32_t& sequence) {
 
 }  // namespace
 
+void MemoryRegionTable::count(const Slot& slot, int change) {
+  if (!slot.live) return;
+  live_ += change;
+  const int32_t owner = slot.region.owner_process;
+  if (owner >= 0 && owner < kOwnerCapacity) owned_[owner] += change;
+}
+
 void MemoryRegionTable::write_slot(Slot& slot, const MemoryRegion& region, bool live) {
+  count(slot, -1);
   begin_change(slot.sequence);
   store_relaxed(slot.region.key, region.key);
   store_relaxed(slot.region.pd_handle, region.pd_handle);
@@ -72,12 +80,15 @@ void MemoryRegionTable::write_slot(Slot& slot, const MemoryRegion& region, bool 
   slot.region.windows_bound = region.windows_bound;  // read under the lock only
   store_relaxed(slot.live, live);
   end_change(slot.sequence);
+  count(slot, +1);
 }
 
 void MemoryRegionTable::set_live(Slot& slot, bool live) {
+  count(slot, -1);
   begin_change(slot.sequence);
   store_relaxed(slot.live, live);
   end_change(slot.sequence);
+  count(slot, +1);
 }
 
 MemoryRegionTable::Slot* MemoryRegionTable::take_free_slot(uint32_t& index) {
@@ -108,7 +119,6 @@ std::optional<uint32_t> MemoryRegionTable::register_region(uint32_t pd_handle, i
   MemoryRegion region{
       key_of(index, slot->tag), pd_handle, access_flags, owner_pid, owner_process, 0, address, iova, length, backing};
   write_slot(*slot, region, true);
-  ++live_;
   return region.key;
 }
 
@@ -116,7 +126,6 @@ bool MemoryRegionTable::deregister(uint32_t key) {
   const Slot* found = slot_of(key);
   if (found == nullptr || found->region.kind != KeyKind::Region) return false;
   set_live(slots_[index_of(key)], false);
-  --live_;
   return true;
 }
 

@@ -145,6 +145,11 @@ class MemoryRegionTable {
   size_t unbind_windows_of_qp(uint32_t qpn);
 
   size_t live_count() const { return live_; }
+  // How many live regions and windows `owner_process` owns (0 for -1 and
+  // out-of-range records): a dead process that owns none needs no sweep.
+  uint32_t owned_by(int32_t owner_process) const {
+    return owner_process >= 0 && owner_process < kOwnerCapacity ? owned_[owner_process] : 0;
+  }
 
   // Deregisters every region whose owner `is_gone` (given the region's
   // owner_process); returns how many.
@@ -154,12 +159,14 @@ class MemoryRegionTable {
     for (Slot& slot : slots_) {
       if (slot.live && is_gone(slot.region.owner_process)) {
         set_live(slot, false);
-        --live_;
         ++removed;
       }
     }
     return removed;
   }
+
+  // The ProcessTable's capacity: owner records are counted up to it.
+  static constexpr int32_t kOwnerCapacity = 4096;
 
  private:
   // A key is its slot's index in bits 8-23 and a random tag around it (the
@@ -210,14 +217,16 @@ class MemoryRegionTable {
   static std::optional<Checked> read_consistent(const Slot& slot);
   const Slot* slot_of(uint32_t key) const;
   // Writers (all under the table's lock) change a slot only through these,
-  // which keep the sequence count and store what read_consistent reads
-  // atomically.
-  static void write_slot(Slot& slot, const MemoryRegion& region, bool live);
-  static void set_live(Slot& slot, bool live);
+  // which keep the sequence count, store what read_consistent reads
+  // atomically, and keep the live counts.
+  void write_slot(Slot& slot, const MemoryRegion& region, bool live);
+  void set_live(Slot& slot, bool live);
+  void count(const Slot& slot, int change);
 
   Slot slots_[kCapacity];
   uint32_t next_free_hint_ = 0;
   size_t live_ = 0;
+  uint32_t owned_[kOwnerCapacity] = {};
 };
 
 }  // namespace softverbs

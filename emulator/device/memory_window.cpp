@@ -50,7 +50,6 @@ std::optional<uint32_t> MemoryRegionTable::allocate_window(uint32_t pd_handle, i
   window.kind = KeyKind::Window;
   window.window_type = type;
   write_slot(*slot, window, true);
-  ++live_;
   return window.key;
 }
 
@@ -71,7 +70,6 @@ bool MemoryRegionTable::deallocate_window(uint32_t window_key) {
     }
   }
   set_live(*slot, false);
-  --live_;
   return true;
 }
 
