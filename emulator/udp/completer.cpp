@@ -128,6 +128,9 @@ void on_acknowledge(TransportPort& port, UdpQp& qp, const TransportPacket& packe
       advance(port, qp, psn_add(psn, kPsnMask));
       if (code == aeth::kNakSequenceError) {
         port.counters().add(Counter::SequenceNaksReceived);
+        // For a PSN acknowledged since (the NAK overtaken by a later ACK):
+        // the peer has it, and going back would only send duplicates.
+        if (psn_distance(psn, r.acked_psn) <= 0) return;
         go_back(port, qp, psn);
         return;
       }
