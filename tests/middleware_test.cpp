@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -100,8 +101,31 @@ class Middleware : public ::testing::TestWithParam<Transport> {
     client.push_back("127.0.0.1");
     auto pair = run_server_client(
         under_softverbs(server), under_softverbs(client), env(), [] { return listening_on(47592); }, 60);
-    EXPECT_EQ(pair.server.exit_code, 0) << pair.server.out << pair.server.err;
+    if (provider == "verbs;ofi_rxm" && rxm_teardown_crash(pair.server)) {
+      std::cout << "note: the fi_pingpong rdm server passed every size, then hit libfabric 1.17.0's ofi_rxm "
+                   "teardown crash\n";
+    } else {
+      EXPECT_EQ(pair.server.exit_code, 0) << pair.server.out << pair.server.err;
+    }
     return pair.client;
+  }
+
+  // Debian 12's libfabric 1.17.0: ofi_rxm's rxm_close_conn closes a
+  // connection's endpoint and then reads the completions still queued for it,
+  // reposting their receive buffers onto the freed endpoint (fixed upstream
+  // by "prov/rxm: fix the msg_ep use-after-free at connection teardown").
+  // When the peer's disconnect overtakes the last message's completion (a
+  // server descheduled between its CQ and EQ reads) the server crashes in
+  // teardown, as on rxe; on mlx5, whose destroy drops the completion, it
+  // waits for that message instead. Recognised by that build's frames only
+  // (rxm_post_recv under rxm_close_conn) and only after every size passed.
+  static bool rxm_teardown_crash(const ProcessResult& server) {
+    const std::string text = server.out + server.err;
+    const size_t crash = text.find("terminated with signal 11");
+    const size_t last_size = text.find("\n1m ");
+    return server.exit_code != 0 && crash != std::string::npos && last_size != std::string::npos && last_size < crash &&
+           text.find("libfabric.so.1(+0xb7882)", crash) != std::string::npos &&
+           text.find("libfabric.so.1(+0xad486)", crash) != std::string::npos;
   }
 
   // `run_options`: options of `softverbs run` (--check=error, --adversarial=SEED).
