@@ -42,15 +42,26 @@ TEST_P(RdmacmTools, ServerAndClientSucceed) {
   std::string runtime = dir.path() + "/rt";
   std::vector<std::string> env = {"SOFTVERBS_RUNTIME_DIR=" + runtime};
   ASSERT_EQ(run_process({SOFTVERBS_CLI, "up"}, env).exit_code, 0);
-  std::vector<std::string> server = pair.server;
-  if (pair.server_runs_until_killed) server.insert(server.begin(), {"timeout", "5"});
+  std::vector<std::string> server = pair.server, client = pair.client;
+  if (pair.server_runs_until_killed) {
+    // The client stops the server once done, however long the run takes.
+    const auto joined = [](const std::vector<std::string>& words) {
+      std::string line;
+      for (const std::string& word : words) line += (line.empty() ? "" : " ") + word;
+      return line;
+    };
+    auto commands = test::server_stopped_by_client(joined(server), joined(client), dir.path() + "/server.pid");
+    server = commands.server;
+    client = commands.client;
+  }
   // The client starts once the server's listener is in the CM directory.
   auto listening = [&] { return test::rdmacm_listening(runtime); };
-  PairResult r = test::run_server_client(under_softverbs(server), under_softverbs(pair.client), env, listening);
+  PairResult r = test::run_server_client(under_softverbs(server), under_softverbs(client), env, listening);
   EXPECT_EQ(r.client.exit_code, 0) << "client:\n"
                                    << r.client.out << r.client.err << "\nserver:\n"
                                    << r.server.out << r.server.err;
-  EXPECT_EQ(r.server.exit_code, pair.server_runs_until_killed ? 124 : 0) << r.server.out << r.server.err;
+  // A server stopped by the client's SIGTERM: the shell's status 128 + 15.
+  EXPECT_EQ(r.server.exit_code, pair.server_runs_until_killed ? 143 : 0) << r.server.out << r.server.err;
 }
 
 const ToolPair kPairs[] = {
