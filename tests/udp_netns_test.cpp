@@ -224,7 +224,19 @@ TEST_F(TwoNamespaces, CmSurvivesLoss) {
                     {"rping", "-c", "-V", "-C", "20", "-a", address_a_, "-p", "7197"},
                     [&] { return test::rdmacm_listening(runtime); });
   EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
-  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  // The client's last step is receiving the server's last SEND: if that
+  // SEND's ACK is lost too and so is the client's first DREQ, the server's
+  // resends meet a QP that is gone and run out of retries (IBV_WC_RETRY_EXC_ERR,
+  // 8 x 67 ms) before the DREQ comes again (~1.07 s), as on an HCA. That
+  // end (about 1 run in 100) is the one server failure allowed, and only
+  // once the client validated every iteration; the DREQ must still arrive.
+  const std::string server_text = r.server.out + r.server.err;
+  const bool last_ack_and_dreq_lost = r.client.exit_code == 0 &&
+                                      server_text.find("cq completion failed status 12") != std::string::npos &&
+                                      server_text.find("server DISCONNECT EVENT") != std::string::npos;
+  if (!last_ack_and_dreq_lost) {
+    EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  }
   EXPECT_GT(counter("sva", "faults_dropped") + counter("svb", "faults_dropped"), 0u);
 }
 
