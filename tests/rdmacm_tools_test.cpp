@@ -76,6 +76,11 @@ const ToolPair kPairs[] = {
      {"rping", "-s", "-q", "-C", "100", "-a", "127.0.0.1"},
      {"rping", "-c", "-q", "-C", "100", "-a", "127.0.0.1"}},
     {"rdma_server_client", {"rdma_server"}, {"rdma_client", "-s", "127.0.0.1"}},
+    // rdma_xclient sends 16 bytes inline from a QP asked for no inline size.
+    {"rdma_xserver_client_rc", {"rdma_xserver", "-c", "r"}, {"rdma_xclient", "-s", "127.0.0.1", "-c", "r"}},
+    {"ucmatose_4_connections",
+     {"ucmatose", "-c", "4", "-C", "20", "-S", "1000"},
+     {"ucmatose", "-s", "127.0.0.1", "-c", "4", "-C", "20", "-S", "1000"}},
     {"udaddy", {"udaddy"}, {"udaddy", "-s", "127.0.0.1"}},
     {"cmtime", {"cmtime", "-c", "50"}, {"cmtime", "-s", "127.0.0.1", "-c", "50"}, true},
     {"ib_send_bw",

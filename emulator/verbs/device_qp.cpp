@@ -43,6 +43,13 @@ std::unique_ptr<DeviceQp> DeviceQp::create(DeviceContext& context, QpSetup& setu
   caps.max_send_wr = std::max<uint32_t>(caps.max_send_wr, 1);
   caps.max_recv_wr = own_receive_queue ? rq.capacity : 0;
   caps.max_send_sge = std::max<uint32_t>(caps.max_send_sge, 1);
+  // A send WQE has room for its SGEs or its inline bytes, whichever is
+  // more, and either may use it, as on rxe: a QP created with no inline
+  // size still sends 16 bytes inline per SGE (rdma_xclient relies on it).
+  caps.max_inline_data = std::max<uint32_t>(
+      caps.max_inline_data, std::min<uint32_t>(caps.max_send_sge * uint32_t{sizeof(Sge)}, limits::kMaxInlineData));
+  caps.max_send_sge = std::max<uint32_t>(
+      caps.max_send_sge, std::min<uint32_t>(caps.max_inline_data / uint32_t{sizeof(Sge)}, limits::kMaxSge));
   caps.max_recv_sge = own_receive_queue ? rq.max_sge : 0;
   if (setup.xrc == XrcRole::Recv) caps = {};
   {
