@@ -2,6 +2,7 @@
 // device carries an address, and which local address a destination is
 // routed from.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -114,6 +115,18 @@ ibv_pd* Devices::pd_for(ibv_context* context) {
   ibv_pd* pd = ibv_alloc_pd(context);
   pds_[context] = pd;
   return pd;
+}
+
+ibv_xrcd* Devices::xrcd_for(ibv_context* context) {
+  auto it = xrcds_.find(context);
+  if (it != xrcds_.end()) return it->second;
+  ibv_xrcd_init_attr attr{};
+  attr.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+  attr.fd = -1;  // a domain of this process's own
+  attr.oflags = O_CREAT;
+  ibv_xrcd* xrcd = ibv_open_xrcd(context, &attr);
+  if (xrcd) xrcds_[context] = xrcd;
+  return xrcd;
 }
 
 const std::vector<ibv_context*>& Devices::all() {

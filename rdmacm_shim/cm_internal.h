@@ -79,6 +79,9 @@ class Devices {
   // The device that carries `local`, else one on the loopback netdev.
   ibv_context* context_for(const sockaddr_storage& local);
   ibv_pd* pd_for(ibv_context* context);
+  // The device's XRC domain for XRC_RECV QPs and XRC SRQs that name none,
+  // opened at first use as librdmacm opens its own (nullptr and errno).
+  ibv_xrcd* xrcd_for(ibv_context* context);
   const std::vector<ibv_context*>& all();
 
  private:
@@ -86,6 +89,7 @@ class Devices {
   bool opened_ = false;
   std::vector<ibv_context*> contexts_;
   std::map<ibv_context*, ibv_pd*> pds_;
+  std::map<ibv_context*, ibv_xrcd*> xrcds_;
 };
 
 // Uses the address's device for `id`: verbs, PD and port as librdmacm fills them.

@@ -38,7 +38,10 @@ void fill_req(const CmId* id, const ConnectRequest& req, mad::Req& m) {
   m.responder_resources = req.responder_resources;
   m.initiator_depth = req.initiator_depth;
   m.remote_cm_response_timeout = kCmResponseTimeout;
-  m.transport_service_type = req.qp_type == IBV_QPT_UC ? 1 : 0;
+  // IBA 12.6.5: RC 0, UC 1; XRC is the extended type 1 of service type 3.
+  const bool xrc = req.qp_type == IBV_QPT_XRC_SEND;
+  m.transport_service_type = req.qp_type == IBV_QPT_UC ? 1 : xrc ? 3 : 0;
+  m.extended_transport_type = xrc ? 1 : 0;
   m.end_to_end_flow_control = req.flow_control != 0;
   m.starting_psn = req.start_psn;
   m.local_cm_response_timeout = kCmResponseTimeout;
@@ -162,7 +165,9 @@ ConnectRequest request_of(const mad::Req& m) {
   ConnectRequest req;
   req.qp_num = m.local_qpn;
   req.start_psn = m.starting_psn;
-  req.qp_type = static_cast<uint8_t>(m.transport_service_type == 1 ? IBV_QPT_UC : IBV_QPT_RC);
+  req.qp_type = static_cast<uint8_t>(m.transport_service_type == 1   ? IBV_QPT_UC
+                                     : m.transport_service_type == 3 ? IBV_QPT_XRC_SEND
+                                                                     : IBV_QPT_RC);
   req.responder_resources = m.responder_resources;
   req.initiator_depth = m.initiator_depth;
   req.retry_count = m.retry_count;

@@ -75,8 +75,10 @@ std::unique_ptr<QueuedEvent> take_request(CmId* id, const ConnectRequest& req) {
 void on_request(Engine& engine, CmId* listener, CmAgent* agent, const ReceivedMad& received, uint32_t peer_id,
                 uint64_t transaction_id, const Message& message) {
   bool ud = message.type == MessageType::SidrReq;
-  CmId* id = new_id(listener->own_channel ? nullptr : listener->channel, listener->id.context, listener->id.ps,
-                    listener->id.qp_type);
+  // An XRC initiator's REQ makes an XRC target, as the kernel's CM types the
+  // new id by the REQ; the rest take the listener's type.
+  const ibv_qp_type type = !ud && message.req.qp_type == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV : listener->id.qp_type;
+  CmId* id = new_id(listener->own_channel ? nullptr : listener->channel, listener->id.context, listener->id.ps, type);
   if (id == nullptr) return;
   id->listener = listener;
   id->agent = agent;

@@ -80,7 +80,8 @@ int rtr_attributes(CmId* id, ibv_qp_attr& attr, int& mask) {
   attr.rq_psn = peer_psn;
   attr.ah_attr = path_to_peer(id);
   mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-  if (id->id.qp_type == IBV_QPT_RC) {
+  // A responder's part: RC, and XRC's receiving half (its sending half has none).
+  if (id->id.qp_type == IBV_QPT_RC || id->id.qp_type == IBV_QPT_XRC_RECV) {
     attr.max_dest_rd_atomic = id->responder_resources;
     attr.min_rnr_timer = kMinRnrTimer;
     mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
@@ -91,12 +92,15 @@ int rtr_attributes(CmId* id, ibv_qp_attr& attr, int& mask) {
 void rts_attributes(CmId* id, ibv_qp_attr& attr, int& mask) {
   attr.sq_psn = is_ud(id) ? 0 : id->local_psn;
   mask |= IBV_QP_SQ_PSN;
-  if (id->id.qp_type == IBV_QPT_RC) {
+  if (id->id.qp_type == IBV_QPT_RC || id->id.qp_type == IBV_QPT_XRC_SEND) {
     attr.timeout = id->ack_timeout;
     attr.retry_cnt = id->retry_count;
     attr.rnr_retry = id->rnr_retry_count;
     attr.max_rd_atomic = id->initiator_depth;
     mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+  } else if (id->id.qp_type == IBV_QPT_XRC_RECV) {
+    attr.timeout = id->ack_timeout;  // what the verbs require of it: it sends no requests
+    mask |= IBV_QP_TIMEOUT;
   }
 }
 
@@ -150,15 +154,18 @@ namespace {
 
 // Completion channels and CQs the application did not provide, with the id as
 // cq_context, as librdmacm creates them for the rdma_post_*/get_*_comp inlines.
-int create_missing_cqs(CmId* id, ibv_cq*& send_cq, ibv_cq*& recv_cq, uint32_t send_depth, uint32_t recv_depth) {
-  if (recv_cq == nullptr) {
+// XRC's sending half has no receive CQ; its receiving half completes through
+// its SRQ's CQ, the receive CQ made here, and sends nothing.
+int create_missing_cqs(CmId* id, ibv_qp_type type, ibv_cq*& send_cq, ibv_cq*& recv_cq, uint32_t send_depth,
+                       uint32_t recv_depth) {
+  if (recv_cq == nullptr && type != IBV_QPT_XRC_SEND) {
     id->id.recv_cq_channel = ibv_create_comp_channel(id->id.verbs);
     id->id.recv_cq = ibv_create_cq(id->id.verbs, std::max<uint32_t>(recv_depth, 1), &id->id, id->id.recv_cq_channel, 0);
     if (id->id.recv_cq == nullptr) return errno ? errno : ENOMEM;
     recv_cq = id->id.recv_cq;
     id->owns_cqs = true;
   }
-  if (send_cq == nullptr) {
+  if (send_cq == nullptr && type != IBV_QPT_XRC_RECV) {
     id->id.send_cq_channel = ibv_create_comp_channel(id->id.verbs);
     id->id.send_cq = ibv_create_cq(id->id.verbs, std::max<uint32_t>(send_depth, 1), &id->id, id->id.send_cq_channel, 0);
     if (id->id.send_cq == nullptr) return errno ? errno : ENOMEM;
@@ -218,12 +225,29 @@ int create_qp(rdma_cm_id* public_id, ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (id->id.verbs == nullptr || id->id.qp != nullptr) return fail(EINVAL);
   if (pd == nullptr) pd = id->id.pd;
   if (pd == nullptr || pd->context != id->id.verbs) return fail(EINVAL);
+  if (attr->qp_type == IBV_QPT_XRC_RECV) {
+    // Made in an XRC domain, which only the extended call takes (librdmacm
+    // makes every QP with it).
+    ibv_qp_init_attr_ex ex{};
+    ex.qp_context = attr->qp_context;
+    ex.send_cq = attr->send_cq;
+    ex.recv_cq = attr->recv_cq;
+    ex.cap = attr->cap;
+    ex.qp_type = attr->qp_type;
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+    ex.pd = pd;
+    const int result = create_qp_ex(public_id, &ex);
+    attr->cap = ex.cap;
+    attr->recv_cq = ex.recv_cq;
+    return result;
+  }
   ibv_qp_init_attr local = *attr;
-  if (int error = create_missing_cqs(id, local.send_cq, local.recv_cq, local.cap.max_send_wr, local.cap.max_recv_wr)) {
+  if (int error = create_missing_cqs(id, local.qp_type, local.send_cq, local.recv_cq, local.cap.max_send_wr,
+                                     local.cap.max_recv_wr)) {
     destroy_owned_cqs(id);
     return fail(error);
   }
-  if (local.srq == nullptr) local.srq = id->id.srq;
+  if (local.srq == nullptr && local.qp_type != IBV_QPT_XRC_SEND) local.srq = id->id.srq;
   if (int error = adopt_qp(id, ibv_create_qp(pd, &local))) return fail(error);
   attr->cap = local.cap;
   attr->send_cq = local.send_cq;
@@ -240,11 +264,30 @@ int create_qp_ex(rdma_cm_id* public_id, ibv_qp_init_attr_ex* attr) {
     attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
     attr->pd = id->id.pd;
   }
-  if (int error = create_missing_cqs(id, attr->send_cq, attr->recv_cq, attr->cap.max_send_wr, attr->cap.max_recv_wr)) {
+  const bool xrc_recv = attr->qp_type == IBV_QPT_XRC_RECV;
+  if (xrc_recv && (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || attr->xrcd == nullptr)) {
+    attr->xrcd = Engine::instance().devices.xrcd_for(id->id.verbs);
+    if (attr->xrcd == nullptr) return -1;
+    attr->comp_mask |= IBV_QP_INIT_ATTR_XRCD;
+  }
+  if (int error = create_missing_cqs(id, attr->qp_type, attr->send_cq, attr->recv_cq, attr->cap.max_send_wr,
+                                     attr->cap.max_recv_wr)) {
     destroy_owned_cqs(id);
     return fail(error);
   }
-  if (attr->srq == nullptr) attr->srq = id->id.srq;
+  if (attr->srq == nullptr && attr->qp_type != IBV_QPT_XRC_SEND && !xrc_recv) attr->srq = id->id.srq;
+  if (xrc_recv) {
+    // The domain's QP has no CQs or PD of its own; the receive CQ stays the
+    // id's, for the XRC SRQ that rdma_create_srq makes.
+    ibv_qp_init_attr_ex domain_qp = *attr;
+    domain_qp.send_cq = domain_qp.recv_cq = nullptr;
+    domain_qp.comp_mask &= ~uint32_t{IBV_QP_INIT_ATTR_PD};
+    domain_qp.pd = nullptr;
+    if (int error = adopt_qp(id, ibv_create_qp_ex(id->id.verbs, &domain_qp))) return fail(error);
+    id->id.pd = attr->pd;
+    attr->cap = domain_qp.cap;
+    return 0;
+  }
   if (int error = adopt_qp(id, ibv_create_qp_ex(id->id.verbs, attr))) return fail(error);
   return 0;
 }
@@ -254,8 +297,9 @@ void destroy_qp(rdma_cm_id* public_id) {
   std::lock_guard guard(Engine::instance().mutex);
   CmId* id = priv(public_id);
   if (id->id.qp) ibv_destroy_qp(id->id.qp);
+  const bool cq_serves_srq = id->id.qp_type == IBV_QPT_XRC_RECV && id->id.srq != nullptr;
   id->id.qp = nullptr;
-  destroy_owned_cqs(id);
+  if (!cq_serves_srq) destroy_owned_cqs(id);  // else with the SRQ
 }
 
 // ---- shared receive queues -------------------------------------------------------
@@ -265,14 +309,64 @@ int create_srq(rdma_cm_id* public_id, ibv_pd* pd, ibv_srq_init_attr* attr) {
   std::lock_guard guard(Engine::instance().mutex);
   CmId* id = priv(public_id);
   if (id->id.verbs == nullptr || id->id.srq != nullptr) return fail(EINVAL);
+  if (id->id.qp_type == IBV_QPT_XRC_RECV) {
+    // An XRC_RECV id's SRQ is an XRC SRQ, as librdmacm makes it.
+    ibv_srq_init_attr_ex ex{};
+    ex.srq_context = attr->srq_context;
+    ex.attr = attr->attr;
+    ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+    ex.srq_type = IBV_SRQT_XRC;
+    ex.pd = pd;
+    const int result = create_srq_ex(public_id, &ex);
+    attr->attr = ex.attr;
+    return result;
+  }
   ibv_srq* srq = ibv_create_srq(pd ? pd : id->id.pd, attr);
   if (srq == nullptr) return -1;
   id->id.srq = srq;
   return 0;
 }
 
+namespace {
+
+// An XRC SRQ in the device's domain (unless one is named), completing on
+// the id's receive CQ (made here if the id has none).
+int create_xrc_srq(CmId* id, ibv_srq_init_attr_ex* attr) {
+  if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || attr->pd == nullptr) {
+    attr->pd = id->id.pd;
+    attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;
+  }
+  if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || attr->xrcd == nullptr) {
+    attr->xrcd = Engine::instance().devices.xrcd_for(id->id.verbs);
+    if (attr->xrcd == nullptr) return -1;
+  }
+  if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || attr->cq == nullptr) {
+    ibv_cq* no_send_cq = nullptr;
+    ibv_cq* recv_cq = id->id.recv_cq;
+    if (int error = create_missing_cqs(id, IBV_QPT_XRC_RECV, no_send_cq, recv_cq, 0, attr->attr.max_wr))
+      return fail(error);
+    attr->cq = recv_cq;
+  }
+  attr->comp_mask |= IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+  ibv_srq* srq = ibv_create_srq_ex(id->id.verbs, attr);
+  if (srq == nullptr) {
+    if (id->id.qp == nullptr) destroy_owned_cqs(id);
+    return -1;
+  }
+  id->id.srq = srq;
+  return 0;
+}
+
+}  // namespace
+
 int create_srq_ex(rdma_cm_id* public_id, ibv_srq_init_attr_ex* attr) {
   if (public_id == nullptr || attr == nullptr) return fail(EINVAL);
+  if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type == IBV_SRQT_XRC) {
+    std::lock_guard guard(Engine::instance().mutex);
+    CmId* id = priv(public_id);
+    if (id->id.verbs == nullptr || id->id.srq != nullptr) return fail(EINVAL);
+    return create_xrc_srq(id, attr);
+  }
   ibv_srq_init_attr basic{};
   basic.srq_context = attr->srq_context;
   basic.attr = attr->attr;
@@ -288,6 +382,8 @@ void destroy_srq(rdma_cm_id* public_id) {
   CmId* id = priv(public_id);
   if (id->id.srq) ibv_destroy_srq(id->id.srq);
   id->id.srq = nullptr;
+  // An XRC_RECV id's receive CQ served the SRQ (see destroy_qp).
+  if (id->id.qp_type == IBV_QPT_XRC_RECV && id->id.qp == nullptr) destroy_owned_cqs(id);
 }
 
 }  // namespace softverbs::cm

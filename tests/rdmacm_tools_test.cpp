@@ -78,6 +78,9 @@ const ToolPair kPairs[] = {
     {"rdma_server_client", {"rdma_server"}, {"rdma_client", "-s", "127.0.0.1"}},
     // rdma_xclient sends 16 bytes inline from a QP asked for no inline size.
     {"rdma_xserver_client_rc", {"rdma_xserver", "-c", "r"}, {"rdma_xclient", "-s", "127.0.0.1", "-c", "r"}},
+    // XRC through the rdma_cm: an XRC_RECV QP and XRC SRQ in the shim's XRC
+    // domain, the SRQ's number in the REP's private data.
+    {"rdma_xserver_client_xrc", {"rdma_xserver", "-c", "x"}, {"rdma_xclient", "-s", "127.0.0.1", "-c", "x"}},
     {"ucmatose_4_connections",
      {"ucmatose", "-c", "4", "-C", "20", "-S", "1000"},
      {"ucmatose", "-s", "127.0.0.1", "-c", "4", "-C", "20", "-S", "1000"}},

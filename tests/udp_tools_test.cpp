@@ -280,6 +280,25 @@ TEST_F(UdpOnLoopback, RpingThroughTheRdmacmShim) {
   EXPECT_GT(counters()["rx_packets"], 800u) << "rping's SENDs, READs and WRITEs as packets";
 }
 
+// XRC through the rdmacm shim over the wire: the REQ's transport type
+// (extended, XRC) makes the server's id an XRC_RECV one, whose SEND from the
+// client's XRC_SEND QP lands in the XRC SRQ the REP named.
+TEST_F(UdpOnLoopback, RdmaXserverAndXclientConnectXrc) {
+  auto runtime = dir_.path() + "/rt";
+  auto background = std::async(std::launch::async, [&] {
+    return run_process(under_softverbs({"rdma_xserver", "-c", "x"}), env_, 60);
+  });
+  auto listening = [&] { return test::rdmacm_listening(runtime); };
+  for (int i = 0; i < 200 && !listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto client = run_process(under_softverbs({"rdma_xclient", "-s", "127.0.0.1", "-c", "x"}), env_, 60);
+  auto server = background.get();
+  EXPECT_EQ(client.exit_code, 0) << client.out << client.err;
+  EXPECT_EQ(server.exit_code, 0) << server.out << server.err;
+  EXPECT_NE(server.out.find("rdma_xserver: end 0"), std::string::npos) << server.out;
+  // REQ, REP, RTU, the SEND and its ACK, DREQ and DREP at least.
+  EXPECT_GE(counters()["rx_packets"], 7u);
+}
+
 // Adversarial mode RNR-NAKs the first SEND to each QP; with every packet
 // sent twice, the duplicate of that SEND is then taken and ACKed. Each
 // side's requester gets the RNR NAK, then the ACK: the requests behind
