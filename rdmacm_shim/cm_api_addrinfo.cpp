@@ -130,10 +130,10 @@ int getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hint
   if (flags & RAI_PASSIVE) ask.ai_flags |= AI_PASSIVE;
   if (flags & RAI_NUMERICHOST) ask.ai_flags |= AI_NUMERICHOST;
   addrinfo* found = nullptr;
-  if (int error = ::getaddrinfo(node, service, &ask, &found); error != 0) {
-    errno = error == EAI_SYSTEM ? errno : ENODEV;
-    return -1;
-  }
+  // getaddrinfo's own code, as librdmacm returns it: the tools print it
+  // with gai_strerror ("Name or service not known", not -1's "Bad value for
+  // ai_flags").
+  if (int error = ::getaddrinfo(node, service, &ask, &found); error != 0) return error;
   rdma_addrinfo* info = addrinfo_for(preferred(found), flags, hints);
   ::freeaddrinfo(found);
   if (info == nullptr) return fail(ENOMEM);

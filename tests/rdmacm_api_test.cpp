@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netdb.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
@@ -449,6 +450,22 @@ TEST(RdmaCmAlone, WildcardBindHasNoDeviceAndBadAddressesAreRefused) {
   EXPECT_STREQ(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED");
   rdma_destroy_id(id);
   rdma_destroy_event_channel(channel);
+}
+
+// A name or service that does not resolve: getaddrinfo's code comes back,
+// as librdmacm returns it, for the tools' gai_strerror.
+TEST(RdmaCmAlone, AddressesThatDoNotResolveGiveGetaddrinfosCode) {
+  rdma_addrinfo hints{};
+  hints.ai_port_space = RDMA_PS_TCP;
+  rdma_addrinfo* info = nullptr;
+  EXPECT_EQ(rdma_getaddrinfo("127.0.0.1", "no-such-service", &hints, &info), EAI_SERVICE);
+  hints.ai_flags = RAI_NUMERICHOST;
+  EXPECT_EQ(rdma_getaddrinfo("256.1.1.1", "7471", &hints, &info), EAI_NONAME);
+  EXPECT_EQ(info, nullptr);
+  ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", "7471", &hints, &info), 0);
+  ASSERT_NE(info, nullptr);
+  EXPECT_EQ(info->ai_dst_addr->sa_family, AF_INET);
+  rdma_freeaddrinfo(info);
 }
 
 // As librdmacm (cma.c): a synchronous id (NULL channel) has a channel of
