@@ -505,6 +505,26 @@ TEST_F(RcDataPath, ResetRemovesTheQpsCompletionsFromItsCqs) {
   EXPECT_EQ(done[0].wr_id, 2u);
 }
 
+// A datagram that finds no receive posted is dropped; the sender's
+// completion is a success all the same, and the next datagram is taken.
+// (Over UDP ud_no_receive_dropped counts it: udp_tools_test.)
+TEST_F(DataPath, AUdDatagramThatFindsNoReceiveIsDroppedAndTheNextIsTaken) {
+  connect(IBV_QPT_UD);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 1, 0, 16), 0);
+  auto sent = poll_n(cq_a_, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS);
+  ASSERT_EQ(post_recv_b(7, 0, 128), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 2, 0, 24), 0);
+  auto received = poll_n(cq_b_, 1);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].wr_id, 7u);
+  EXPECT_EQ(received[0].byte_len, 40u + 24u) << "the second datagram, not the first";
+  EXPECT_EQ(poll_n(cq_a_, 1).size(), 1u);
+  ibv_wc extra{};
+  EXPECT_EQ(ibv_poll_cq(cq_b_, 1, &extra), 0);
+}
+
 TEST_F(DataPath, AddressHandleFromAWorkCompletion) {
   connect(IBV_QPT_UD);
   ASSERT_EQ(post_recv_b(1, 0, 128), 0);

@@ -37,25 +37,40 @@ enum class Counter : uint8_t {
   FaultsCorrupted,
   ReceiveWaits,        // SENDs that found no receive posted and waited for one (kReceiveGrace)
   WrongSourceDropped,  // RC/UC packets from an address that is not the QP's peer
+  UdNoReceiveDropped,  // UD datagrams that found no receive posted (mlx5's out_of_buffer)
   Count
 };
 
 inline constexpr size_t kCounterCount = static_cast<size_t>(Counter::Count);
 
 inline constexpr std::array<const char*, kCounterCount> kCounterNames = {
-    "tx_packets",          "tx_bytes",
-    "rx_packets",          "rx_bytes",
-    "retransmissions",     "ack_timeouts",
-    "seq_naks_sent",       "seq_naks_received",
-    "rnr_naks_sent",       "rnr_naks_received",
-    "error_naks_sent",     "error_naks_received",
-    "duplicates_received", "out_of_sequence_dropped",
-    "icrc_errors",         "malformed_packets",
-    "unknown_qp_dropped",  "forwarded_packets",
-    "send_errors",         "faults_dropped",
-    "faults_duplicated",   "faults_reordered",
-    "faults_delayed",      "faults_corrupted",
-    "receive_waits",       "wrong_source_dropped",
+    "tx_packets",
+    "tx_bytes",
+    "rx_packets",
+    "rx_bytes",
+    "retransmissions",
+    "ack_timeouts",
+    "seq_naks_sent",
+    "seq_naks_received",
+    "rnr_naks_sent",
+    "rnr_naks_received",
+    "error_naks_sent",
+    "error_naks_received",
+    "duplicates_received",
+    "out_of_sequence_dropped",
+    "icrc_errors",
+    "malformed_packets",
+    "unknown_qp_dropped",
+    "forwarded_packets",
+    "send_errors",
+    "faults_dropped",
+    "faults_duplicated",
+    "faults_reordered",
+    "faults_delayed",
+    "faults_corrupted",
+    "receive_waits",
+    "wrong_source_dropped",
+    "ud_no_receive_dropped",
 };
 
 // One process's counts. A process adds only to its own slot: counters on a

@@ -863,7 +863,10 @@ void ud_receive(TransportPort& port, UdpQp& qp, const TransportPacket& packet, c
     SharedLock lock(record.lock);
     taken = record.live && record.qpn == qp.qpn && take_receive(port.memory(), record, receive);
   }
-  if (!taken) return;  // UD: no receive posted, the datagram is dropped
+  if (!taken) {  // UD: no receive posted, the datagram is dropped
+    port.counters().add(Counter::UdNoReceiveDropped);
+    return;
+  }
   const bool immediate = (packet.bth.opcode & 0x1f) == op::kSendOnlyImm;
   const std::array<uint8_t, 40> grh = ud_grh(packet, flow, immediate);
   Completion c;
