@@ -221,8 +221,9 @@ class CommandLine {
     stat_command->footer(
         "The counters are summed over every process that used the device: packets and bytes sent and\n"
         "received, retransmissions, ACK timeouts, NAKs sent and received (PSN sequence, RNR, errors),\n"
-        "duplicates, drops (bad ICRC, malformed, unknown QP, wrong source) and injected faults; then what\n"
-        "the device holds: live processes, QPs, CQs, SRQs, MRs and the bytes of device memory in use.");
+        "duplicates, drops (bad ICRC, malformed, unknown QP, wrong source, UD with no receive posted) and\n"
+        "injected faults; then what the device holds: live processes, QPs, CQs, SRQs, MRs and the bytes of\n"
+        "device memory in use.");
     stat_command->add_option("NAME", stat.name, "only this device (default: every device)")->check(kDeviceName);
     stat_command->add_flag("--reset", stat.reset, "set the counters to zero");
   }
