@@ -98,8 +98,14 @@ rdma_addrinfo* addrinfo_for(const addrinfo* pick, int flags, const rdma_addrinfo
   std::memcpy(address, pick->ai_addr, pick->ai_addrlen);
   info->ai_flags = flags;
   info->ai_family = pick->ai_family;
-  info->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
-  info->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+  // What the hints leave open follows from the socket type and protocol
+  // getaddrinfo found, as in librdmacm: datagrams are UD on RDMA_PS_UDP.
+  info->ai_qp_type = hints && hints->ai_qp_type        ? hints->ai_qp_type
+                     : pick->ai_socktype == SOCK_DGRAM ? IBV_QPT_UD
+                                                       : IBV_QPT_RC;
+  info->ai_port_space = hints && hints->ai_port_space      ? hints->ai_port_space
+                        : pick->ai_protocol == IPPROTO_UDP ? RDMA_PS_UDP
+                                                           : RDMA_PS_TCP;
   if (flags & RAI_PASSIVE) {
     info->ai_src_addr = address;
     info->ai_src_len = pick->ai_addrlen;
@@ -126,7 +132,17 @@ int getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hint
   int flags = hints ? hints->ai_flags : 0;
   addrinfo ask{};
   ask.ai_family = hints && hints->ai_family ? hints->ai_family : AF_UNSPEC;
-  ask.ai_socktype = SOCK_STREAM;
+  // The socket type and protocol that the QP type and port space stand
+  // for, as librdmacm asks; with neither, a stream (getaddrinfo's first).
+  const uint32_t qp_type = hints ? hints->ai_qp_type : 0;
+  const int port_space = hints ? hints->ai_port_space : 0;
+  ask.ai_socktype = qp_type == IBV_QPT_UD ? SOCK_DGRAM : qp_type != 0 ? SOCK_STREAM : 0;
+  if (port_space == RDMA_PS_TCP || (port_space == RDMA_PS_IB && ask.ai_socktype == SOCK_STREAM))
+    ask.ai_protocol = IPPROTO_TCP;
+  else if (port_space == RDMA_PS_UDP || port_space == RDMA_PS_IPOIB ||
+           (port_space == RDMA_PS_IB && ask.ai_socktype == SOCK_DGRAM))
+    ask.ai_protocol = IPPROTO_UDP;
+  if (ask.ai_socktype == 0 && ask.ai_protocol == 0) ask.ai_socktype = SOCK_STREAM;
   if (flags & RAI_PASSIVE) ask.ai_flags |= AI_PASSIVE;
   if (flags & RAI_NUMERICHOST) ask.ai_flags |= AI_NUMERICHOST;
   addrinfo* found = nullptr;

@@ -468,6 +468,34 @@ TEST(RdmaCmAlone, AddressesThatDoNotResolveGiveGetaddrinfosCode) {
   rdma_freeaddrinfo(info);
 }
 
+// What the hints leave open follows from what they give, as librdmacm
+// derives it through getaddrinfo's socket type and protocol.
+TEST(RdmaCmAlone, AddressInfoDerivesTheQpTypeAndPortSpaceFromEachOther) {
+  struct Case {
+    uint32_t qp_type;
+    int port_space;
+    uint32_t want_qp_type;
+    int want_port_space;
+  };
+  const Case cases[] = {{0, 0, IBV_QPT_RC, RDMA_PS_TCP},
+                        {0, RDMA_PS_UDP, IBV_QPT_UD, RDMA_PS_UDP},
+                        {0, RDMA_PS_TCP, IBV_QPT_RC, RDMA_PS_TCP},
+                        {IBV_QPT_UD, 0, IBV_QPT_UD, RDMA_PS_UDP},
+                        {IBV_QPT_RC, 0, IBV_QPT_RC, RDMA_PS_TCP},
+                        {IBV_QPT_XRC_SEND, RDMA_PS_IB, IBV_QPT_XRC_SEND, RDMA_PS_IB},
+                        {IBV_QPT_UD, RDMA_PS_IPOIB, IBV_QPT_UD, RDMA_PS_IPOIB}};
+  for (const Case& c : cases) {
+    rdma_addrinfo hints{};
+    hints.ai_qp_type = static_cast<int>(c.qp_type);
+    hints.ai_port_space = c.port_space;
+    rdma_addrinfo* info = nullptr;
+    ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", "7471", &hints, &info), 0) << c.qp_type << " " << c.port_space;
+    EXPECT_EQ(static_cast<uint32_t>(info->ai_qp_type), c.want_qp_type) << c.qp_type << " " << c.port_space;
+    EXPECT_EQ(info->ai_port_space, c.want_port_space) << c.qp_type << " " << c.port_space;
+    rdma_freeaddrinfo(info);
+  }
+}
+
 // As librdmacm (cma.c): a synchronous id (NULL channel) has a channel of
 // its own; rdma_migrate_id onto an application's channel makes it
 // asynchronous, as libfabric's verbs provider relies on (it resolves the
