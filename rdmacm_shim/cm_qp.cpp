@@ -225,33 +225,22 @@ int create_qp(rdma_cm_id* public_id, ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (id->id.verbs == nullptr || id->id.qp != nullptr) return fail(EINVAL);
   if (pd == nullptr) pd = id->id.pd;
   if (pd == nullptr || pd->context != id->id.verbs) return fail(EINVAL);
-  if (attr->qp_type == IBV_QPT_XRC_RECV) {
-    // Made in an XRC domain, which only the extended call takes (librdmacm
-    // makes every QP with it).
-    ibv_qp_init_attr_ex ex{};
-    ex.qp_context = attr->qp_context;
-    ex.send_cq = attr->send_cq;
-    ex.recv_cq = attr->recv_cq;
-    ex.cap = attr->cap;
-    ex.qp_type = attr->qp_type;
-    ex.comp_mask = IBV_QP_INIT_ATTR_PD;
-    ex.pd = pd;
-    const int result = create_qp_ex(public_id, &ex);
-    attr->cap = ex.cap;
-    attr->recv_cq = ex.recv_cq;
-    return result;
-  }
-  ibv_qp_init_attr local = *attr;
-  if (int error = create_missing_cqs(id, local.qp_type, local.send_cq, local.recv_cq, local.cap.max_send_wr,
-                                     local.cap.max_recv_wr)) {
-    destroy_owned_cqs(id);
-    return fail(error);
-  }
-  if (local.srq == nullptr && local.qp_type != IBV_QPT_XRC_SEND) local.srq = id->id.srq;
-  if (int error = adopt_qp(id, ibv_create_qp(pd, &local))) return fail(error);
-  attr->cap = local.cap;
-  attr->send_cq = local.send_cq;
-  attr->recv_cq = local.recv_cq;
+  // Through the extended call, as librdmacm makes every QP: it alone takes
+  // the XRC domain an XRC_RECV QP is made in.
+  ibv_qp_init_attr_ex ex{};
+  ex.qp_context = attr->qp_context;
+  ex.send_cq = attr->send_cq;
+  ex.recv_cq = attr->recv_cq;
+  ex.srq = attr->srq;
+  ex.cap = attr->cap;
+  ex.qp_type = attr->qp_type;
+  ex.sq_sig_all = attr->sq_sig_all;
+  ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+  ex.pd = pd;
+  if (create_qp_ex(public_id, &ex) != 0) return -1;
+  attr->cap = ex.cap;
+  attr->send_cq = ex.send_cq;
+  attr->recv_cq = ex.recv_cq;
   return 0;
 }
 
@@ -276,19 +265,10 @@ int create_qp_ex(rdma_cm_id* public_id, ibv_qp_init_attr_ex* attr) {
     return fail(error);
   }
   if (attr->srq == nullptr && attr->qp_type != IBV_QPT_XRC_SEND && !xrc_recv) attr->srq = id->id.srq;
-  if (xrc_recv) {
-    // The domain's QP has no CQs or PD of its own; the receive CQ stays the
-    // id's, for the XRC SRQ that rdma_create_srq makes.
-    ibv_qp_init_attr_ex domain_qp = *attr;
-    domain_qp.send_cq = domain_qp.recv_cq = nullptr;
-    domain_qp.comp_mask &= ~uint32_t{IBV_QP_INIT_ATTR_PD};
-    domain_qp.pd = nullptr;
-    if (int error = adopt_qp(id, ibv_create_qp_ex(id->id.verbs, &domain_qp))) return fail(error);
-    id->id.pd = attr->pd;
-    attr->cap = domain_qp.cap;
-    return 0;
-  }
   if (int error = adopt_qp(id, ibv_create_qp_ex(id->id.verbs, attr))) return fail(error);
+  // A domain's QP has no PD (nor CQs: the receive CQ made here serves the
+  // XRC SRQ that rdma_create_srq makes); rdma_reg_msgs registers in the id's.
+  if (xrc_recv) id->id.pd = attr->pd;
   return 0;
 }
 
