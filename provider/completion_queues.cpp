@@ -377,6 +377,10 @@ uint64_t wait_for_cq_event(ibv_comp_channel* channel) {
     known_fd = channel->fd;
   }
   const uint64_t handle = udp->wait_for_channel(channel->fd, known_address);
+  if (handle == UdpTransport::kChannelWaitInterrupted) {
+    errno = EINTR;
+    return kCqEventWaitInterrupted;
+  }
   if (handle == 0 || is_channel_cq(channel, handle)) return handle;
   // The address was a former channel's of that fd number: to its owner.
   send_datagram(known_address, &handle, sizeof handle);

@@ -139,7 +139,9 @@ extern "C" __attribute__((visibility("default"))) int ibv_get_cq_event(ibv_comp_
     }
     return real(channel, cq, cq_context);
   }
-  ibv_cq* taken = reinterpret_cast<ibv_cq*>(check->wait_for_cq_event(channel));
+  const uint64_t waited = check->wait_for_cq_event(channel);
+  if (waited == softverbs::kCqEventWaitInterrupted) return -1;  // errno EINTR, as the kernel's read
+  ibv_cq* taken = reinterpret_cast<ibv_cq*>(waited);
   if (taken == nullptr &&
       read_until_accepted(channel->fd, [&](std::span<const unsigned char> bytes, bool trusted_sender) {
         auto named = softverbs::decode_channel_datagram(bytes, trusted_sender, channel, *check);

@@ -33,7 +33,8 @@ struct SoftverbsHandleValidator {
   // it waited (so that a packet wakes this thread alone, not a background
   // thread that then wakes this one); at once where there is none to do.
   // Returns a live CQ of `channel` whose event that work raised (and did
-  // not send), to be delivered as read; 0 if none.
+  // not send), to be delivered as read; 0 if none; kCqEventWaitInterrupted
+  // (errno EINTR) where a signal would have interrupted the read.
   uint64_t (*wait_for_cq_event)(ibv_comp_channel* channel);
 };
 
@@ -41,6 +42,7 @@ using SoftverbsRegisterValidator = void (*)(const SoftverbsHandleValidator* vali
 }
 
 namespace softverbs {
-inline constexpr uint32_t kValidatorVersion = 3;
+inline constexpr uint32_t kValidatorVersion = 4;
+inline constexpr uint64_t kCqEventWaitInterrupted = ~uint64_t{0};
 inline constexpr const char* kRegisterValidatorSymbol = "softverbs_preload_register_validator";
 }  // namespace softverbs

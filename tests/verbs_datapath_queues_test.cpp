@@ -10,25 +10,35 @@
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "process_signals.h"
 #include "verbs_datapath.h"
 
 namespace {
 
 using namespace softverbs::test;
+using softverbs::test::AlarmHandler;
+using softverbs::test::ProcessSignaller;
 
 // As large a CQ as mlx5 allows (libfabric's ofi_rxm asks for universe size
 // times queue depth), without committing memory for entries not yet used.
@@ -312,6 +322,130 @@ TEST_F(RcDataPath, CompletionChannelWakesTheWaiter) {
   qp_b_ = nullptr;
   EXPECT_EQ(ibv_destroy_cq(evented), 0);
   EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+}
+
+// What the kernel's channel does, and qperf's latency tests count on (their
+// SIGALRM ends the test; they hung when softverbs read again): a handler
+// without SA_RESTART ends a blocking ibv_get_cq_event or ibv_get_async_event
+// with EINTR, and no event is lost by it.
+TEST_F(RcDataPath, ASignalInterruptsAWaitForAnEventWithEintr) {
+  ibv_comp_channel* channel = ibv_create_comp_channel(context_);
+  ASSERT_NE(channel, nullptr) << std::strerror(errno);
+  ibv_cq* evented = ibv_create_cq(context_, 8, nullptr, channel, 0);
+  ASSERT_NE(evented, nullptr);
+  ibv_qp_init_attr init{};
+  init.send_cq = cq_b_;
+  init.recv_cq = evented;
+  init.cap = {4, 4, 1, 1, 0};
+  connect_rc_with(init);
+  ASSERT_EQ(ibv_req_notify_cq(evented, 0), 0);
+  ASSERT_EQ(post_recv_b(1, 0, 64), 0);
+  {
+    AlarmHandler handler(/*restart=*/false);
+    ibv_cq* event_cq = nullptr;
+    void* event_context = nullptr;
+    int result, error;
+    {
+      ProcessSignaller signaller(SIGALRM, std::chrono::seconds(5), [&] { post_a(IBV_WR_SEND, 2, 0, 8); });
+      errno = 0;
+      result = ibv_get_cq_event(channel, &event_cq, &event_context);
+      error = errno;
+    }
+    EXPECT_EQ(result, -1) << "the wait outlived the signals (the backstop SEND ended it)";
+    EXPECT_EQ(error, EINTR) << std::strerror(error);
+    EXPECT_GE(handler.count(), 1);
+
+    ibv_async_event async{};
+    {
+      // No async event comes by itself: a wait the signals did not end would
+      // never return, so the process ends, saying why.
+      ProcessSignaller signaller(SIGALRM, std::chrono::seconds(5), [] {
+        std::fputs("ibv_get_async_event outlived 100 SIGALRMs without SA_RESTART\n", stderr);
+        std::_Exit(3);
+      });
+      errno = 0;
+      result = ibv_get_async_event(context_, &async);
+      error = errno;
+    }
+    EXPECT_EQ(result, -1) << "the async wait outlived the signals";
+    EXPECT_EQ(error, EINTR) << std::strerror(error);
+  }
+  // The event that comes after the signal is there.
+  ASSERT_EQ(post_a(IBV_WR_SEND, 3, 0, 8), 0);
+  ibv_cq* event_cq = nullptr;
+  void* event_context = nullptr;
+  ASSERT_EQ(ibv_get_cq_event(channel, &event_cq, &event_context), 0);
+  EXPECT_EQ(event_cq, evented);
+  ibv_ack_cq_events(evented, 1);
+  auto received = poll_n(evented, 1);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].wr_id, 1u);
+  EXPECT_EQ(received[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
+  qp_b_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(evented), 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+}
+
+// With SA_RESTART the kernel restarts the channel's read: the handler runs,
+// and the wait goes on until the event.
+TEST_F(RcDataPath, ASignalWhoseHandlerRestartsLeavesTheWaitForAnEventWaiting) {
+  ibv_comp_channel* channel = ibv_create_comp_channel(context_);
+  ASSERT_NE(channel, nullptr) << std::strerror(errno);
+  ibv_cq* evented = ibv_create_cq(context_, 8, nullptr, channel, 0);
+  ASSERT_NE(evented, nullptr);
+  ibv_qp_init_attr init{};
+  init.send_cq = cq_b_;
+  init.recv_cq = evented;
+  init.cap = {4, 4, 1, 1, 0};
+  connect_rc_with(init);
+  ASSERT_EQ(ibv_req_notify_cq(evented, 0), 0);
+  ASSERT_EQ(post_recv_b(1, 0, 64), 0);
+  AlarmHandler handler(/*restart=*/true);
+  ibv_cq* event_cq = nullptr;
+  void* event_context = nullptr;
+  int result;
+  {
+    ProcessSignaller signaller(SIGALRM, std::chrono::milliseconds(300), [&] { post_a(IBV_WR_SEND, 2, 0, 8); });
+    result = ibv_get_cq_event(channel, &event_cq, &event_context);
+  }
+  ASSERT_EQ(result, 0) << std::strerror(errno);
+  EXPECT_EQ(event_cq, evented);
+  EXPECT_GE(handler.count(), 1);
+  ibv_ack_cq_events(evented, 1);
+  auto received = poll_n(evented, 1);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].wr_id, 1u);
+  EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
+  qp_b_ = nullptr;
+  EXPECT_EQ(ibv_destroy_cq(evented), 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+}
+
+// The threads softverbs starts in a process (its presence and copy agent,
+// the UDP io thread, the background thread) take no signal of the
+// application's: a process-wide SIGALRM must reach the thread that waits.
+TEST_F(RcDataPath, SoftverbsThreadsBlockTheApplicationsSignals) {
+  connect(IBV_QPT_RC);
+  ASSERT_EQ(post_recv_b(1, 0, 64), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 2, 0, 8), 0);
+  ASSERT_EQ(poll_n(cq_b_, 1).size(), 1u);
+  const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
+  int others = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    if (task.path().filename() == std::to_string(self)) continue;
+    std::ifstream status(task.path() / "status");
+    std::string line, name, blocked;
+    while (std::getline(status, line)) {
+      if (line.rfind("Name:", 0) == 0) name = line.substr(5);
+      if (line.rfind("SigBlk:", 0) == 0) blocked = line.substr(7);
+    }
+    ++others;
+    const unsigned long long mask = std::stoull(blocked, nullptr, 16);
+    for (int signal : {SIGALRM, SIGINT, SIGTERM, SIGUSR1, SIGCHLD, SIGIO})
+      EXPECT_NE(mask & (1ull << (signal - 1)), 0u) << "thread" << name << " takes signal " << signal;
+  }
+  EXPECT_GE(others, 1) << "softverbs starts its presence thread at the first QP";
 }
 
 TEST_F(RcDataPath, SharedReceiveQueueFeedsSeveralQpsAndRaisesItsLimitEvent) {

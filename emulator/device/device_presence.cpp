@@ -11,6 +11,7 @@
 #include "device/device_memory.h"
 #include "shm/memory_copy.h"
 #include "support/process_id.h"
+#include "support/signals.h"
 
 namespace softverbs {
 
@@ -21,6 +22,7 @@ namespace {
 // It never returns while the process runs: its end would look like the
 // process's death.
 void stay_present(std::shared_ptr<DeviceMemory> memory, int slot, int agent_fd, std::promise<bool> joined) {
+  block_signals_on_this_thread();
   const bool holding = memory->shared().processes.hold(slot);
   joined.set_value(holding);
   if (!holding) return;

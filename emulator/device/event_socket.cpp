@@ -64,9 +64,7 @@ ssize_t receive_from_trusted(int fd, void* buffer, size_t capacity, int flags) {
   message.msg_iovlen = 1;
   message.msg_control = control;
   message.msg_controllen = sizeof control;
-  ssize_t length;
-  do length = recvmsg(fd, &message, flags | MSG_CMSG_CLOEXEC);
-  while (length < 0 && errno == EINTR);
+  const ssize_t length = recvmsg(fd, &message, flags | MSG_CMSG_CLOEXEC);
   if (length < 0) return -1;
   for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header)) {
     if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_CREDENTIALS ||

@@ -29,7 +29,8 @@ int open_trusted_socket(const SocketAddress& address);
 // So a receiver takes only datagrams from processes of its own user (or
 // root): the kernel attaches the sender's credentials, translated into the
 // receiver's user namespace. Returns the datagram's length; -1 on error
-// (errno set); -2 for a datagram from someone else, which is dropped.
+// (errno set; EINTR too, as the application's reads of its channels must
+// see it); -2 for a datagram from someone else, which is dropped.
 ssize_t receive_from_trusted(int fd, void* buffer, size_t capacity, int flags = 0);
 // Whether a sender with user id `uid` (as the receiver sees it) is trusted.
 bool trusted_sender(uid_t uid);

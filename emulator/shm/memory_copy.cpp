@@ -199,8 +199,11 @@ int agent_request(DeviceMemory& memory, pid_t pid, bool write, uint64_t bounce,
     for (;;) {
       pollfd waiting{reply_fd, POLLIN, 0};
       AgentReply reply{};
-      if (poll(&waiting, 1, kAgentTimeoutMs) != 1) break;
+      const int ready = poll(&waiting, 1, kAgentTimeoutMs);
+      if (ready < 0 && errno == EINTR) continue;  // the application's signal, not the agent's silence
+      if (ready != 1) break;
       const ssize_t got = receive_from_trusted(reply_fd, &reply, sizeof reply);
+      if (got == -1 && errno == EINTR) continue;
       if (got == -1) break;
       if (got == static_cast<ssize_t>(sizeof reply) && reply.magic == kAgentMagic) {
         status = reply.status;
@@ -420,6 +423,7 @@ void serve_copy_requests(DeviceMemory& memory, int fd) {
   for (;;) {
     alignas(AgentRequest) uint8_t datagram[sizeof(AgentRequest) + 1];
     const ssize_t n = receive_from_trusted(fd, datagram, sizeof datagram);
+    if (n == -1 && errno == EINTR) continue;
     if (n == -1) return;
     if (n == -2) continue;  // another user's: not answered at all
     AgentRequest request;

@@ -1,7 +1,6 @@
 #include "support/background.h"
 
 #include <pthread.h>
-#include <signal.h>
 #include <sys/prctl.h>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -9,6 +8,8 @@
 #include <new>
 #include <thread>
 #include <vector>
+
+#include "support/signals.h"
 
 namespace softverbs::background {
 
@@ -32,10 +33,7 @@ Runtime& runtime() {
 }
 
 void run(boost::asio::io_context* io) {
-  // Signals are the application's: its handlers run on its own threads.
-  sigset_t all;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  block_signals_on_this_thread();
   prctl(PR_SET_NAME, "softverbs-bg");
   io->run();
 }

@@ -7,9 +7,12 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
+#include "support/signals.h"
 #include "udp/engine.h"
+#include "udp/transport.h"
 
 namespace softverbs::udp {
 
@@ -57,6 +60,7 @@ uint64_t PortEngine::wait_for_channel(int channel_fd, const SocketAddress& chann
   // The events this thread's passes raise on the channel come back here
   // rather than through the socket.
   CapturedChannelWakeups captured(channel);
+  bool interrupted = false;
   while (captured.empty()) {
     pollfd waits[2] = {{channel_fd, POLLIN, 0}, {ready_set_.get(), POLLIN, 0}};
     // Until a held ACK falls due (this thread sends it then), or for good.
@@ -68,8 +72,15 @@ uint64_t PortEngine::wait_for_channel(int channel_fd, const SocketAddress& chann
       until_due = {static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
     }
     const int ready = ::ppoll(waits, 2, holding ? &until_due : nullptr, nullptr);
-    // A signal or an error: the blocking read that follows behaves as the
-    // kernel's channel would.
+    // A handler always ends ppoll; a read of the channel ends with EINTR
+    // only where it would not restart.
+    if (ready < 0 && errno == EINTR) {
+      if (interrupted_reads_restart()) continue;
+      interrupted = true;
+      break;
+    }
+    // An error: the blocking read that follows behaves as the kernel's
+    // channel would.
     if (ready < 0 || waits[0].revents != 0) break;
     if (!slept) {
       // Sleeping here, rather than finding an event its own poll of the
@@ -87,7 +98,7 @@ uint64_t PortEngine::wait_for_channel(int channel_fd, const SocketAddress& chann
     after_work(Acks::Hold);
     ack_due = held_acks_.earliest_due();
   }
-  const uint64_t taken = captured.take();
+  const uint64_t taken = interrupted ? UdpTransport::kChannelWaitInterrupted : captured.take();
   const Clock::time_point now = Clock::now();
   {
     std::lock_guard guard(mutex_);

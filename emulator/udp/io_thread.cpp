@@ -4,7 +4,6 @@
 // stays out of their way; once the application stops calling (or waits for
 // CQ events), the thread reads and answers for it.
 #include <pthread.h>
-#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -14,6 +13,7 @@
 #include <cstring>
 
 #include "support/process_id.h"
+#include "support/signals.h"
 #include "udp/engine.h"
 
 namespace softverbs::udp {
@@ -21,10 +21,7 @@ namespace softverbs::udp {
 using namespace parameters;
 
 void PortEngine::run_thread() {
-  // Signals are the application's business, on its own threads.
-  sigset_t all;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  block_signals_on_this_thread();
   pthread_setname_np(pthread_self(), "softverbs-udp");
   // Its timers are microseconds apart (takeover, held ACKs): without this
   // the kernel may fire them up to 50 us late (the default timer slack).

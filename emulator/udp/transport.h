@@ -97,7 +97,10 @@ class UdpTransport {
   // Returns the CQ handle of an event this thread raised on the channel (at
   // `channel`, its address) while it waited, which then was not sent; 0 if
   // none: the channel has a datagram then (or the fd is non-blocking).
+  // kChannelWaitInterrupted: a signal handler ran that would have ended a
+  // read of the channel with EINTR.
   uint64_t wait_for_channel(int channel_fd, const SocketAddress& channel);
+  static constexpr uint64_t kChannelWaitInterrupted = ~uint64_t{0};
 
   // Runs `change` (a deregistration or reregistration of this process's
   // memory) while no engine of this process for the device is using
