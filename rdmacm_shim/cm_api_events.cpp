@@ -1,12 +1,14 @@
 // Events: channels (a queue and a descriptor the application polls), how
 // events are queued and taken, and the rdma_* calls on channels and events.
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <iterator>
 
 #include "cm_internal.h"
+#include "support/signals.h"
 
 namespace softverbs::cm {
 
@@ -171,8 +173,18 @@ int get_cm_event(rdma_event_channel* public_channel, rdma_cm_event** out) {
       channel->ready.wait(guard, [] { return false; });
     }
     // The application's descriptor decides: O_NONBLOCK set, no waiting.
-    if (fcntl(channel->channel.fd, F_GETFL) & O_NONBLOCK) return fail(EAGAIN);
-    channel->ready.wait(guard);
+    const int fd = channel->channel.fd;
+    if (fcntl(fd, F_GETFL) & O_NONBLOCK) return fail(EAGAIN);
+    // On the descriptor, which has a byte per queued event, rather than the
+    // condition variable: a signal's handler ends the wait with EINTR where
+    // it would end the kernel's (no SA_RESTART). A retire wakes it too (it
+    // closes the other end).
+    guard.unlock();
+    pollfd readable{fd, POLLIN, 0};
+    const int ready = ::poll(&readable, 1, -1);
+    const int error = errno;
+    guard.lock();
+    if (ready < 0 && error == EINTR && channel->queue.empty() && !interrupted_reads_restart()) return fail(EINTR);
   }
   std::unique_ptr<QueuedEvent> event = std::move(channel->queue.front());
   channel->queue.pop_front();

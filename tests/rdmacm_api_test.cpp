@@ -13,12 +13,16 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "process_signals.h"
 #include "task_state.h"
 
 namespace {
@@ -395,6 +399,54 @@ TEST(RdmaCmAlone, AChannelDestroyedUnderAnotherThreadKeepsItBlocked) {
   EXPECT_EQ(WEXITSTATUS(status), 0)
       << "10, 1xx: no channel (errno xx), 11: the destroyer did not get EBADF, 12: the other thread "
          "returned or never slept";
+}
+
+// rdma_get_cm_event blocks in the kernel as a read does: a signal's handler
+// without SA_RESTART ends it with EINTR, one with SA_RESTART does not, and
+// the event that comes afterwards is there.
+TEST(RdmaCmAlone, ASignalInterruptsAWaitForACmEventWithEintrUnlessItsHandlerRestarts) {
+  rdma_event_channel* channel = rdma_create_event_channel();
+  ASSERT_NE(channel, nullptr);
+  rdma_cm_event* event = nullptr;
+  {
+    softverbs::test::AlarmHandler handler(/*restart=*/false);
+    int result, error;
+    {
+      // Nothing else would end the wait: the process ends, saying why.
+      softverbs::test::ProcessSignaller signaller(SIGALRM, std::chrono::seconds(5), [] {
+        std::fputs("rdma_get_cm_event outlived 100 SIGALRMs without SA_RESTART\n", stderr);
+        std::_Exit(3);
+      });
+      errno = 0;
+      result = rdma_get_cm_event(channel, &event);
+      error = errno;
+    }
+    EXPECT_EQ(result, -1);
+    EXPECT_EQ(error, EINTR) << std::strerror(error);
+    EXPECT_GE(handler.count(), 1);
+  }
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in destination{};
+  destination.sin_family = AF_INET;
+  destination.sin_port = htons(7498);
+  destination.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  {
+    softverbs::test::AlarmHandler handler(/*restart=*/true);
+    int result;
+    {
+      softverbs::test::ProcessSignaller signaller(SIGALRM, std::chrono::milliseconds(300), [&] {
+        rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&destination), 1000);
+      });
+      result = rdma_get_cm_event(channel, &event);
+    }
+    ASSERT_EQ(result, 0) << std::strerror(errno);
+    EXPECT_GE(handler.count(), 1);
+    EXPECT_EQ(event->event, RDMA_CM_EVENT_ADDR_RESOLVED);
+    rdma_ack_cm_event(event);
+  }
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  rdma_destroy_event_channel(channel);
 }
 
 TEST(RdmaCmAlone, NoListenerMeansRejected) {
