@@ -130,6 +130,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   use_pd(pd);
   qp->device->set_owner_handle(reinterpret_cast<uint64_t>(&qp->verbs.qp));
   register_handle(HandleKind::Qp, &qp->verbs.qp);
+  if (check::enabled()) check::qp_created(&qp->verbs.qp);
   return &qp.release()->verbs.qp;
 }
 

@@ -1,6 +1,7 @@
 // Correct programs under `softverbs run --check=error`: rdma-core's
-// pingpongs, perftest and rping finish with exit 0 and the verbs checker
-// reports nothing, on the shared-memory transport and over UDP on lo.
+// pingpongs, perftest and rping, and programs of ours for what they do not
+// exercise, finish with exit 0 and the verbs checker reports nothing, on the shared-memory transport and over UDP on
+// lo.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -118,12 +119,34 @@ TEST_P(CheckedRping, FinishesCleanAndUnreported) {
   EXPECT_NE(client.out.find("ping data: rdma-ping-9"), std::string::npos) << client.out;
 }
 
+class CheckedPrograms : public CheckedRun, public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { bring_up(); }
+  const std::string& transport() const override { return GetParam(); }
+};
+
+// A receive from an SRQ that completes for a QP that never posted (Open
+// MPI's one-sided test over UCX was reported for one), or for a QP
+// destroyed before the poll: the buffer, posted again, holds the first
+// message's bytes past the second's, which the device wrote before the
+// repost. Nothing to report.
+TEST_P(CheckedPrograms, AnSrqReceiveOfAnUntrackedQpPostedAgainIsNotReported) {
+  const ProcessResult r = run_process(checked({SRQ_RECEIVE_OF_UNTRACKED_QP, gid_index()}), env_, 60);
+  expect_clean(r, "program");
+  EXPECT_NE(r.out.find("never posted: second message placed over the first, checked"), std::string::npos)
+      << r.out << r.err;
+  EXPECT_NE(r.out.find("destroyed before the poll: second message placed over the first, checked"), std::string::npos)
+      << r.out << r.err;
+}
+
 INSTANTIATE_TEST_SUITE_P(Tools, CheckedTools,
                          ::testing::Combine(::testing::ValuesIn(kTools), ::testing::Values("shm", "udp")),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param);
                          });
 INSTANTIATE_TEST_SUITE_P(Tools, CheckedRping, ::testing::Values("shm", "udp"),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Programs, CheckedPrograms, ::testing::Values("shm", "udp"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

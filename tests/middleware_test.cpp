@@ -3,7 +3,7 @@
 // through the rdma_cm), libfabric's verbs
 // provider (fi_pingpong, with data checks) and Open MPI over each (an MPI
 // program of ours that checks every byte of a ping-pong from 8 B to 4 MiB
-// and an allreduce). Each test brings up a device of its own, shared
+// and an allreduce, and one of one-sided puts, gets and atomics). Each test brings up a device of its own, shared
 // memory (softverbs0 on lo) or RoCEv2 over UDP, and starts every program
 // through `softverbs run`, as a user would; the transport is chosen with
 // the libraries' own settings (UCX_TLS, FI_PROVIDER, MCA options).
@@ -130,11 +130,12 @@ class Middleware : public ::testing::TestWithParam<Transport> {
 
   // `run_options`: options of `softverbs run` (--check=error, --adversarial=SEED).
   ProcessResult mpirun(int ranks, const std::vector<std::string>& options,
-                       const std::vector<std::string>& run_options = {}) {
+                       const std::vector<std::string>& run_options = {},
+                       const std::string& program = MPI_CHECK_PROGRAM) {
     std::vector<std::string> command = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
                                         std::to_string(ranks)};
     command.insert(command.end(), options.begin(), options.end());
-    command.push_back(MPI_CHECK_PROGRAM);
+    command.push_back(program);
     std::vector<std::string> argv = {SOFTVERBS_CLI, "run"};
     argv.insert(argv.end(), run_options.begin(), run_options.end());
     argv.push_back("--");
@@ -239,6 +240,38 @@ TEST_P(Middleware, OpenMpiOverLibfabric) {
     EXPECT_NE(run.out.find("ping-pong 4194304 B: checked"), std::string::npos) << run.out;
     EXPECT_NE(run.out.find("allreduce over " + std::to_string(ranks) + " ranks: checked"), std::string::npos)
         << run.out;
+  }
+}
+
+// MPI one-sided communication through UCX (osc ucx): puts and gets of
+// 8 B-256 KiB become RDMA WRITEs and READs, MPI_Fetch_and_op and
+// MPI_Compare_and_swap UCX's atomics, from every rank into one at once.
+// Also clean under the checker (some of UCX's QPs take SRQ receives and
+// never post) and under the adversarial mode.
+TEST_P(Middleware, OpenMpiOneSidedOverUcx) {
+  if (std::string(MPI_RMA_CHECK_PROGRAM).empty()) GTEST_SKIP() << "no MPI compiler when the tests were built";
+  const std::vector<std::string> options = {"--mca",
+                                            "pml",
+                                            "ucx",
+                                            "--mca",
+                                            "osc",
+                                            "ucx",
+                                            "--mca",
+                                            "btl",
+                                            "^vader,tcp,openib,uct",
+                                            "-x",
+                                            kUcxOnSoftverbs[0],
+                                            "-x",
+                                            kUcxOnSoftverbs[1]};
+  const std::vector<std::pair<int, std::string>> runs = {
+      {2, ""}, {4, ""}, {2, "--check=error"}, {2, "--adversarial=5"}};
+  for (const auto& [ranks, mode] : runs) {
+    const std::vector<std::string> run_options = mode.empty() ? std::vector<std::string>{} : std::vector{mode};
+    const ProcessResult run = mpirun(ranks, options, run_options, MPI_RMA_CHECK_PROGRAM);
+    EXPECT_EQ(run.exit_code, 0) << ranks << " ranks " << mode << ":\n" << run.out << run.err;
+    EXPECT_NE(run.out.find("put and get 262144 B: checked"), std::string::npos) << run.out;
+    EXPECT_NE(run.out.find("atomics over " + std::to_string(ranks) + " ranks: checked"), std::string::npos) << run.out;
+    EXPECT_EQ(run.err.find("softverbs check"), std::string::npos) << mode << ":\n" << run.err;
   }
 }
 

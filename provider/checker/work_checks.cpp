@@ -159,6 +159,10 @@ struct CheckerState {
   std::unordered_map<Key, RegionInfo, KeyHash> regions;
   std::mutex srq_mutex;  // taken after a QP's, never before
   std::unordered_map<const ibv_srq*, Ring<ReceiveRecord>> srq_receives;
+  // The SRQ of every QP made on one, kept past the QP's destroy until the
+  // SRQ's: a QP that never posted has no tracker, and a destroyed one's
+  // receive completions may still be polled, yet each took an SRQ receive.
+  std::unordered_map<Key, const ibv_srq*, KeyHash> srq_of_qp;
   // Destroyed objects kept allocated, and how to free them at context close.
   std::mutex mutex;
   std::unordered_map<const void*, ObjectKind> destroyed;
@@ -339,6 +343,16 @@ void complete_receive(Ring<ReceiveRecord>& receives, const ibv_wc& wc) {
     receives.erase(match);
 }
 
+// A receive completion of a QP with no tracker (it never posted, or it is
+// destroyed): only an SRQ's receive has a record to retire.
+void receive_of_untracked_qp(CheckerState& state, const ibv_context* context, const ibv_wc& wc) {
+  std::lock_guard guard(state.srq_mutex);
+  auto srq = state.srq_of_qp.find(Key{context, wc.qp_num});
+  if (srq == state.srq_of_qp.end()) return;
+  auto found = state.srq_receives.find(srq->second);
+  if (found != state.srq_receives.end()) complete_receive(found->second, wc);
+}
+
 // With the tracker's mutex held.
 void receive_completed(CheckerState& state, QpTracker& track, const ibv_wc& wc) {
   // A message from the peer answers what this QP sent before (a request
@@ -471,7 +485,10 @@ void completions_polled(ibv_cq* cq, const ibv_wc* completions, int count) {
     if (!track || track->qp->qp_num != wc.qp_num) {
       if (held) held.unlock();
       track = find_tracker(state, cq->context, wc.qp_num);
-      if (!track) continue;
+      if (!track) {
+        if (wc.opcode & IBV_WC_RECV) receive_of_untracked_qp(state, cq->context, wc);
+        continue;
+      }
       held = std::unique_lock(track->mutex);
     }
     if (wc.opcode & IBV_WC_RECV)
@@ -592,11 +609,21 @@ void cq_destroying(ibv_cq*, int qp_references, const void*) {
           .backtrace_of_caller = true});
 }
 
+void qp_created(ibv_qp* qp) {
+  if (qp->srq == nullptr) return;
+  CheckerState& state = checker();
+  std::lock_guard guard(state.srq_mutex);
+  state.srq_of_qp[Key{qp->context, qp->qp_num}] = qp->srq;
+}
+
 void srq_destroying(ibv_srq* srq, int qp_references, const void*) {
   {
     CheckerState& state = checker();
     std::lock_guard guard(state.srq_mutex);
-    if (qp_references <= 0) state.srq_receives.erase(srq);
+    if (qp_references <= 0) {
+      state.srq_receives.erase(srq);
+      std::erase_if(state.srq_of_qp, [srq](const auto& entry) { return entry.second == srq; });
+    }
   }
   if (qp_references <= 0) return;
   report({.check = "srq-destroyed-in-use",

@@ -45,6 +45,8 @@ void mr_registered(const ibv_mr* mr, uint64_t iova, int access_flags);
 void mr_deregistering(const ibv_mr* mr, const std::function<size_t(ibv_qp*)>& outstanding_sends, const void* call_site);
 // `outstanding_sends()` asks the device; sends that only wait for their
 // acknowledgment get a moment to complete before they are reported.
+// A QP was made (its SRQ, if any, is remembered for its receives).
+void qp_created(ibv_qp* qp);
 void qp_destroying(ibv_qp* qp, const std::function<size_t()>& outstanding_sends, const void* call_site);
 void cq_destroying(ibv_cq* cq, int qp_references, const void* call_site);
 void srq_destroying(ibv_srq* srq, int qp_references, const void* call_site);
