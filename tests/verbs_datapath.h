@@ -171,6 +171,44 @@ class DataPath : public DeviceObjects<::testing::TestWithParam<ibv_qp_type>> {
   std::vector<uint8_t> buffer_a_, buffer_b_;
 };
 
-class RcDataPath : public DataPath {};
+class RcDataPath : public DataPath {
+ protected:
+  // An RC pair whose B side completes its receives on a CQ of their own
+  // with a completion channel, armed; A sends as in every other test.
+  struct EventedReceives {
+    ibv_comp_channel* channel = nullptr;
+    ibv_cq* cq = nullptr;
+  };
+  EventedReceives connect_with_evented_receives() {
+    EventedReceives evented;
+    evented.channel = ibv_create_comp_channel(context_);
+    EXPECT_NE(evented.channel, nullptr) << std::strerror(errno);
+    if (evented.channel == nullptr) return evented;
+    evented.cq = ibv_create_cq(context_, 8, nullptr, evented.channel, 0);
+    EXPECT_NE(evented.cq, nullptr);
+    if (evented.cq == nullptr) return evented;
+    ibv_qp_init_attr init{};
+    init.send_cq = cq_b_;
+    init.recv_cq = evented.cq;
+    init.cap = {4, 4, 1, 1, 0};
+    connect_rc_with(init);
+    EXPECT_EQ(ibv_req_notify_cq(evented.cq, 0), 0);
+    return evented;
+  }
+  // The receive `wr_id` is the one completion on the evented CQ.
+  void expect_one_receive(const EventedReceives& evented, uint64_t wr_id) {
+    auto received = poll_n(evented.cq, 1);
+    ASSERT_EQ(received.size(), 1u);
+    EXPECT_EQ(received[0].wr_id, wr_id);
+    EXPECT_EQ(received[0].status, IBV_WC_SUCCESS);
+  }
+  // B's QP first (it completes on the CQ), then the CQ and the channel.
+  void destroy(EventedReceives& evented) {
+    EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
+    qp_b_ = nullptr;
+    EXPECT_EQ(ibv_destroy_cq(evented.cq), 0);
+    EXPECT_EQ(ibv_destroy_comp_channel(evented.channel), 0);
+  }
+};
 
 }  // namespace softverbs::test

@@ -297,31 +297,17 @@ TEST_F(RcDataPath, OneChannelDeliversEachArmedCqsEventOnce) {
 }
 
 TEST_F(RcDataPath, CompletionChannelWakesTheWaiter) {
-  ibv_comp_channel* channel = ibv_create_comp_channel(context_);
-  ASSERT_NE(channel, nullptr) << std::strerror(errno);
-  ibv_cq* evented = ibv_create_cq(context_, 8, nullptr, channel, 0);
-  ASSERT_NE(evented, nullptr);
-  // B's receive completions go to the evented CQ.
-  ibv_qp_init_attr init{};
-  init.send_cq = cq_b_;
-  init.recv_cq = evented;
-  init.cap = {4, 4, 1, 1, 0};
-  connect_rc_with(init);
-  ASSERT_EQ(ibv_req_notify_cq(evented, 0), 0);
+  EventedReceives evented = connect_with_evented_receives();
+  ASSERT_NE(evented.cq, nullptr);
   ASSERT_EQ(post_recv_b(3, 0, 64), 0);
   ASSERT_EQ(post_a(IBV_WR_SEND, 4, 0, 16), 0);
   ibv_cq* event_cq = nullptr;
   void* event_context = nullptr;
-  ASSERT_EQ(ibv_get_cq_event(channel, &event_cq, &event_context), 0);
-  EXPECT_EQ(event_cq, evented);
+  ASSERT_EQ(ibv_get_cq_event(evented.channel, &event_cq, &event_context), 0);
+  EXPECT_EQ(event_cq, evented.cq);
   ibv_ack_cq_events(event_cq, 1);
-  auto received = poll_n(evented, 1);
-  ASSERT_EQ(received.size(), 1u);
-  EXPECT_EQ(received[0].wr_id, 3u);
-  EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
-  qp_b_ = nullptr;
-  EXPECT_EQ(ibv_destroy_cq(evented), 0);
-  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+  expect_one_receive(evented, 3);
+  destroy(evented);
 }
 
 // What the kernel's channel does, and qperf's latency tests count on (their
@@ -329,16 +315,8 @@ TEST_F(RcDataPath, CompletionChannelWakesTheWaiter) {
 // without SA_RESTART ends a blocking ibv_get_cq_event or ibv_get_async_event
 // with EINTR, and no event is lost by it.
 TEST_F(RcDataPath, ASignalInterruptsAWaitForAnEventWithEintr) {
-  ibv_comp_channel* channel = ibv_create_comp_channel(context_);
-  ASSERT_NE(channel, nullptr) << std::strerror(errno);
-  ibv_cq* evented = ibv_create_cq(context_, 8, nullptr, channel, 0);
-  ASSERT_NE(evented, nullptr);
-  ibv_qp_init_attr init{};
-  init.send_cq = cq_b_;
-  init.recv_cq = evented;
-  init.cap = {4, 4, 1, 1, 0};
-  connect_rc_with(init);
-  ASSERT_EQ(ibv_req_notify_cq(evented, 0), 0);
+  EventedReceives evented = connect_with_evented_receives();
+  ASSERT_NE(evented.cq, nullptr);
   ASSERT_EQ(post_recv_b(1, 0, 64), 0);
   {
     AlarmHandler handler(/*restart=*/false);
@@ -348,7 +326,7 @@ TEST_F(RcDataPath, ASignalInterruptsAWaitForAnEventWithEintr) {
     {
       ProcessSignaller signaller(SIGALRM, std::chrono::seconds(5), [&] { post_a(IBV_WR_SEND, 2, 0, 8); });
       errno = 0;
-      result = ibv_get_cq_event(channel, &event_cq, &event_context);
+      result = ibv_get_cq_event(evented.channel, &event_cq, &event_context);
       error = errno;
     }
     EXPECT_EQ(result, -1) << "the wait outlived the signals (the backstop SEND ended it)";
@@ -374,32 +352,18 @@ TEST_F(RcDataPath, ASignalInterruptsAWaitForAnEventWithEintr) {
   ASSERT_EQ(post_a(IBV_WR_SEND, 3, 0, 8), 0);
   ibv_cq* event_cq = nullptr;
   void* event_context = nullptr;
-  ASSERT_EQ(ibv_get_cq_event(channel, &event_cq, &event_context), 0);
-  EXPECT_EQ(event_cq, evented);
-  ibv_ack_cq_events(evented, 1);
-  auto received = poll_n(evented, 1);
-  ASSERT_EQ(received.size(), 1u);
-  EXPECT_EQ(received[0].wr_id, 1u);
-  EXPECT_EQ(received[0].status, IBV_WC_SUCCESS);
-  EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
-  qp_b_ = nullptr;
-  EXPECT_EQ(ibv_destroy_cq(evented), 0);
-  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+  ASSERT_EQ(ibv_get_cq_event(evented.channel, &event_cq, &event_context), 0);
+  EXPECT_EQ(event_cq, evented.cq);
+  ibv_ack_cq_events(evented.cq, 1);
+  expect_one_receive(evented, 1);
+  destroy(evented);
 }
 
 // With SA_RESTART the kernel restarts the channel's read: the handler runs,
 // and the wait goes on until the event.
 TEST_F(RcDataPath, ASignalWhoseHandlerRestartsLeavesTheWaitForAnEventWaiting) {
-  ibv_comp_channel* channel = ibv_create_comp_channel(context_);
-  ASSERT_NE(channel, nullptr) << std::strerror(errno);
-  ibv_cq* evented = ibv_create_cq(context_, 8, nullptr, channel, 0);
-  ASSERT_NE(evented, nullptr);
-  ibv_qp_init_attr init{};
-  init.send_cq = cq_b_;
-  init.recv_cq = evented;
-  init.cap = {4, 4, 1, 1, 0};
-  connect_rc_with(init);
-  ASSERT_EQ(ibv_req_notify_cq(evented, 0), 0);
+  EventedReceives evented = connect_with_evented_receives();
+  ASSERT_NE(evented.cq, nullptr);
   ASSERT_EQ(post_recv_b(1, 0, 64), 0);
   AlarmHandler handler(/*restart=*/true);
   ibv_cq* event_cq = nullptr;
@@ -407,19 +371,14 @@ TEST_F(RcDataPath, ASignalWhoseHandlerRestartsLeavesTheWaitForAnEventWaiting) {
   int result;
   {
     ProcessSignaller signaller(SIGALRM, std::chrono::milliseconds(300), [&] { post_a(IBV_WR_SEND, 2, 0, 8); });
-    result = ibv_get_cq_event(channel, &event_cq, &event_context);
+    result = ibv_get_cq_event(evented.channel, &event_cq, &event_context);
   }
   ASSERT_EQ(result, 0) << std::strerror(errno);
-  EXPECT_EQ(event_cq, evented);
+  EXPECT_EQ(event_cq, evented.cq);
   EXPECT_GE(handler.count(), 1);
-  ibv_ack_cq_events(evented, 1);
-  auto received = poll_n(evented, 1);
-  ASSERT_EQ(received.size(), 1u);
-  EXPECT_EQ(received[0].wr_id, 1u);
-  EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
-  qp_b_ = nullptr;
-  EXPECT_EQ(ibv_destroy_cq(evented), 0);
-  EXPECT_EQ(ibv_destroy_comp_channel(channel), 0);
+  ibv_ack_cq_events(evented.cq, 1);
+  expect_one_receive(evented, 1);
+  destroy(evented);
 }
 
 // The threads softverbs starts in a process (its presence and copy agent,
