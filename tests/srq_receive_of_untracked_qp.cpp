@@ -4,9 +4,9 @@
 // the program posts the same buffer to the SRQ again, and a second,
 // shorter message lands in it through a QP that posts. The bytes past the
 // second message are the first message's: the device wrote them before
-// the repost, so `softverbs run --check=error` must report nothing. Exits 0 when every
-// step went as expected, 3 if the first completion never came. Its
-// argument: the GID index to address the QPs by (default 0).
+// the repost, so `softverbs run --check=error` must report nothing. Exits
+// 0 when every step went as expected, 3 if the first completion never
+// came. Its argument: the GID index to address the QPs by (default 0).
 #include <infiniband/verbs.h>
 
 #include <chrono>
@@ -14,12 +14,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "loopback.h"  // examples/bugs: fail, connect
+
 namespace {
 
-[[noreturn]] void fail(const char* what) {
-  std::perror(what);
-  std::exit(2);
-}
+using bugs::fail;
 
 ibv_qp* make_qp(ibv_pd* pd, ibv_cq* send_cq, ibv_cq* recv_cq, ibv_srq* srq) {
   ibv_qp_init_attr attr{};
@@ -34,38 +33,13 @@ ibv_qp* make_qp(ibv_pd* pd, ibv_cq* send_cq, ibv_cq* recv_cq, ibv_srq* srq) {
   return qp;
 }
 
+// Connects `qp` afresh, whatever its state (the sender is connected to
+// each new receiver in turn).
 void connect(ibv_qp* qp, uint32_t peer_qpn, const ibv_gid& gid, uint8_t gid_index) {
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RESET;
   if (ibv_modify_qp(qp, &attr, IBV_QP_STATE)) fail("modify to RESET");
-  attr.qp_state = IBV_QPS_INIT;
-  attr.port_num = 1;
-  attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE;
-  if (ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-    fail("modify to INIT");
-  attr = {};
-  attr.qp_state = IBV_QPS_RTR;
-  attr.path_mtu = IBV_MTU_1024;
-  attr.dest_qp_num = peer_qpn;
-  attr.min_rnr_timer = 1;
-  attr.ah_attr.is_global = 1;
-  attr.ah_attr.grh.dgid = gid;
-  attr.ah_attr.grh.sgid_index = gid_index;
-  attr.ah_attr.grh.hop_limit = 1;
-  attr.ah_attr.port_num = 1;
-  if (ibv_modify_qp(qp, &attr,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    fail("modify to RTR");
-  attr = {};
-  attr.qp_state = IBV_QPS_RTS;
-  attr.timeout = 14;
-  attr.retry_cnt = 7;
-  attr.rnr_retry = 7;
-  if (ibv_modify_qp(qp, &attr,
-                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                        IBV_QP_MAX_QP_RD_ATOMIC))
-    fail("modify to RTS");
+  bugs::connect(qp, peer_qpn, gid, gid_index);
 }
 
 // The next completion of `cq` within two seconds; false if none came.

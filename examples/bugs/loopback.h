@@ -40,7 +40,9 @@ inline ibv_qp* make_qp(const Loopback& l, uint32_t max_send_wr, bool signal_all)
   return qp;
 }
 
-inline void connect(ibv_qp* qp, uint32_t peer_qpn, const ibv_gid& gid) {
+// From RESET to RTS, connected to `peer_qpn` at `gid` (GID index
+// `gid_index` of port 1 on both sides).
+inline void connect(ibv_qp* qp, uint32_t peer_qpn, const ibv_gid& gid, uint8_t gid_index = 0) {
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_INIT;
   attr.port_num = 1;
@@ -55,6 +57,7 @@ inline void connect(ibv_qp* qp, uint32_t peer_qpn, const ibv_gid& gid) {
   attr.min_rnr_timer = 1;
   attr.ah_attr.is_global = 1;
   attr.ah_attr.grh.dgid = gid;
+  attr.ah_attr.grh.sgid_index = gid_index;
   attr.ah_attr.grh.hop_limit = 1;
   attr.ah_attr.port_num = 1;
   if (ibv_modify_qp(qp, &attr,
