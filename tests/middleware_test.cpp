@@ -1,13 +1,13 @@
 // The libraries RDMA applications are built on, unmodified, on a softverbs
 // device: UCX (ucx_perftest, its uct and ucp tests, io_demo connecting
-// through the rdma_cm), libfabric's verbs
-// provider (fi_pingpong, with data checks) and Open MPI over each (an MPI
-// program of ours that checks every byte of a ping-pong from 8 B to 4 MiB
-// and an allreduce, and one of one-sided puts, gets and atomics), and
-// OpenSHMEM over UCX. Each test brings up a device of its own, shared
-// memory (softverbs0 on lo) or RoCEv2 over UDP, and starts every program
-// through `softverbs run`, as a user would; the transport is chosen with
-// the libraries' own settings (UCX_TLS, FI_PROVIDER, MCA options).
+// through the rdma_cm), libfabric's verbs provider (fi_pingpong, with data
+// checks), Open MPI over each and MPICH over UCX (MPI programs of ours: a
+// ping-pong from 8 B to 4 MiB checked byte by byte and an allreduce;
+// one-sided puts, gets and atomics), and OpenSHMEM over UCX. Each test
+// brings up a device of its own, shared memory (softverbs0 on lo) or RoCEv2
+// over UDP, and starts every program through `softverbs run`, as a user
+// would; the transport is chosen with the libraries' own settings (UCX_TLS,
+// FI_PROVIDER, MCA options).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -50,6 +50,9 @@ bool listening_on(uint16_t port) {
   }
   return false;
 }
+
+// UCX limited to softverbs' verbs transports: no shared memory, no TCP.
+const std::vector<std::string> kUcxOnSoftverbs = {"UCX_TLS=rc_verbs,ud_verbs,self", "UCX_NET_DEVICES=softverbs0:1"};
 
 struct Transport {
   const char* name;
@@ -138,6 +141,19 @@ class Middleware : public ::testing::TestWithParam<Transport> {
                                         std::to_string(ranks)};
     command.insert(command.end(), options.begin(), options.end());
     command.push_back(program);
+    return run_under_softverbs(command, run_options);
+  }
+
+  // MPICH's launcher (hydra), which passes the whole environment on.
+  ProcessResult mpirun_mpich(int ranks, const std::string& program, const std::vector<std::string>& run_options) {
+    std::vector<std::string> command = {"env"};
+    command.insert(command.end(), kUcxOnSoftverbs.begin(), kUcxOnSoftverbs.end());
+    command.insert(command.end(), {"mpirun.mpich", "-np", std::to_string(ranks), program});
+    return run_under_softverbs(command, run_options);
+  }
+
+  ProcessResult run_under_softverbs(const std::vector<std::string>& command,
+                                    const std::vector<std::string>& run_options) {
     std::vector<std::string> argv = {SOFTVERBS_CLI, "run"};
     argv.insert(argv.end(), run_options.begin(), run_options.end());
     argv.push_back("--");
@@ -152,9 +168,6 @@ class Middleware : public ::testing::TestWithParam<Transport> {
 
   TemporaryDirectory dir_;
 };
-
-// UCX limited to softverbs' verbs transports: no shared memory, no TCP.
-const std::vector<std::string> kUcxOnSoftverbs = {"UCX_TLS=rc_verbs,ud_verbs,self", "UCX_NET_DEVICES=softverbs0:1"};
 
 void expect_finished(const ProcessResult& client, const std::string& what) {
   EXPECT_EQ(client.exit_code, 0) << what << ":\n" << client.out << client.err;
@@ -317,6 +330,31 @@ TEST_P(Middleware, OpenShmemOverUcx) {
           << what << ":\n"
           << run.out;
     EXPECT_EQ(run.err.find("softverbs check"), std::string::npos) << what << ":\n" << run.err;
+  }
+}
+
+// MPICH (Debian's is built on UCX, ch4:ucx) with the same two MPI
+// programs: two-sided ping-pong and allreduce, one-sided puts, gets and
+// atomics; all of it crosses softverbs0 (UCX_TLS has no shared memory).
+TEST_P(Middleware, MpichOverUcx) {
+  if (std::string(MPICH_CHECK_PROGRAM).empty())
+    GTEST_SKIP() << "no MPICH compiler (mpicc.mpich) when the tests were built";
+  const std::vector<std::pair<int, std::string>> runs = {
+      {2, ""}, {4, ""}, {2, "--check=error"}, {2, "--adversarial=5"}};
+  for (const auto& [ranks, mode] : runs) {
+    const std::vector<std::string> run_options = mode.empty() ? std::vector<std::string>{} : std::vector{mode};
+    const std::string what = std::to_string(ranks) + " ranks " + mode;
+    const std::string over = " over " + std::to_string(ranks) + " ranks: checked";
+    const ProcessResult two_sided = mpirun_mpich(ranks, MPICH_CHECK_PROGRAM, run_options);
+    EXPECT_EQ(two_sided.exit_code, 0) << what << ":\n" << two_sided.out << two_sided.err;
+    EXPECT_NE(two_sided.out.find("ping-pong 4194304 B: checked"), std::string::npos) << what << ":\n" << two_sided.out;
+    EXPECT_NE(two_sided.out.find("allreduce" + over), std::string::npos) << what << ":\n" << two_sided.out;
+    const ProcessResult one_sided = mpirun_mpich(ranks, MPICH_RMA_CHECK_PROGRAM, run_options);
+    EXPECT_EQ(one_sided.exit_code, 0) << what << ":\n" << one_sided.out << one_sided.err;
+    EXPECT_NE(one_sided.out.find("put and get 262144 B: checked"), std::string::npos) << what << ":\n" << one_sided.out;
+    EXPECT_NE(one_sided.out.find("atomics" + over), std::string::npos) << what << ":\n" << one_sided.out;
+    for (const ProcessResult* run : {&two_sided, &one_sided})
+      EXPECT_EQ(run->err.find("softverbs check"), std::string::npos) << what << ":\n" << run->err;
   }
 }
 
