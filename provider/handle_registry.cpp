@@ -71,11 +71,11 @@ void async_event_delivered(uint32_t event_type, uint64_t element) {
   }
 }
 
-// Its wait hook comes from offer_validator_to_preload: the wait lives with
-// the CQs and the UDP transport, which the event fuzzer does not link.
+// Its wait and exit hooks come from offer_validator_to_preload: they live
+// with the CQs and the UDP transport, which the event fuzzer does not link.
 SoftverbsHandleValidator validator_table{
     kValidatorVersion,     is_context, is_channel_cq, is_event_element_checked, cq_event_delivered,
-    async_event_delivered, nullptr};
+    async_event_delivered, nullptr,    nullptr};
 
 }  // namespace
 
@@ -142,9 +142,10 @@ bool is_valid_event(const ibv_context* context, uint32_t event_type, uint64_t el
 
 const SoftverbsHandleValidator& handle_validator() { return validator_table; }
 
-void offer_validator_to_preload(uint64_t (*wait_for_cq_event)(ibv_comp_channel*)) {
-  static const bool offered = [wait_for_cq_event] {
+void offer_validator_to_preload(uint64_t (*wait_for_cq_event)(ibv_comp_channel*), void (*before_exit)()) {
+  static const bool offered = [wait_for_cq_event, before_exit] {
     validator_table.wait_for_cq_event = wait_for_cq_event;
+    validator_table.before_exit = before_exit;
     auto offer = reinterpret_cast<SoftverbsRegisterValidator>(dlsym(RTLD_DEFAULT, kRegisterValidatorSymbol));
     if (offer != nullptr) offer(&validator_table);
     return true;

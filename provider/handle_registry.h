@@ -47,8 +47,8 @@ void for_each_live_handle(HandleKind kind, const ibv_context* context, Visit vis
 // The checks the preload makes, over this registry.
 const SoftverbsHandleValidator& handle_validator();
 // Hands the preload (if it is loaded) those checks, once, with
-// `wait_for_cq_event` as their wait hook.
-void offer_validator_to_preload(uint64_t (*wait_for_cq_event)(ibv_comp_channel*));
+// `wait_for_cq_event` as their wait hook and `before_exit` as their exit hook.
+void offer_validator_to_preload(uint64_t (*wait_for_cq_event)(ibv_comp_channel*), void (*before_exit)());
 
 // ibv_async_event as libibverbs built it from the 16 bytes it read:
 // whether its element is one of `context`'s live objects where the event

@@ -177,3 +177,33 @@ extern "C" __attribute__((visibility("default"))) int ibv_get_async_event(ibv_co
   check->async_event_delivered(event->event_type, reinterpret_cast<uint64_t>(event->element.cq));
   return 0;
 }
+
+// ---- leaving ----------------------------------------------------------------
+//
+// _exit() and _Exit() run no atexit handler. A process that leaves through
+// them right after its last completion (fio's job processes do) would take
+// with it the ACKs the provider holds for its next request, and its peers
+// would time out on messages that landed: an HCA sent those ACKs when the
+// messages arrived. The provider sends them first.
+namespace {
+
+// The next _exit (another preload's, as the tracer's, or glibc's), found
+// before anything can fork: dlsym in a child could wait for the loader's
+// lock that another thread of the parent held.
+using ExitFunction = void (*)(int);
+ExitFunction next_exit = nullptr;
+__attribute__((constructor)) void find_next_exit() {
+  next_exit = reinterpret_cast<ExitFunction>(dlsym(RTLD_NEXT, "_exit"));
+}
+
+[[noreturn]] void leave(int status) {
+  const SoftverbsHandleValidator* check = validator.load(std::memory_order_acquire);
+  if (check != nullptr && check->before_exit != nullptr) check->before_exit();
+  if (next_exit != nullptr) next_exit(status);
+  for (;;) syscall(SYS_exit_group, status);
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) void _exit(int status) { leave(status); }
+extern "C" __attribute__((visibility("default"))) void _Exit(int status) noexcept { leave(status); }

@@ -36,13 +36,17 @@ struct SoftverbsHandleValidator {
   // not send), to be delivered as read; 0 if none; kCqEventWaitInterrupted
   // (errno EINTR) where a signal would have interrupted the read.
   uint64_t (*wait_for_cq_event)(ibv_comp_channel* channel);
+  // The application calls _exit() or _Exit(), which run no atexit handler:
+  // the provider sends what an HCA would already have put on the wire (the
+  // ACKs it holds for the application's next request).
+  void (*before_exit)();
 };
 
 using SoftverbsRegisterValidator = void (*)(const SoftverbsHandleValidator* validator);
 }
 
 namespace softverbs {
-inline constexpr uint32_t kValidatorVersion = 4;
+inline constexpr uint32_t kValidatorVersion = 5;
 inline constexpr uint64_t kCqEventWaitInterrupted = ~uint64_t{0};
 inline constexpr const char* kRegisterValidatorSymbol = "softverbs_preload_register_validator";
 }  // namespace softverbs

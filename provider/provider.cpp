@@ -25,6 +25,7 @@
 #include "provider_context.h"
 #include "shm/memory_copy.h"
 #include "support/file_util.h"
+#include "udp/transport.h"
 #include "verbs_objects.h"
 
 namespace softverbs::provider {
@@ -198,7 +199,7 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   user_records().opened(context->state->config, address_to_text(context->state->async_address));
   register_handle(HandleKind::Context, &context->verbs.context);
-  offer_validator_to_preload(wait_for_cq_event);
+  offer_validator_to_preload(wait_for_cq_event, &UdpTransport::send_what_is_owed_before_exit);
   return &context->verbs;
 }
 

@@ -153,6 +153,50 @@ TEST(UdpPeer, AcknowledgesWhatItReceivesWhileNotCallingVerbs) {
   }
 }
 
+// A receiver that leaves as soon as its application has the SEND's
+// completion, destroying nothing (fio's rdma server does): an HCA
+// acknowledged the SEND when it landed, so the sender, allowed a single try
+// of 67 ms, completes it with IBV_WC_SUCCESS, whether the receiver leaves
+// through exit() or _exit(). (softverbs holds an ACK back for the
+// application's next request; leaving, the process sends it.)
+TEST(UdpPeer, AReceiverThatExitsAtOnceHasAcknowledgedWhatItReceived) {
+  constexpr uint8_t kTimeout = 14;  // 67 ms
+  constexpr uint8_t kRetries = 0;
+  for (const bool underscore : {false, true}) {
+    const char* how = underscore ? "_exit()" : "exit()";
+    int sockets[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
+    pid_t child = spawn_peer(sockets[1], 1 << 16, 16, kTimeout, kRetries, [underscore](Endpoint& peer, int fd) {
+      if (peer.post_recv(1, 0, 4096) != 0) return 1;
+      char token = 'R';
+      write_all(fd, &token, 1);
+      for (;;) {
+        ibv_wc wc;
+        const int got = peer.poll(&wc, 1);
+        if (got < 0) return 2;
+        if (got == 0) continue;
+        const int code = wc.status == IBV_WC_SUCCESS && matches(peer.data(), 4096, 7) ? 0 : 3;
+        if (underscore) _exit(code);
+        std::exit(code);
+      }
+    });
+    ASSERT_GT(child, 0);
+    ::close(sockets[1]);
+    Endpoint self;
+    ConnectInfo peer;
+    ASSERT_TRUE(open_connected(self, sockets[0], 1 << 16, 16, kTimeout, kRetries, peer));
+    fill(self.data(), 4096, 7);
+    ASSERT_EQ(self.post_send(1, 0, 4096), 0);
+    auto done = poll_for(self, 1, std::chrono::seconds(5));
+    ASSERT_EQ(done.size(), 1u) << how;
+    EXPECT_EQ(done[0].status, IBV_WC_SUCCESS) << how << ": " << ibv_wc_status_str(done[0].status);
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << how << ": the receiver's completion";
+    ::close(sockets[0]);
+  }
+}
+
 // Only a request with nothing older in flight asks for its ACK (AckReq);
 // the responder of an application that makes no verbs calls holds the
 // other ACKs to acknowledge several requests in one, but must still send

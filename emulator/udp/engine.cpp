@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <mutex>
+#include <thread>
 
 #include "host/netdev.h"
 #include "support/process_id.h"
@@ -51,10 +53,7 @@ PortEngine::~PortEngine() {
   {
     // ACKs still held go out: the peers' requests completed here.
     std::lock_guard guard(mutex_);
-    flush_sends();
-    while (!held_acks_.empty()) send_held_ack_locked(held_acks_.front().qpn);
-    fault_delays_.release_due(Clock::time_point::max(), std::bind_front(&PortEngine::send_bytes, this));
-    flush_sends();
+    send_what_is_owed_locked();
   }
   ready_waiter_.reset();
   timer_waiter_.reset();
@@ -62,8 +61,28 @@ PortEngine::~PortEngine() {
   watchers_.clear();
 }
 
+void PortEngine::send_what_is_owed_locked() {
+  flush_sends();
+  while (!held_acks_.empty()) send_held_ack_locked(held_acks_.front().qpn);
+  fault_delays_.release_due(Clock::time_point::max(), std::bind_front(&PortEngine::send_bytes, this));
+  flush_sends();
+}
+
+void PortEngine::send_what_is_owed_before_exit() {
+  if (current_pid() != started_by_) return;
+  std::unique_lock guard(mutex_, std::try_to_lock);
+  // Another thread's pass ends within microseconds; a lock that stays
+  // taken is this thread's own, interrupted by a handler that exits.
+  for (int tries = 0; !guard.owns_lock() && tries < 200; ++tries) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    guard.try_lock();
+  }
+  if (guard.owns_lock()) send_what_is_owed_locked();
+}
+
 bool PortEngine::start(std::string* error) {
   instance_ = memory_->shared().instance_id;
+  started_by_ = current_pid();
   ready_set_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
   if (ready_set_.get() < 0) {
     *error = std::string("epoll_create1: ") + std::strerror(errno);

@@ -59,6 +59,13 @@ class PortEngine : public TransportPort {
   PortEngine& operator=(const PortEngine&) = delete;
 
   bool start(std::string* error);
+  // The process is leaving (exit() or _exit()) with this engine's device
+  // open: what an HCA would already have put on the wire goes now, chiefly
+  // the ACKs held for the application's next request, which a process that
+  // exits right after its last completion never makes. Only in the process
+  // that started the engine (a forked child inherits its state), and not if
+  // the engine's lock stays taken (an exit from a signal handler).
+  void send_what_is_owed_before_exit();
 
   // TransportPort
   DeviceMemory& memory() override { return *memory_; }
@@ -409,6 +416,8 @@ class PortEngine : public TransportPort {
   // long packet there itself, copying its payload as it computes the ICRC).
   inline uint8_t* batch_room(int fd, const SocketAddressStorage& to, size_t total);
   void flush_sends();
+  // Held ACKs and the packets fault injection delays leave, at once.
+  void send_what_is_owed_locked();
   void send_now(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total, size_t segment);
   struct SendPeer {
     SocketAddressStorage address;  // what the socket is connected to (length 0: nothing yet)
@@ -529,6 +538,7 @@ class PortEngine : public TransportPort {
   std::optional<FaultSettings> fault_override_;
   std::optional<FaultSettings> adversarial_faults_;
   uint64_t instance_ = 0;
+  pid_t started_by_ = 0;  // the process that started the engine
 
   boost::asio::io_context io_;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;

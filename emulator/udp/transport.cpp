@@ -3,8 +3,10 @@
 // transports.
 #include "udp/transport.h"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "udp/engine.h"
 
@@ -36,6 +38,9 @@ std::shared_ptr<UdpTransport> UdpTransport::acquire(const std::shared_ptr<Device
   if (auto existing = directory.transports[memory.get()].lock()) return existing;
   auto engine = std::make_unique<udp::PortEngine>(memory, config, gids);
   if (!engine->start(error)) return nullptr;
+  // A program that exits with its device open never destroys the engine.
+  static const bool at_exit = std::atexit(send_what_is_owed_before_exit) == 0;
+  (void)at_exit;
   std::shared_ptr<UdpTransport> transport(new UdpTransport(std::move(engine)));
   directory.transports[memory.get()] = transport;
   return transport;
@@ -54,6 +59,19 @@ void UdpTransport::hold_data_paths(const DeviceMemory& memory, const std::functi
     return;
   }
   transport->engine_->hold_data_paths(change);
+}
+
+void UdpTransport::send_what_is_owed_before_exit() {
+  std::vector<std::shared_ptr<UdpTransport>> transports;
+  {
+    TransportDirectory& directory = transport_directory();
+    // Not taken: an exit from a handler that interrupted an acquire.
+    std::unique_lock guard(directory.mutex, std::try_to_lock);
+    if (!guard.owns_lock()) return;
+    for (const auto& [memory, weak] : directory.transports)
+      if (auto transport = weak.lock()) transports.push_back(std::move(transport));
+  }
+  for (const auto& transport : transports) transport->engine_->send_what_is_owed_before_exit();
 }
 
 bool UdpTransport::is_local_gid(const Gid& gid) const { return engine_->is_local_gid(gid); }

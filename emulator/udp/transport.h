@@ -109,6 +109,12 @@ class UdpTransport {
   // holds.
   static void hold_data_paths(const DeviceMemory& memory, const std::function<void()>& change);
 
+  // The process is leaving: every transport of it sends what an HCA would
+  // already have sent (udp::PortEngine::send_what_is_owed_before_exit).
+  // Runs at exit() by itself (atexit); the preload library calls it from
+  // _exit() and _Exit().
+  static void send_what_is_owed_before_exit();
+
  private:
   explicit UdpTransport(std::unique_ptr<udp::PortEngine> engine);
   std::unique_ptr<udp::PortEngine> engine_;
