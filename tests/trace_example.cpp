@@ -2,8 +2,10 @@
 // to each other; QP 1 SENDs, then posts an RDMA WRITE and a SEND. With
 // --bad-rkey the WRITE names an rkey that does not exist: it completes with
 // IBV_WC_REM_ACCESS_ERR and the SEND behind it is flushed, which is the one
-// difference the traces of the two runs must show.
+// difference the traces of the two runs must show. With --leave-at-once it
+// leaves through _exit() once the SENDs completed, destroying nothing.
 #include <infiniband/verbs.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -38,6 +40,7 @@ int fail(const char* what) {
 
 int main(int argc, char** argv) {
   const bool bad_rkey = argc > 1 && std::strcmp(argv[1], "--bad-rkey") == 0;
+  const bool leave_at_once = argc > 1 && std::strcmp(argv[1], "--leave-at-once") == 0;
   ibv_context* context = open_softverbs0();
   if (context == nullptr) return fail("no softverbs0");
   ibv_pd* pd = ibv_alloc_pd(context);
@@ -90,6 +93,7 @@ int main(int argc, char** argv) {
   second.wr_id = 3;
   if (ibv_post_send(a, &write, &bad) != 0 || !reap(cq_a, 2)) return fail("the WRITE and SEND did not complete");
   if (!bad_rkey && !reap(cq_b, 1)) return fail("the second SEND did not arrive");
+  if (leave_at_once) _exit(0);
 
   // The end: both QPs to the error state, which flushes what b still holds.
   ibv_qp_attr error{};

@@ -130,6 +130,20 @@ TEST_F(Trace, AnErrorPathShowsAsExactlyThatDifference) {
   EXPECT_EQ(count(out, "\n+qp"), 3u) << out;
 }
 
+// _exit() runs no atexit handler: the trace of a program that leaves
+// through it (fio's job processes do) still holds every call it made.
+TEST_F(Trace, AProgramThatLeavesThroughUnderscoreExitKeepsItsTrace) {
+  const auto env = device("shm", "shm");
+  const std::string file = dir_.path() + "/left";
+  auto run = run_process({SOFTVERBS_CLI, "run", "--trace", file, "--", TRACE_EXAMPLE, "--leave-at-once"}, env);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const std::string trace = read_file(file);
+  EXPECT_NE(trace.find("dev1 open_device = ok"), std::string::npos) << trace;
+  EXPECT_NE(trace.find("qp1 wc s3 SUCCESS SEND cq=cq1"), std::string::npos) << trace;
+  EXPECT_NE(trace.find("qp2 wc r2 SUCCESS RECV len=64 cq=cq2"), std::string::npos) << trace;
+  EXPECT_EQ(trace.find("destroy_qp"), std::string::npos) << trace;
+}
+
 TEST_F(Trace, OtherProcessesOfTheProgramWriteNumberedFiles) {
   const auto env = device("shm", "shm");
   const std::string file = dir_.path() + "/family";

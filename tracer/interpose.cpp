@@ -4,8 +4,11 @@
 // docs/comparing.md for what a trace holds and leaves out.
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <mutex>
 #include <string>
 
 #include "recorder.h"
@@ -429,3 +432,35 @@ SOFTVERBS_EXPORT int ibv_get_async_event(ibv_context* context, ibv_async_event* 
   errno = error;
   return rc;
 }
+
+// _exit() and _Exit() run no atexit handler: the lines the recorder holds are
+// written first, or a program that leaves through them (fio's job processes
+// do) leaves an empty trace.
+namespace {
+
+using ExitFunction = void (*)(int);
+ExitFunction next_exit = nullptr;
+// Found before anything can fork: dlsym in a child could wait for the
+// loader's lock that another thread of the parent held.
+__attribute__((constructor)) void find_next_exit() {
+  next_exit = reinterpret_cast<ExitFunction>(dlsym(RTLD_NEXT, "_exit"));
+}
+
+[[noreturn]] void leave(int status) {
+  softverbs::trace::Recorder& recorder = softverbs::trace::Recorder::instance();
+  // Not if the lock stays taken: an exit from a handler that interrupted a
+  // wrapper of this thread.
+  std::unique_lock guard(recorder.mutex, std::try_to_lock);
+  for (int tries = 0; !guard.owns_lock() && tries < 200; ++tries) {
+    usleep(100);
+    guard.try_lock();
+  }
+  if (guard.owns_lock()) recorder.flush();
+  if (next_exit != nullptr) next_exit(status);
+  for (;;) syscall(SYS_exit_group, status);
+}
+
+}  // namespace
+
+SOFTVERBS_EXPORT void _exit(int status) { leave(status); }
+SOFTVERBS_EXPORT void _Exit(int status) noexcept { leave(status); }
