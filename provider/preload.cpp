@@ -47,6 +47,7 @@ extern "C" __attribute__((visibility("default"))) int socket(int domain, int typ
 #include "device/event_socket.h"
 #include "event_datagram.h"
 #include "preload_interface.h"
+#include "support/leaving.h"
 
 namespace {
 
@@ -187,20 +188,14 @@ extern "C" __attribute__((visibility("default"))) int ibv_get_async_event(ibv_co
 // messages arrived. The provider sends them first.
 namespace {
 
-// The next _exit (another preload's, as the tracer's, or glibc's), found
-// before anything can fork: dlsym in a child could wait for the loader's
-// lock that another thread of the parent held.
-using ExitFunction = void (*)(int);
-ExitFunction next_exit = nullptr;
-__attribute__((constructor)) void find_next_exit() {
-  next_exit = reinterpret_cast<ExitFunction>(dlsym(RTLD_NEXT, "_exit"));
-}
+// The next _exit: another preload's (the tracer's) or glibc's.
+softverbs::leaving::ExitFunction next_exit = nullptr;
+__attribute__((constructor)) void find_next_exit() { next_exit = softverbs::leaving::find_next_exit(); }
 
 [[noreturn]] void leave(int status) {
   const SoftverbsHandleValidator* check = validator.load(std::memory_order_acquire);
   if (check != nullptr && check->before_exit != nullptr) check->before_exit();
-  if (next_exit != nullptr) next_exit(status);
-  for (;;) syscall(SYS_exit_group, status);
+  softverbs::leaving::pass_on(next_exit, status);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -53,6 +54,25 @@ bool listening_on(uint16_t port) {
 
 // UCX limited to softverbs' verbs transports: no shared memory, no TCP.
 const std::vector<std::string> kUcxOnSoftverbs = {"UCX_TLS=rc_verbs,ud_verbs,self", "UCX_NET_DEVICES=softverbs0:1"};
+
+// Open MPI's launch options for UCX on softverbs0 alone, with each of
+// `frameworks` (pml, osc, spml) set to ucx.
+std::vector<std::string> open_mpi_over_ucx(std::initializer_list<const char*> frameworks) {
+  std::vector<std::string> options;
+  for (const char* framework : frameworks) options.insert(options.end(), {"--mca", framework, "ucx"});
+  options.insert(options.end(),
+                 {"--mca", "btl", "^vader,tcp,openib,uct", "-x", kUcxOnSoftverbs[0], "-x", kUcxOnSoftverbs[1]});
+  return options;
+}
+
+// Each MPI or OpenSHMEM program of ours runs on 2 and 4 ranks, then on 2
+// under the checker and under the adversarial mode.
+struct ProgramRun {
+  int ranks;
+  std::string mode;  // an option of `softverbs run`, or none
+  std::vector<std::string> run_options() const { return mode.empty() ? std::vector<std::string>{} : std::vector{mode}; }
+};
+const ProgramRun kProgramRuns[] = {{2, ""}, {4, ""}, {2, "--check=error"}, {2, "--adversarial=5"}};
 
 struct Transport {
   const char* name;
@@ -237,8 +257,7 @@ TEST_P(Middleware, FiPingpongOverVerbsMsgDgramAndRxm) {
 TEST_P(Middleware, OpenMpiOverUcx) {
   if (std::string(MPI_CHECK_PROGRAM).empty()) GTEST_SKIP() << "no MPI compiler when the tests were built";
   for (int ranks : {2, 4}) {
-    const ProcessResult run = mpirun(ranks, {"--mca", "pml", "ucx", "--mca", "btl", "^vader,tcp,openib,uct", "-x",
-                                             kUcxOnSoftverbs[0], "-x", kUcxOnSoftverbs[1]});
+    const ProcessResult run = mpirun(ranks, open_mpi_over_ucx({"pml"}));
     EXPECT_EQ(run.exit_code, 0) << ranks << " ranks:\n" << run.out << run.err;
     EXPECT_NE(run.out.find("ping-pong 4194304 B: checked"), std::string::npos) << run.out;
     EXPECT_NE(run.out.find("allreduce over " + std::to_string(ranks) + " ranks: checked"), std::string::npos)
@@ -265,24 +284,11 @@ TEST_P(Middleware, OpenMpiOverLibfabric) {
 // never post) and under the adversarial mode.
 TEST_P(Middleware, OpenMpiOneSidedOverUcx) {
   if (std::string(MPI_RMA_CHECK_PROGRAM).empty()) GTEST_SKIP() << "no MPI compiler when the tests were built";
-  const std::vector<std::string> options = {"--mca",
-                                            "pml",
-                                            "ucx",
-                                            "--mca",
-                                            "osc",
-                                            "ucx",
-                                            "--mca",
-                                            "btl",
-                                            "^vader,tcp,openib,uct",
-                                            "-x",
-                                            kUcxOnSoftverbs[0],
-                                            "-x",
-                                            kUcxOnSoftverbs[1]};
-  const std::vector<std::pair<int, std::string>> runs = {
-      {2, ""}, {4, ""}, {2, "--check=error"}, {2, "--adversarial=5"}};
-  for (const auto& [ranks, mode] : runs) {
-    const std::vector<std::string> run_options = mode.empty() ? std::vector<std::string>{} : std::vector{mode};
-    const ProcessResult run = mpirun(ranks, options, run_options, MPI_RMA_CHECK_PROGRAM);
+  const std::vector<std::string> options = open_mpi_over_ucx({"pml", "osc"});
+  for (const ProgramRun& each : kProgramRuns) {
+    const int ranks = each.ranks;
+    const std::string& mode = each.mode;
+    const ProcessResult run = mpirun(ranks, options, each.run_options(), MPI_RMA_CHECK_PROGRAM);
     EXPECT_EQ(run.exit_code, 0) << ranks << " ranks " << mode << ":\n" << run.out << run.err;
     EXPECT_NE(run.out.find("put and get 262144 B: checked"), std::string::npos) << run.out;
     EXPECT_NE(run.out.find("atomics over " + std::to_string(ranks) + " ranks: checked"), std::string::npos) << run.out;
@@ -297,31 +303,18 @@ TEST_P(Middleware, OpenMpiOneSidedOverUcx) {
 TEST_P(Middleware, OpenShmemOverUcx) {
   if (std::string(SHMEM_CHECK_PROGRAM).empty())
     GTEST_SKIP() << "no OpenSHMEM compiler (oshcc) when the tests were built";
-  const std::vector<std::string> options = {"--mca",
-                                            "spml",
-                                            "ucx",
-                                            "--mca",
-                                            "pml",
-                                            "ucx",
-                                            "--mca",
-                                            "btl",
-                                            "^vader,tcp,openib,uct",
-                                            "-x",
-                                            kUcxOnSoftverbs[0],
-                                            "-x",
-                                            kUcxOnSoftverbs[1]};
+  const std::vector<std::string> options = open_mpi_over_ucx({"spml", "pml"});
   // Open MPI 4.1's oshmem leaves common_ucx's memory-release hook
   // registered after unloading it when munmap is interposed, as the
   // checker (or ASan) does, and crashes in MPI_Finalize without softverbs
   // too; UCX's own memory hooks avoid that path (docs/running.md).
   const std::vector<std::string> under_checker = {"--mca", "opal_common_ucx_opal_mem_hooks", "0"};
-  const std::vector<std::pair<int, std::string>> runs = {
-      {2, ""}, {4, ""}, {2, "--check=error"}, {2, "--adversarial=5"}};
-  for (const auto& [pes, mode] : runs) {
-    const std::vector<std::string> run_options = mode.empty() ? std::vector<std::string>{} : std::vector{mode};
+  for (const ProgramRun& each : kProgramRuns) {
+    const int pes = each.ranks;
+    const std::string& mode = each.mode;
     std::vector<std::string> launch = options;
     if (mode == "--check=error") launch.insert(launch.end(), under_checker.begin(), under_checker.end());
-    const ProcessResult run = mpirun(pes, launch, run_options, SHMEM_CHECK_PROGRAM, "oshrun");
+    const ProcessResult run = mpirun(pes, launch, each.run_options(), SHMEM_CHECK_PROGRAM, "oshrun");
     const std::string what = std::to_string(pes) + " PEs " + mode;
     EXPECT_EQ(run.exit_code, 0) << what << ":\n" << run.out << run.err;
     EXPECT_NE(run.out.find("put and get 1048576 B: checked"), std::string::npos) << what << ":\n" << run.out;
@@ -339,10 +332,10 @@ TEST_P(Middleware, OpenShmemOverUcx) {
 TEST_P(Middleware, MpichOverUcx) {
   if (std::string(MPICH_CHECK_PROGRAM).empty())
     GTEST_SKIP() << "no MPICH compiler (mpicc.mpich) when the tests were built";
-  const std::vector<std::pair<int, std::string>> runs = {
-      {2, ""}, {4, ""}, {2, "--check=error"}, {2, "--adversarial=5"}};
-  for (const auto& [ranks, mode] : runs) {
-    const std::vector<std::string> run_options = mode.empty() ? std::vector<std::string>{} : std::vector{mode};
+  for (const ProgramRun& each : kProgramRuns) {
+    const int ranks = each.ranks;
+    const std::string& mode = each.mode;
+    const std::vector<std::string> run_options = each.run_options();
     const std::string what = std::to_string(ranks) + " ranks " + mode;
     const std::string over = " over " + std::to_string(ranks) + " ranks: checked";
     const ProcessResult two_sided = mpirun_mpich(ranks, MPICH_CHECK_PROGRAM, run_options);
@@ -364,9 +357,7 @@ TEST_P(Middleware, MpichOverUcx) {
 TEST_P(Middleware, OpenMpiRunsCleanUnderCheckAndAdversarial) {
   if (std::string(MPI_CHECK_PROGRAM).empty()) GTEST_SKIP() << "no MPI compiler when the tests were built";
   const std::vector<std::pair<const char*, std::vector<std::string>>> stacks = {
-      {"ucx",
-       {"--mca", "pml", "ucx", "--mca", "btl", "^vader,tcp,openib,uct", "-x", kUcxOnSoftverbs[0], "-x",
-        kUcxOnSoftverbs[1]}},
+      {"ucx", open_mpi_over_ucx({"pml"})},
       {"libfabric",
        {"--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "btl", "^vader,tcp,openib,uct", "-x",
         "FI_PROVIDER=verbs;ofi_rxm"}}};

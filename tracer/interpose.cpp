@@ -4,14 +4,12 @@
 // docs/comparing.md for what a trace holds and leaves out.
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <mutex>
 #include <string>
 
 #include "recorder.h"
+#include "support/leaving.h"
 #include "wrappers.h"
 
 // verbs.h makes these macros that pick a variant; the library defines the
@@ -438,26 +436,14 @@ SOFTVERBS_EXPORT int ibv_get_async_event(ibv_context* context, ibv_async_event* 
 // do) leaves an empty trace.
 namespace {
 
-using ExitFunction = void (*)(int);
-ExitFunction next_exit = nullptr;
-// Found before anything can fork: dlsym in a child could wait for the
-// loader's lock that another thread of the parent held.
-__attribute__((constructor)) void find_next_exit() {
-  next_exit = reinterpret_cast<ExitFunction>(dlsym(RTLD_NEXT, "_exit"));
-}
+// The next _exit: another preload's or glibc's.
+softverbs::leaving::ExitFunction next_exit = nullptr;
+__attribute__((constructor)) void find_next_exit() { next_exit = softverbs::leaving::find_next_exit(); }
 
 [[noreturn]] void leave(int status) {
   softverbs::trace::Recorder& recorder = softverbs::trace::Recorder::instance();
-  // Not if the lock stays taken: an exit from a handler that interrupted a
-  // wrapper of this thread.
-  std::unique_lock guard(recorder.mutex, std::try_to_lock);
-  for (int tries = 0; !guard.owns_lock() && tries < 200; ++tries) {
-    usleep(100);
-    guard.try_lock();
-  }
-  if (guard.owns_lock()) recorder.flush();
-  if (next_exit != nullptr) next_exit(status);
-  for (;;) syscall(SYS_exit_group, status);
+  if (auto guard = softverbs::leaving::lock_unless_stuck(recorder.mutex); guard.owns_lock()) recorder.flush();
+  softverbs::leaving::pass_on(next_exit, status);
 }
 
 }  // namespace

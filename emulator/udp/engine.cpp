@@ -14,10 +14,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <mutex>
-#include <thread>
 
 #include "host/netdev.h"
+#include "support/leaving.h"
 #include "support/process_id.h"
 #include "verbs/adversary.h"
 
@@ -70,14 +69,7 @@ void PortEngine::send_what_is_owed_locked() {
 
 void PortEngine::send_what_is_owed_before_exit() {
   if (current_pid() != started_by_) return;
-  std::unique_lock guard(mutex_, std::try_to_lock);
-  // Another thread's pass ends within microseconds; a lock that stays
-  // taken is this thread's own, interrupted by a handler that exits.
-  for (int tries = 0; !guard.owns_lock() && tries < 200; ++tries) {
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-    guard.try_lock();
-  }
-  if (guard.owns_lock()) send_what_is_owed_locked();
+  if (auto guard = leaving::lock_unless_stuck(mutex_); guard.owns_lock()) send_what_is_owed_locked();
 }
 
 bool PortEngine::start(std::string* error) {

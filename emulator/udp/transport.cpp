@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "support/leaving.h"
 #include "udp/engine.h"
 
 namespace softverbs {
@@ -65,8 +66,7 @@ void UdpTransport::send_what_is_owed_before_exit() {
   std::vector<std::shared_ptr<UdpTransport>> transports;
   {
     TransportDirectory& directory = transport_directory();
-    // Not taken: an exit from a handler that interrupted an acquire.
-    std::unique_lock guard(directory.mutex, std::try_to_lock);
+    auto guard = leaving::lock_unless_stuck(directory.mutex);
     if (!guard.owns_lock()) return;
     for (const auto& [memory, weak] : directory.transports)
       if (auto transport = weak.lock()) transports.push_back(std::move(transport));
