@@ -79,6 +79,29 @@ TEST_F(RdmaTools, IbvDevinfoSelectsTheDeviceByName) {
   EXPECT_NE(r.exit_code, 0);
 }
 
+
+// infiniband-diags' port tools read the sysfs tree (through libibumad), as
+// they do for rxe: the first thing many users type to see if a port is up.
+TEST_F(RdmaTools, IbstatAndIbstatusShowTheActivePort) {
+  if (run_process({"sh", "-c", "command -v ibstat"}).exit_code != 0)
+    GTEST_SKIP() << "infiniband-diags is not installed (scripts/install-deps installs it)";
+  auto r = run_tool({"ibstat", "softverbs0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("CA 'softverbs0'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Node GUID: 0x" + guid_without_colons(record().node_guid)), std::string::npos) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("State:\\s+Active"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("Physical state:\\s+LinkUp"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("Link layer:\\s+Ethernet"))) << r.out;
+
+  r = run_tool({"ibstatus", "softverbs0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Infiniband device 'softverbs0' port 1 status:"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("state:\\s+4: ACTIVE"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("default gid:\\s+fe80:"))) << r.out;
+
+  r = run_tool({"ibstat", "nosuchdevice"});
+  EXPECT_NE(r.exit_code, 0) << r.out;
+}
 TEST_F(RdmaTools, EnvironmentOnlyModeWhereTheDevEntryExists) {
   if (geteuid() != 0) GTEST_SKIP() << "needs /dev/infiniband/uverbsN, which root creates";
   auto r = run_tool({"sh", "-c", "echo SYSFS_PATH=$SYSFS_PATH; ibv_devinfo -v"}, {"--no-namespace"});
