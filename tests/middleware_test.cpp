@@ -100,6 +100,10 @@ class Middleware : public ::testing::TestWithParam<Transport> {
     std::vector<std::string> server = {"env"};
     server.insert(server.end(), variables.begin(), variables.end());
     server.push_back("ucx_perftest");
+    // A UCX built with MPI (Debian 13's 1.18) runs ucx_perftest as an MPI
+    // job unless told otherwise; 1.13 has no such option.
+    static const bool has_mpi_mode = run_process({"ucx_perftest", "-h"}).out.find("-P <0|1>") != std::string::npos;
+    if (has_mpi_mode) server.insert(server.end(), {"-P", "0"});
     server.insert(server.end(), test.begin(), test.end());
     std::vector<std::string> client = server;
     client.push_back("127.0.0.1");
