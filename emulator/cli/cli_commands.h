@@ -2,6 +2,7 @@
 // 0 success, 1 the operation failed, 2 bad usage.
 #pragma once
 
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,7 +74,7 @@ int command_stat(const StatOptions& options);
 // Sets this process's environment so that the program it execs is traced
 // into `file` (LD_PRELOAD and the trace variables); false and a message if
 // the trace library is missing or `file` cannot be written.
-bool prepare_trace(const std::string& file, std::string* error);
+bool prepare_trace(const std::string& file, const std::filesystem::path& library, std::string* error);
 int command_faults(const FaultsOptions& options);
 int command_capture(const CaptureOptions& options);
 

@@ -12,6 +12,7 @@ namespace fs = std::filesystem;
 
 LibraryPaths locate_libraries() {
   LibraryPaths paths;
+  paths.trace = locate_trace_library();
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {

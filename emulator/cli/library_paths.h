@@ -12,6 +12,11 @@ struct LibraryPaths {
   std::string provider_stem;
   std::filesystem::path preload;
   std::filesystem::path rdmacm_dir;  // holds our librdmacm.so.1
+  // libsoftverbs-trace.so (locate_trace_library), empty if it is nowhere.
+  // Found with the others, before `softverbs run` enters its mount
+  // namespace: inside a chroot, /proc/self/exe then names the binary by its
+  // path outside the chroot.
+  std::filesystem::path trace;
   bool found = false;
 };
 

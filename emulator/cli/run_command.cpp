@@ -135,7 +135,7 @@ int command_run(const RunOptions& options) {
       preload += std::string(":") + others;
     setenv("LD_PRELOAD", preload.c_str(), 1);
   }
-  if (options.trace_file && !prepare_trace(*options.trace_file, &error)) {
+  if (options.trace_file && !prepare_trace(*options.trace_file, libraries.trace, &error)) {
     report_error("run: " + error);
     return kExitFailure;
   }

@@ -38,8 +38,7 @@ void remove_numbered_traces(const fs::path& file) {
 
 }  // namespace
 
-bool prepare_trace(const std::string& file, std::string* error) {
-  const fs::path library = locate_trace_library();
+bool prepare_trace(const std::string& file, const fs::path& library, std::string* error) {
   if (library.empty()) {
     *error = "cannot find libsoftverbs-trace.so (build or install softverbs)";
     return false;
@@ -63,7 +62,7 @@ bool prepare_trace(const std::string& file, std::string* error) {
 
 int command_trace(const TraceOptions& options) {
   std::string error;
-  if (!prepare_trace(options.file, &error)) {
+  if (!prepare_trace(options.file, locate_trace_library(), &error)) {
     report_error("trace: " + error);
     return kExitFailure;
   }
