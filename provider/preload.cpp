@@ -2,22 +2,67 @@
 //
 // Where the RDMA netlink socket works (ib_core loaded: every host with a real
 // HCA), libibverbs never scans sysfs and so never sees softverbs devices.
-// Refusing NETLINK_RDMA sockets, as a kernel without ib_core does, makes it
-// take the sysfs path, where the generated tree lists softverbs devices next
-// to links to the real ones.
+// Refusing libibverbs' NETLINK_RDMA sockets (it opens them through libnl), as
+// a kernel without ib_core does, makes it take the sysfs path, where the
+// generated tree lists softverbs devices next to links to the real ones.
+// Other programs (iproute2's `rdma`) get the kernel's RDMA netlink where it
+// exists, and otherwise one that answers from that tree (rdma_netlink.h).
+#include <dlfcn.h>
 #include <linux/netlink.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <vector>
+
+#include "rdma_netlink.h"
 
 extern "C" __attribute__((visibility("default"))) int socket(int domain, int type, int protocol) {
   if (domain == AF_NETLINK && protocol == NETLINK_RDMA) {
-    errno = EPROTONOSUPPORT;
-    return -1;
+    if (softverbs::preload::called_from_verbs_library(__builtin_return_address(0))) {
+      errno = EPROTONOSUPPORT;
+      return -1;
+    }
+    const int kernels = static_cast<int>(syscall(SYS_socket, domain, type, protocol));
+    if (kernels >= 0 || errno != EPROTONOSUPPORT) return kernels;
+    return softverbs::preload::open_emulated_rdma_netlink(type);
   }
   return static_cast<int>(syscall(SYS_socket, domain, type, protocol));
+}
+
+// Requests on an emulated RDMA netlink socket are answered here; everything
+// else passes on.
+extern "C" __attribute__((visibility("default"))) ssize_t sendto(int fd, const void* buffer, size_t length, int flags,
+                                                                 const sockaddr* address, socklen_t address_length) {
+  ssize_t sent = 0;
+  if (softverbs::preload::answer_if_emulated(fd, buffer, length, &sent)) return sent;
+  using SendTo = ssize_t (*)(int, const void*, size_t, int, const sockaddr*, socklen_t);
+  static const SendTo next = reinterpret_cast<SendTo>(dlsym(RTLD_NEXT, "sendto"));
+  return next(fd, buffer, length, flags, address, address_length);
+}
+
+extern "C" __attribute__((visibility("default"))) ssize_t send(int fd, const void* buffer, size_t length, int flags) {
+  ssize_t sent = 0;
+  if (softverbs::preload::answer_if_emulated(fd, buffer, length, &sent)) return sent;
+  using Send = ssize_t (*)(int, const void*, size_t, int);
+  static const Send next = reinterpret_cast<Send>(dlsym(RTLD_NEXT, "send"));
+  return next(fd, buffer, length, flags);
+}
+
+extern "C" __attribute__((visibility("default"))) ssize_t sendmsg(int fd, const msghdr* message, int flags) {
+  if (softverbs::preload::is_emulated(fd)) {
+    std::vector<unsigned char> joined;
+    for (size_t i = 0; i < message->msg_iovlen; ++i) {
+      const auto* base = static_cast<const unsigned char*>(message->msg_iov[i].iov_base);
+      joined.insert(joined.end(), base, base + message->msg_iov[i].iov_len);
+    }
+    ssize_t sent = 0;
+    if (softverbs::preload::answer_if_emulated(fd, joined.data(), joined.size(), &sent)) return sent;
+  }
+  using SendMsg = ssize_t (*)(int, const msghdr*, int);
+  static const SendMsg next = reinterpret_cast<SendMsg>(dlsym(RTLD_NEXT, "sendmsg"));
+  return next(fd, message, flags);
 }
 
 // ---- completion channels and asynchronous events ----------------------------

@@ -1,6 +1,8 @@
 // Tries the sockets the preload must refuse or pass through, and prints the
 // outcome of each.
 #include <linux/netlink.h>
+#include <netlink/netlink.h>
+#include <netlink/socket.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,7 +21,17 @@ static void probe(const char* label, int domain, int type, int protocol) {
   }
 }
 
+// As libibverbs opens its RDMA netlink socket: through libnl.
+static void probe_through_libnl() {
+  nl_sock* sock = nl_socket_alloc();
+  if (sock == nullptr) return;
+  const int error = nl_connect(sock, NETLINK_RDMA);
+  std::printf("libnl NETLINK_RDMA: %s\n", error == 0 ? "ok" : "refused");
+  nl_socket_free(sock);
+}
+
 int main() {
+  probe_through_libnl();
   probe("NETLINK_RDMA", AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_RDMA);
   probe("NETLINK_ROUTE", AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
   probe("AF_INET", AF_INET, SOCK_DGRAM, IPPROTO_UDP);

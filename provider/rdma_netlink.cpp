@@ -1,0 +1,351 @@
+#include "rdma_netlink.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <linux/netlink.h>
+#include <net/if.h>
+#include <rdma/rdma_netlink.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace softverbs::preload {
+
+namespace {
+
+using SendTo = ssize_t (*)(int, const void*, size_t, int, const sockaddr*, socklen_t);
+
+SendTo next_sendto() {
+  static const SendTo next = reinterpret_cast<SendTo>(dlsym(RTLD_NEXT, "sendto"));
+  return next;
+}
+
+// The emulated sockets, by descriptor and the socket's inode: a descriptor
+// closed and reused for another socket is not mistaken for one.
+struct EmulatedSocket {
+  int fd;
+  ino_t inode;
+};
+std::mutex sockets_lock;
+std::vector<EmulatedSocket> sockets;
+std::atomic<bool> any_socket{false};
+
+ino_t inode_of(int fd) {
+  struct stat status {};
+  return fstat(fd, &status) == 0 ? status.st_ino : 0;
+}
+
+}  // namespace
+
+bool is_emulated(int fd) {
+  if (!any_socket.load(std::memory_order_acquire)) return false;
+  std::lock_guard guard(sockets_lock);
+  auto found = std::find_if(sockets.begin(), sockets.end(), [fd](const EmulatedSocket& s) { return s.fd == fd; });
+  if (found == sockets.end()) return false;
+  if (inode_of(fd) == found->inode) return true;
+  sockets.erase(found);
+  return false;
+}
+
+namespace {
+
+// ---- the devices, as the program's sysfs tree shows them ---------------------
+
+struct Port {
+  uint32_t number = 0;
+  uint8_t state = 0;           // IB port state: 4 ACTIVE
+  uint8_t physical_state = 0;  // 5 LinkUp
+  std::string netdev;
+};
+
+struct Device {
+  uint32_t index = 0;
+  std::string name;
+  uint64_t node_guid = 0;
+  uint64_t system_image_guid = 0;
+  std::string firmware;
+  uint8_t node_type = 0;
+  std::vector<Port> ports;
+};
+
+std::string first_line(const std::string& path) {
+  std::string line;
+  if (FILE* file = std::fopen(path.c_str(), "re")) {
+    char buffer[256];
+    if (std::fgets(buffer, sizeof buffer, file) != nullptr) line = buffer;
+    std::fclose(file);
+  }
+  while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.pop_back();
+  return line;
+}
+
+std::vector<std::string> names_in(const std::string& directory) {
+  std::vector<std::string> names;
+  if (DIR* dir = opendir(directory.c_str())) {
+    while (const dirent* entry = readdir(dir))
+      if (entry->d_name[0] != '.') names.emplace_back(entry->d_name);
+    closedir(dir);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+uint64_t guid_of(const std::string& text) {
+  std::string hex;
+  for (char c : text)
+    if (c != ':') hex += c;
+  return std::strtoull(hex.c_str(), nullptr, 16);
+}
+
+// "4: ACTIVE" -> 4
+uint8_t leading_number(const std::string& text) { return static_cast<uint8_t>(std::atoi(text.c_str())); }
+
+// Indexes follow the names' order, so they stay the same between the
+// program's requests.
+std::vector<Device> read_devices() {
+  const char* sysfs = std::getenv("SYSFS_PATH");
+  const std::string base = std::string(sysfs != nullptr && *sysfs != '\0' ? sysfs : "/sys") + "/class/infiniband";
+  std::vector<Device> devices;
+  for (const std::string& name : names_in(base)) {
+    const std::string dir = base + "/" + name;
+    Device device;
+    device.index = static_cast<uint32_t>(devices.size() + 1);
+    device.name = name;
+    device.node_guid = guid_of(first_line(dir + "/node_guid"));
+    device.system_image_guid = guid_of(first_line(dir + "/sys_image_guid"));
+    device.firmware = first_line(dir + "/fw_ver");
+    device.node_type = leading_number(first_line(dir + "/node_type"));
+    for (const std::string& number : names_in(dir + "/ports")) {
+      Port port;
+      port.number = static_cast<uint32_t>(std::strtoul(number.c_str(), nullptr, 10));
+      if (port.number == 0) continue;
+      const std::string port_dir = dir + "/ports/" + number;
+      port.state = leading_number(first_line(port_dir + "/state"));
+      port.physical_state = leading_number(first_line(port_dir + "/phys_state"));
+      port.netdev = first_line(port_dir + "/gid_attrs/ndevs/0");
+      device.ports.push_back(port);
+    }
+    std::sort(device.ports.begin(), device.ports.end(),
+              [](const Port& a, const Port& b) { return a.number < b.number; });
+    devices.push_back(device);
+  }
+  return devices;
+}
+
+// ---- messages -------------------------------------------------------------------
+
+class Message {
+ public:
+  Message(uint16_t type, uint16_t flags, uint32_t sequence, uint32_t portid) : bytes_(NLMSG_HDRLEN, 0) {
+    nlmsghdr header{};
+    header.nlmsg_type = type;
+    header.nlmsg_flags = flags;
+    header.nlmsg_seq = sequence;
+    header.nlmsg_pid = portid;
+    std::memcpy(bytes_.data(), &header, sizeof header);
+  }
+  void put(uint16_t type, const void* data, size_t length) {
+    const nlattr attribute{static_cast<uint16_t>(NLA_HDRLEN + length), type};
+    const size_t at = bytes_.size();
+    bytes_.resize(at + NLA_ALIGN(NLA_HDRLEN + length), 0);
+    std::memcpy(bytes_.data() + at, &attribute, sizeof attribute);
+    if (length != 0) std::memcpy(bytes_.data() + at + NLA_HDRLEN, data, length);
+  }
+  void put_u8(uint16_t type, uint8_t value) { put(type, &value, sizeof value); }
+  void put_u32(uint16_t type, uint32_t value) { put(type, &value, sizeof value); }
+  void put_u64(uint16_t type, uint64_t value) { put(type, &value, sizeof value); }
+  void put_string(uint16_t type, const std::string& value) { put(type, value.c_str(), value.size() + 1); }
+  void append(const void* data, size_t length) {
+    const auto* first = static_cast<const uint8_t*>(data);
+    bytes_.insert(bytes_.end(), first, first + length);
+  }
+  std::vector<uint8_t> finish() {
+    const auto length = static_cast<uint32_t>(bytes_.size());
+    std::memcpy(bytes_.data() + offsetof(nlmsghdr, nlmsg_len), &length, sizeof length);
+    return std::move(bytes_);
+  }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+constexpr uint16_t nldev_type(uint16_t command) { return static_cast<uint16_t>(RDMA_NL_GET_TYPE(RDMA_NL_NLDEV, command)); }
+
+// What the kernel answers for one device (RDMA_NLDEV_CMD_GET).
+std::vector<uint8_t> device_message(const Device& device, uint16_t flags, const nlmsghdr& request) {
+  Message message(request.nlmsg_type, flags, request.nlmsg_seq, request.nlmsg_pid);
+  message.put_u32(RDMA_NLDEV_ATTR_DEV_INDEX, device.index);
+  message.put_string(RDMA_NLDEV_ATTR_DEV_NAME, device.name);
+  // For a device, the port index is its number of ports.
+  message.put_u32(RDMA_NLDEV_ATTR_PORT_INDEX, device.ports.empty() ? 0 : device.ports.back().number);
+  message.put_string(RDMA_NLDEV_ATTR_FW_VERSION, device.firmware);
+  message.put_u64(RDMA_NLDEV_ATTR_NODE_GUID, device.node_guid);
+  message.put_u64(RDMA_NLDEV_ATTR_SYS_IMAGE_GUID, device.system_image_guid);
+  message.put_u8(RDMA_NLDEV_ATTR_DEV_NODE_TYPE, device.node_type);
+  message.put_string(RDMA_NLDEV_ATTR_DEV_PROTOCOL, "roce");
+  return message.finish();
+}
+
+// What the kernel answers for one port (RDMA_NLDEV_CMD_PORT_GET).
+std::vector<uint8_t> port_message(const Device& device, const Port& port, uint16_t flags, const nlmsghdr& request) {
+  Message message(request.nlmsg_type, flags, request.nlmsg_seq, request.nlmsg_pid);
+  message.put_u32(RDMA_NLDEV_ATTR_DEV_INDEX, device.index);
+  message.put_string(RDMA_NLDEV_ATTR_DEV_NAME, device.name);
+  message.put_u32(RDMA_NLDEV_ATTR_PORT_INDEX, port.number);
+  message.put_u8(RDMA_NLDEV_ATTR_PORT_STATE, port.state);
+  message.put_u8(RDMA_NLDEV_ATTR_PORT_PHYS_STATE, port.physical_state);
+  if (!port.netdev.empty()) {
+    const unsigned interface = if_nametoindex(port.netdev.c_str());
+    if (interface != 0) {
+      message.put_u32(RDMA_NLDEV_ATTR_NDEV_INDEX, interface);
+      message.put_string(RDMA_NLDEV_ATTR_NDEV_NAME, port.netdev);
+    }
+  }
+  return message.finish();
+}
+
+std::vector<uint8_t> error_message(int error, const nlmsghdr& request) {
+  Message message(NLMSG_ERROR, 0, request.nlmsg_seq, request.nlmsg_pid);
+  const int32_t code = -error;
+  message.append(&code, sizeof code);
+  message.append(&request, sizeof request);  // the request's header only, as with NETLINK_CAP_ACK
+  return message.finish();
+}
+
+std::vector<uint8_t> done_message(const nlmsghdr& request) {
+  Message message(NLMSG_DONE, NLM_F_MULTI, request.nlmsg_seq, request.nlmsg_pid);
+  const int32_t status = 0;
+  message.append(&status, sizeof status);
+  return message.finish();
+}
+
+// The u32 attribute `type` of a request, if it has it.
+bool u32_attribute(const nlmsghdr& request, uint16_t type, uint32_t* value) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&request);
+  size_t at = NLMSG_HDRLEN;
+  while (at + NLA_HDRLEN <= request.nlmsg_len) {
+    nlattr attribute;
+    std::memcpy(&attribute, bytes + at, sizeof attribute);
+    if (attribute.nla_len < NLA_HDRLEN || at + attribute.nla_len > request.nlmsg_len) return false;
+    if ((attribute.nla_type & NLA_TYPE_MASK) == type && attribute.nla_len == NLA_HDRLEN + sizeof(uint32_t)) {
+      std::memcpy(value, bytes + at + NLA_HDRLEN, sizeof *value);
+      return true;
+    }
+    at += NLA_ALIGN(attribute.nla_len);
+  }
+  return false;
+}
+
+// The kernel's answers to one request: GET and PORT_GET, one object or a
+// dump; anything else is not supported.
+std::vector<std::vector<uint8_t>> answers_to(const nlmsghdr& request) {
+  std::vector<std::vector<uint8_t>> answers;
+  const bool dump = (request.nlmsg_flags & NLM_F_DUMP) == NLM_F_DUMP;
+  const bool acknowledge = (request.nlmsg_flags & NLM_F_ACK) != 0;
+  const std::vector<Device> devices = read_devices();
+  uint32_t device_index = 0;
+  const bool named = u32_attribute(request, RDMA_NLDEV_ATTR_DEV_INDEX, &device_index);
+  const auto device = std::find_if(devices.begin(), devices.end(),
+                                   [&](const Device& d) { return named && d.index == device_index; });
+  if (request.nlmsg_type == nldev_type(RDMA_NLDEV_CMD_GET) && dump) {
+    for (const Device& each : devices) answers.push_back(device_message(each, NLM_F_MULTI, request));
+    answers.push_back(done_message(request));
+  } else if (request.nlmsg_type == nldev_type(RDMA_NLDEV_CMD_GET)) {
+    if (device == devices.end()) return {error_message(EINVAL, request)};
+    answers.push_back(device_message(*device, 0, request));
+    if (acknowledge) answers.push_back(error_message(0, request));
+  } else if (request.nlmsg_type == nldev_type(RDMA_NLDEV_CMD_PORT_GET)) {
+    if (device == devices.end()) return {error_message(EINVAL, request)};
+    if (dump) {
+      for (const Port& port : device->ports) answers.push_back(port_message(*device, port, NLM_F_MULTI, request));
+      answers.push_back(done_message(request));
+    } else {
+      uint32_t port_number = 0;
+      u32_attribute(request, RDMA_NLDEV_ATTR_PORT_INDEX, &port_number);
+      const auto port = std::find_if(device->ports.begin(), device->ports.end(),
+                                     [&](const Port& p) { return p.number == port_number; });
+      if (port == device->ports.end()) return {error_message(EINVAL, request)};
+      answers.push_back(port_message(*device, *port, 0, request));
+      if (acknowledge) answers.push_back(error_message(0, request));
+    }
+  } else {
+    answers.push_back(error_message(EOPNOTSUPP, request));
+  }
+  return answers;
+}
+
+// The socket's own address: the answers are sent to it from itself.
+bool own_address(int fd, sockaddr_nl* address) {
+  socklen_t length = sizeof *address;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(address), &length) != 0) return false;
+  if (address->nl_pid != 0) return true;
+  const sockaddr_nl any{AF_NETLINK, 0, 0, 0};  // not bound yet: let the kernel pick its port id
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&any), sizeof any) != 0) return false;
+  length = sizeof *address;
+  return getsockname(fd, reinterpret_cast<sockaddr*>(address), &length) == 0 && address->nl_pid != 0;
+}
+
+}  // namespace
+
+int open_emulated_rdma_netlink(int type) {
+  const int fd = static_cast<int>(syscall(SYS_socket, AF_NETLINK, type, NETLINK_USERSOCK));
+  if (fd < 0) return -1;
+  const ino_t inode = inode_of(fd);
+  std::lock_guard guard(sockets_lock);
+  std::erase_if(sockets, [fd](const EmulatedSocket& s) { return s.fd == fd; });
+  sockets.push_back({fd, inode});
+  any_socket.store(true, std::memory_order_release);
+  return fd;
+}
+
+bool answer_if_emulated(int fd, const void* request, size_t length, ssize_t* sent) {
+  if (!is_emulated(fd)) return false;
+  sockaddr_nl self{};
+  if (!own_address(fd, &self)) {
+    *sent = -1;
+    return true;
+  }
+  const auto* bytes = static_cast<const uint8_t*>(request);
+  size_t at = 0;
+  while (at + NLMSG_HDRLEN <= length) {
+    nlmsghdr header;
+    std::memcpy(&header, bytes + at, sizeof header);
+    if (header.nlmsg_len < NLMSG_HDRLEN || at + header.nlmsg_len > length) break;
+    std::vector<uint8_t> copy(bytes + at, bytes + at + header.nlmsg_len);
+    auto* parsed = reinterpret_cast<nlmsghdr*>(copy.data());
+    if (parsed->nlmsg_pid == 0) parsed->nlmsg_pid = self.nl_pid;  // answers carry the requester's port id
+    for (const std::vector<uint8_t>& answer : answers_to(*parsed)) {
+      if (next_sendto()(fd, answer.data(), answer.size(), 0, reinterpret_cast<const sockaddr*>(&self), sizeof self) <
+          0) {
+        *sent = -1;
+        return true;
+      }
+    }
+    at += NLMSG_ALIGN(header.nlmsg_len);
+  }
+  *sent = static_cast<ssize_t>(length);
+  return true;
+}
+
+bool called_from_verbs_library(const void* caller) {
+  Dl_info info{};
+  if (caller == nullptr || dladdr(caller, &info) == 0 || info.dli_fname == nullptr) return false;
+  const char* slash = std::strrchr(info.dli_fname, '/');
+  const char* name = slash != nullptr ? slash + 1 : info.dli_fname;
+  return std::strncmp(name, "libnl-", 6) == 0 || std::strncmp(name, "libibverbs", 10) == 0;
+}
+
+}  // namespace softverbs::preload

@@ -1,0 +1,29 @@
+// RDMA netlink for the tools that ask it about devices: iproute2's `rdma dev`
+// and `rdma link` (which rdma-core 56's pyverbs tests run to find a port's
+// network device). Where the kernel has no RDMA netlink (no ib_core), the
+// preload gives such a program a netlink socket of the user-socket family and
+// answers its device and port queries itself, from the sysfs tree the program
+// sees. libibverbs' own queries, which go through libnl, are still refused,
+// so that it scans that tree (see preload.cpp).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+
+namespace softverbs::preload {
+
+// A socket standing for socket(AF_NETLINK, type, NETLINK_RDMA); -1 with errno.
+int open_emulated_rdma_netlink(int type);
+
+// Whether `fd` is such a socket.
+bool is_emulated(int fd);
+
+// If `fd` is such a socket, answers the requests in [request, request+length)
+// on it, puts what send() returns in *sent, and returns true.
+bool answer_if_emulated(int fd, const void* request, size_t length, ssize_t* sent);
+
+// Whether the code at `caller` belongs to libnl or libibverbs.
+bool called_from_verbs_library(const void* caller);
+
+}  // namespace softverbs::preload
