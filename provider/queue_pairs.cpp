@@ -167,10 +167,14 @@ bool valid_attribute_values(const ContextState& state, const ibv_qp_attr& attr, 
   if ((mask & IBV_QP_PORT) && attr.port_num != 1) return false;
   if ((mask & IBV_QP_PKEY_INDEX) && attr.pkey_index >= limits::kPkeyTableLength) return false;
   // IBV_ACCESS_ON_DEMAND is a region's matter: HCAs take it in a QP's
-  // flags and ignore it there (pyverbs' ODP tests set it).
+  // flags and ignore it there (pyverbs' ODP tests set it). So are the FLUSH
+  // rights (rdma-core 45+; 1 << 8 and 1 << 9), which rdma-core 56's pyverbs
+  // sets on every extended RC QP, and which HCAs without FLUSH take too.
+  constexpr int kFlushGlobal = 1 << 8, kFlushPersistent = 1 << 9;
   if ((mask & IBV_QP_ACCESS_FLAGS) &&
       (attr.qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                                IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND)))
+                                IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND | kFlushGlobal |
+                                kFlushPersistent)))
     return false;
   if ((mask & IBV_QP_PATH_MTU) && (attr.path_mtu < IBV_MTU_256 || attr.path_mtu > IBV_MTU_4096)) return false;
   if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > state.device.max_qp_init_rd_atomic) return false;

@@ -366,6 +366,22 @@ TEST_F(RcDataPath, ReadOnAQpWithoutRemoteReadAccess) {
   EXPECT_EQ(done[0].status, IBV_WC_REM_ACCESS_ERR);
 }
 
+// The FLUSH rights (rdma-core 45+, 1 << 8 and 1 << 9) are taken in a QP's
+// access flags, as HCAs without FLUSH take them (rdma-core 56's pyverbs sets
+// them on every extended RC QP); a bit no verbs release defines is refused.
+TEST_F(RcDataPath, QpAccessFlagsTakeTheFlushRightsAndRefuseUnknownBits) {
+  constexpr int kFlushGlobal = 1 << 8, kFlushPersistent = 1 << 9;
+  qp_a_ = make_qp(IBV_QPT_RC, cq_a_);
+  qp_b_ = make_qp(IBV_QPT_RC, cq_b_);
+  ASSERT_TRUE(qp_a_ && qp_b_);
+  ASSERT_EQ(to_init(qp_a_, IBV_QPT_RC, kAllAccess | kFlushGlobal | kFlushPersistent), 0);
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(qp_a_, &attr, IBV_QP_ACCESS_FLAGS, &init), 0);
+  EXPECT_EQ(attr.qp_access_flags, kAllAccess | kFlushGlobal | kFlushPersistent);
+  EXPECT_EQ(to_init(qp_b_, IBV_QPT_RC, kAllAccess | (1 << 12)), EINVAL);
+}
+
 TEST_F(RcDataPath, RegionWithoutRemoteWriteRefusesWrites) {
   connect(IBV_QPT_RC);
   ibv_mr* read_only = ibv_reg_mr(pd_, buffer_b_.data(), 4096, IBV_ACCESS_REMOTE_READ);
