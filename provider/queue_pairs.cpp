@@ -172,9 +172,9 @@ bool valid_attribute_values(const ContextState& state, const ibv_qp_attr& attr, 
   // sets on every extended RC QP, and which HCAs without FLUSH take too.
   constexpr int kFlushGlobal = 1 << 8, kFlushPersistent = 1 << 9;
   if ((mask & IBV_QP_ACCESS_FLAGS) &&
-      (attr.qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                                IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND | kFlushGlobal |
-                                kFlushPersistent)))
+      (attr.qp_access_flags &
+       ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+         IBV_ACCESS_MW_BIND | IBV_ACCESS_ON_DEMAND | kFlushGlobal | kFlushPersistent)))
     return false;
   if ((mask & IBV_QP_PATH_MTU) && (attr.path_mtu < IBV_MTU_256 || attr.path_mtu > IBV_MTU_4096)) return false;
   if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > state.device.max_qp_init_rd_atomic) return false;

@@ -182,7 +182,9 @@ class Message {
   std::vector<uint8_t> bytes_;
 };
 
-constexpr uint16_t nldev_type(uint16_t command) { return static_cast<uint16_t>(RDMA_NL_GET_TYPE(RDMA_NL_NLDEV, command)); }
+constexpr uint16_t nldev_type(uint16_t command) {
+  return static_cast<uint16_t>(RDMA_NL_GET_TYPE(RDMA_NL_NLDEV, command));
+}
 
 // What the kernel answers for one device (RDMA_NLDEV_CMD_GET).
 std::vector<uint8_t> device_message(const Device& device, uint16_t flags, const nlmsghdr& request) {
@@ -258,8 +260,8 @@ std::vector<std::vector<uint8_t>> answers_to(const nlmsghdr& request) {
   const std::vector<Device> devices = read_devices();
   uint32_t device_index = 0;
   const bool named = u32_attribute(request, RDMA_NLDEV_ATTR_DEV_INDEX, &device_index);
-  const auto device = std::find_if(devices.begin(), devices.end(),
-                                   [&](const Device& d) { return named && d.index == device_index; });
+  const auto device =
+      std::find_if(devices.begin(), devices.end(), [&](const Device& d) { return named && d.index == device_index; });
   if (request.nlmsg_type == nldev_type(RDMA_NLDEV_CMD_GET) && dump) {
     for (const Device& each : devices) answers.push_back(device_message(each, NLM_F_MULTI, request));
     answers.push_back(done_message(request));

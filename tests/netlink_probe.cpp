@@ -1,9 +1,9 @@
 // Tries the sockets the preload must refuse or pass through, and prints the
 // outcome of each.
 #include <linux/netlink.h>
+#include <netinet/in.h>
 #include <netlink/netlink.h>
 #include <netlink/socket.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 

@@ -79,7 +79,6 @@ TEST_F(RdmaTools, IbvDevinfoSelectsTheDeviceByName) {
   EXPECT_NE(r.exit_code, 0);
 }
 
-
 // infiniband-diags' port tools read the sysfs tree (through libibumad), as
 // they do for rxe: the first thing many users type to see if a port is up.
 TEST_F(RdmaTools, IbstatAndIbstatusShowTheActivePort) {
@@ -202,8 +201,7 @@ TEST_F(RdmaTools, IproutesRdmaToolListsTheDeviceAndItsLink) {
       << r.out;
   r = run_tool({"rdma", "link", "show", "softverbs0/1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("link softverbs0/1 state ACTIVE physical_state LINK_UP netdev lo"), std::string::npos)
-      << r.out;
+  EXPECT_NE(r.out.find("link softverbs0/1 state ACTIVE physical_state LINK_UP netdev lo"), std::string::npos) << r.out;
   r = run_tool({"rdma", "dev", "show"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("softverbs0: node_type ca "), std::string::npos) << r.out;
