@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <vector>
 
 #include "rdma_netlink.h"
 
@@ -36,7 +35,8 @@ extern "C" __attribute__((visibility("default"))) int socket(int domain, int typ
 extern "C" __attribute__((visibility("default"))) ssize_t sendto(int fd, const void* buffer, size_t length, int flags,
                                                                  const sockaddr* address, socklen_t address_length) {
   ssize_t sent = 0;
-  if (softverbs::preload::answer_if_emulated(fd, buffer, length, &sent)) return sent;
+  const iovec request{const_cast<void*>(buffer), length};
+  if (softverbs::preload::answer_if_emulated(fd, {&request, 1}, &sent)) return sent;
   using SendTo = ssize_t (*)(int, const void*, size_t, int, const sockaddr*, socklen_t);
   static const SendTo next = reinterpret_cast<SendTo>(dlsym(RTLD_NEXT, "sendto"));
   return next(fd, buffer, length, flags, address, address_length);
@@ -44,22 +44,16 @@ extern "C" __attribute__((visibility("default"))) ssize_t sendto(int fd, const v
 
 extern "C" __attribute__((visibility("default"))) ssize_t send(int fd, const void* buffer, size_t length, int flags) {
   ssize_t sent = 0;
-  if (softverbs::preload::answer_if_emulated(fd, buffer, length, &sent)) return sent;
+  const iovec request{const_cast<void*>(buffer), length};
+  if (softverbs::preload::answer_if_emulated(fd, {&request, 1}, &sent)) return sent;
   using Send = ssize_t (*)(int, const void*, size_t, int);
   static const Send next = reinterpret_cast<Send>(dlsym(RTLD_NEXT, "send"));
   return next(fd, buffer, length, flags);
 }
 
 extern "C" __attribute__((visibility("default"))) ssize_t sendmsg(int fd, const msghdr* message, int flags) {
-  if (softverbs::preload::is_emulated(fd)) {
-    std::vector<unsigned char> joined;
-    for (size_t i = 0; i < message->msg_iovlen; ++i) {
-      const auto* base = static_cast<const unsigned char*>(message->msg_iov[i].iov_base);
-      joined.insert(joined.end(), base, base + message->msg_iov[i].iov_len);
-    }
-    ssize_t sent = 0;
-    if (softverbs::preload::answer_if_emulated(fd, joined.data(), joined.size(), &sent)) return sent;
-  }
+  ssize_t sent = 0;
+  if (softverbs::preload::answer_if_emulated(fd, {message->msg_iov, message->msg_iovlen}, &sent)) return sent;
   using SendMsg = ssize_t (*)(int, const msghdr*, int);
   static const SendMsg next = reinterpret_cast<SendMsg>(dlsym(RTLD_NEXT, "sendmsg"));
   return next(fd, message, flags);

@@ -26,13 +26,6 @@ namespace softverbs::preload {
 
 namespace {
 
-using SendTo = ssize_t (*)(int, const void*, size_t, int, const sockaddr*, socklen_t);
-
-SendTo next_sendto() {
-  static const SendTo next = reinterpret_cast<SendTo>(dlsym(RTLD_NEXT, "sendto"));
-  return next;
-}
-
 // The emulated sockets, by descriptor and the socket's inode: a descriptor
 // closed and reused for another socket is not mistaken for one.
 struct EmulatedSocket {
@@ -48,8 +41,6 @@ ino_t inode_of(int fd) {
   return fstat(fd, &status) == 0 ? status.st_ino : 0;
 }
 
-}  // namespace
-
 bool is_emulated(int fd) {
   if (!any_socket.load(std::memory_order_acquire)) return false;
   std::lock_guard guard(sockets_lock);
@@ -59,8 +50,6 @@ bool is_emulated(int fd) {
   sockets.erase(found);
   return false;
 }
-
-namespace {
 
 // ---- the devices, as the program's sysfs tree shows them ---------------------
 
@@ -313,14 +302,20 @@ int open_emulated_rdma_netlink(int type) {
   return fd;
 }
 
-bool answer_if_emulated(int fd, const void* request, size_t length, ssize_t* sent) {
+bool answer_if_emulated(int fd, std::span<const iovec> request, ssize_t* sent) {
   if (!is_emulated(fd)) return false;
   sockaddr_nl self{};
   if (!own_address(fd, &self)) {
     *sent = -1;
     return true;
   }
-  const auto* bytes = static_cast<const uint8_t*>(request);
+  std::vector<uint8_t> joined;
+  for (const iovec& piece : request) {
+    const auto* base = static_cast<const uint8_t*>(piece.iov_base);
+    joined.insert(joined.end(), base, base + piece.iov_len);
+  }
+  const uint8_t* bytes = joined.data();
+  const size_t length = joined.size();
   size_t at = 0;
   while (at + NLMSG_HDRLEN <= length) {
     nlmsghdr header;
@@ -330,8 +325,9 @@ bool answer_if_emulated(int fd, const void* request, size_t length, ssize_t* sen
     auto* parsed = reinterpret_cast<nlmsghdr*>(copy.data());
     if (parsed->nlmsg_pid == 0) parsed->nlmsg_pid = self.nl_pid;  // answers carry the requester's port id
     for (const std::vector<uint8_t>& answer : answers_to(*parsed)) {
-      if (next_sendto()(fd, answer.data(), answer.size(), 0, reinterpret_cast<const sockaddr*>(&self), sizeof self) <
-          0) {
+      // Straight to the kernel: the answer is this socket's to itself.
+      if (syscall(SYS_sendto, fd, answer.data(), answer.size(), 0, reinterpret_cast<const sockaddr*>(&self),
+                  sizeof self) < 0) {
         *sent = -1;
         return true;
       }

@@ -8,20 +8,19 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/uio.h>
 
-#include <cstddef>
+#include <span>
 
 namespace softverbs::preload {
 
 // A socket standing for socket(AF_NETLINK, type, NETLINK_RDMA); -1 with errno.
 int open_emulated_rdma_netlink(int type);
 
-// Whether `fd` is such a socket.
-bool is_emulated(int fd);
-
-// If `fd` is such a socket, answers the requests in [request, request+length)
-// on it, puts what send() returns in *sent, and returns true.
-bool answer_if_emulated(int fd, const void* request, size_t length, ssize_t* sent);
+// If `fd` is such a socket, answers the requests in `request` (the buffers
+// of one send, in order) on it, puts what the send returns in *sent, and
+// returns true.
+bool answer_if_emulated(int fd, std::span<const iovec> request, ssize_t* sent);
 
 // Whether the code at `caller` belongs to libnl or libibverbs.
 bool called_from_verbs_library(const void* caller);
