@@ -18,6 +18,7 @@
 #include "device/receive_queue.h"
 #include "handle_registry.h"
 #include "provider_context.h"
+#include "support/process_id.h"
 #include "support/small_vector.h"
 #include "verbs/adversary.h"
 #include "verbs_objects.h"
@@ -244,12 +245,14 @@ int destroy_cq(ibv_cq* ibv) {
   if (adversary::enabled()) [[unlikely]]
     adversary::forget_cq(*state.memory, cq->index);
   CqRecord& record = state.memory->shared().cqs[cq->index];
-  uint64_t ring, bytes;
+  uint64_t ring = 0, bytes = 0;
   {
     SharedLock lock(record.lock);
-    record.live = 0;
-    ring = record.ring_offset;
-    bytes = record.ring_bytes;
+    if (record.live && made_by_this_process(record.owner_pid)) {  // not one a forked child inherited
+      record.live = 0;
+      ring = record.ring_offset;
+      bytes = record.ring_bytes;
+    }
   }
   state.memory->release(ring, bytes);
   ibv_pd* parent_domain = cq->parent_domain;

@@ -12,6 +12,7 @@
 
 #include "device/device_memory_allocation.h"
 #include "shm/shared_regions.h"
+#include "support/process_id.h"
 #include "verbs_objects.h"
 
 namespace softverbs::provider {
@@ -24,7 +25,8 @@ struct ProviderDm {
   uint32_t allocation = 0;
   SharedBacking backing;
   std::mutex keys_mutex;
-  std::vector<uint32_t> keys;  // of the MRs registered on it (some may be gone)
+  std::vector<uint32_t> keys;   // of the MRs registered on it (some may be gone)
+  pid_t maker = current_pid();  // a forked child's free leaves its parent's allocation
 };
 
 ProviderDm* to_dm(ibv_dm* dm) { return reinterpret_cast<ProviderDm*>(dm); }
@@ -99,6 +101,7 @@ int free_dm(ibv_dm* dm) {
   }
   std::unique_ptr<ProviderDm> owner(mine);
   unmap_device_memory(mine->backing);
+  if (!made_by_this_process(mine->maker)) return 0;
   SharedLock lock(memory.shared().objects_lock);
   memory.shared().device_memory.release(mine->allocation);
   return 0;

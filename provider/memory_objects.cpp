@@ -212,21 +212,24 @@ int dereg_mr(abi::verbs_mr* vmr) {
   DeviceMemory& memory = memory_of(vmr->ibv_mr.context);
   SharedBacking backing;
   bool removed = false, busy = false;
+  // A region a forked child inherited stays its maker's.
+  const bool inherited = made_elsewhere(memory, vmr->ibv_mr.lkey);
   // The UDP engines of this process use registered ranges without the
   // table's lock: they are held off while one goes.
-  UdpTransport::hold_data_paths(memory, [&] {
-    ExclusiveLock lock(memory.shared().memory_lock);
-    auto region = memory.shared().mrs.find(vmr->ibv_mr.lkey);
-    // A region with windows bound to it stays (EBUSY, as rxe).
-    if (region && region->windows_bound > 0) {
-      busy = true;
-      return;
-    }
-    if (!region || !memory.shared().mrs.deregister(vmr->ibv_mr.lkey)) return;
-    backing = region->backing;
-    removed = true;
-  });
-  if (busy || !removed) {
+  if (!inherited)
+    UdpTransport::hold_data_paths(memory, [&] {
+      ExclusiveLock lock(memory.shared().memory_lock);
+      auto region = memory.shared().mrs.find(vmr->ibv_mr.lkey);
+      // A region with windows bound to it stays (EBUSY, as rxe).
+      if (region && region->windows_bound > 0) {
+        busy = true;
+        return;
+      }
+      if (!region || !memory.shared().mrs.deregister(vmr->ibv_mr.lkey)) return;
+      backing = region->backing;
+      removed = true;
+    });
+  if (busy || (!removed && !inherited)) {
     // It stays: so does the checker's record of it.
     if (checking)
       check::mr_registered(&vmr->ibv_mr,

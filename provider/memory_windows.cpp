@@ -45,13 +45,16 @@ ibv_mw* alloc_mw(ibv_pd* pd, ibv_mw_type type) {
 int dealloc_mw(ibv_mw* mw) {
   DeviceMemory& memory = memory_of(mw->context);
   bool removed = false;
+  // A window a forked child inherited stays its maker's.
+  const bool inherited = made_elsewhere(memory, mw->handle);
   // The UDP engines of this process use the window's range without the
   // table's lock: they are held off while it goes.
-  UdpTransport::hold_data_paths(memory, [&] {
-    ExclusiveLock lock(memory.shared().memory_lock);
-    removed = memory.shared().mrs.deallocate_window(mw->handle);
-  });
-  if (!removed) return EINVAL;
+  if (!inherited)
+    UdpTransport::hold_data_paths(memory, [&] {
+      ExclusiveLock lock(memory.shared().memory_lock);
+      removed = memory.shared().mrs.deallocate_window(mw->handle);
+    });
+  if (!removed && !inherited) return EINVAL;
   unuse_pd(mw->pd);
   std::unique_ptr<ibv_mw> owner(mw);
   return 0;

@@ -13,6 +13,7 @@
 #include "device/receive_queue.h"
 #include "handle_registry.h"
 #include "provider_context.h"
+#include "support/process_id.h"
 #include "verbs_objects.h"
 
 namespace softverbs::provider {
@@ -143,12 +144,14 @@ int destroy_srq(ibv_srq* ibv) {
   if (srq->xrcd) srq->xrcd->users.fetch_sub(1, std::memory_order_relaxed);
   check::unacknowledged_at_destroy(ibv, unregister_handle(HandleKind::Srq, ibv));
   SrqRecord& record = record_of(srq);
-  uint64_t ring, bytes;
+  uint64_t ring = 0, bytes = 0;
   {
     SharedLock lock(record.lock);
-    record.live = 0;
-    ring = record.rq.ring_offset;
-    bytes = ring_bytes(record.rq);
+    if (record.live && record.srqn == srq->verbs.srq_num && made_by_this_process(record.owner_pid)) {
+      record.live = 0;  // not for an SRQ a forked child inherited
+      ring = record.rq.ring_offset;
+      bytes = ring_bytes(record.rq);
+    }
   }
   state.memory->release(ring, bytes);
   unuse_pd(ibv->pd);

@@ -7,11 +7,13 @@
 #include <cerrno>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "device/work_request.h"
 #include "provider_context.h"
+#include "support/process_id.h"
 #include "verbs/device_qp.h"
 
 namespace softverbs::provider {
@@ -151,6 +153,14 @@ inline int owner_process_slot(DeviceMemory& memory) {
   const int process = memory.process_slot();
   if (process < 0) errno = ENOMEM;
   return process;
+}
+
+// Whether the region or window `key` names was made by another process: in
+// a forked child, its parent's, which the child's deregistration leaves be.
+inline bool made_elsewhere(DeviceMemory& memory, uint32_t key) {
+  MemoryReadLock lock(memory);
+  const std::optional<MemoryRegion> found = memory.shared().mrs.find(key);
+  return found && !made_by_this_process(found->owner_pid);
 }
 
 // ---- completion queues

@@ -10,6 +10,12 @@ namespace softverbs {
 // Correct across fork(): a child re-reads it.
 pid_t current_pid();
 
+// Whether a device object whose owner is `owner_pid` was made by this
+// process. A forked child holds its parent's verbs objects too and may
+// destroy them (Python's collector does, in multiprocessing's children):
+// that drops the child's handle, while the object stays its maker's.
+inline bool made_by_this_process(pid_t owner_pid) { return owner_pid == current_pid(); }
+
 // The calling thread's id (correct across fork() as well).
 pid_t current_thread_id();
 

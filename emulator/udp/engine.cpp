@@ -72,6 +72,8 @@ void PortEngine::send_what_is_owed_before_exit() {
   if (auto guard = leaving::lock_unless_stuck(mutex_); guard.owns_lock()) send_what_is_owed_locked();
 }
 
+bool PortEngine::started_here() const { return current_pid() == started_by_; }
+
 bool PortEngine::start(std::string* error) {
   instance_ = memory_->shared().instance_id;
   started_by_ = current_pid();

@@ -66,6 +66,9 @@ class PortEngine : public TransportPort {
   // that started the engine (a forked child inherits its state), and not if
   // the engine's lock stays taken (an exit from a signal handler).
   void send_what_is_owed_before_exit();
+  // False in a forked child: the engine's thread is the parent's, and its
+  // epoll set and sockets are shared with the parent.
+  bool started_here() const;
 
   // TransportPort
   DeviceMemory& memory() override { return *memory_; }

@@ -14,7 +14,12 @@
 namespace softverbs {
 
 UdpTransport::UdpTransport(std::unique_ptr<udp::PortEngine> engine) : engine_(std::move(engine)) {}
-UdpTransport::~UdpTransport() = default;
+UdpTransport::~UdpTransport() {
+  // A forked child that closes the device it inherited leaves the engine be:
+  // stopping it would take the parent's sockets out of their shared epoll
+  // set and join a thread the child does not have.
+  if (!engine_->started_here()) (void)engine_.release();  // NOLINT: abandoned, as the parent's
+}
 
 namespace {
 

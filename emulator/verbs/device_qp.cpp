@@ -13,6 +13,7 @@
 #include "device/shared_mutex.h"
 #include "shm/requester.h"
 #include "support/debug_log.h"
+#include "support/process_id.h"
 #include "verbs/adversary.h"
 #include "verbs/device_context.h"
 #include "wire/roce_headers.h"
@@ -89,7 +90,8 @@ DeviceQp::DeviceQp(DeviceContext& context, int index, int send_cq, bool on_srq)
       index_(index),
       send_cq_(send_cq),
       on_srq_(on_srq),
-      qpn_(memory_.shared().qps[index].qpn) {
+      qpn_(memory_.shared().qps[index].qpn),
+      maker_(current_pid()) {
   std::lock_guard guard(context_.qps_mutex);
   context_.qps_.push_back(this);
 }
@@ -101,22 +103,36 @@ DeviceQp::~DeviceQp() {
     std::lock_guard listing(context_.waiting_qps_mutex_);
     std::erase(context_.waiting_qps_, this);
   }
+  if (!made_by_this_process(maker_)) {
+    // A forked child's copy: the QP, its UDP flow and the epoll
+    // registrations the child shares with its parent stay the parent's.
+    std::lock_guard guard(mutex_);
+    drop_waiting_sends();
+    return;
+  }
   if (over_udp_) context_.udp_transport()->forget_qp(qpn_);
   QpRecord& qp = record();
-  uint64_t ring, bytes;
+  uint64_t ring = 0, bytes = 0;
+  bool ours;
   {
     SharedLock lock(qp.lock);
-    qp.live = 0;
-    ring = qp.rq.ring_offset;
-    bytes = ring_bytes(qp.rq);
+    // A record that is no longer this QP's is not freed twice.
+    ours = qp.live && qp.qpn == qpn_;
+    if (ours) {
+      qp.live = 0;
+      ring = qp.rq.ring_offset;
+      bytes = ring_bytes(qp.rq);
+    }
   }
-  memory_.release(ring, bytes);
-  {
-    ExclusiveLock lock(memory_.shared().memory_lock);
-    memory_.shared().multicast.detach_everywhere(qpn_);
-    memory_.shared().mrs.unbind_windows_of_qp(qpn_);
+  if (ours) {
+    memory_.release(ring, bytes);
+    {
+      ExclusiveLock lock(memory_.shared().memory_lock);
+      memory_.shared().multicast.detach_everywhere(qpn_);
+      memory_.shared().mrs.unbind_windows_of_qp(qpn_);
+    }
+    if (UdpTransport* udp = context_.udp_if_running(); udp && qp.type == QpType::Ud) udp->leave_groups(qpn_);
   }
-  if (UdpTransport* udp = context_.udp_if_running(); udp && qp.type == QpType::Ud) udp->leave_groups(qpn_);
   // Completions already in the CQs stay there, as rxe leaves them: libfabric's
   // rxm destroys a QP on the peer's disconnect and reads the CQ after that.
   std::lock_guard guard(mutex_);

@@ -4,6 +4,8 @@
 // of transport at RTR, and what each state change does to queued work.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -113,6 +115,7 @@ class DeviceQp {
   const int send_cq_;
   const bool on_srq_;
   const uint32_t qpn_;
+  const pid_t maker_;  // a forked child holds a copy it must not destroy
   std::mutex mutex_;
   // Sends that could not run yet on shared memory: the receiver had no WQE
   // posted (RNR), or the peer QP was not ready (RC retries until timeout x
