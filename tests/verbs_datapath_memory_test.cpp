@@ -268,6 +268,16 @@ std::vector<std::string> epoll_registrations() {
   return found;
 }
 
+// Whether a thread of this process is named `name` (/proc/self/task/*/comm).
+bool has_thread_named(const std::string& name) {
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) return true;
+  }
+  return false;
+}
+
 // A forked child holds its parent's verbs objects too, and may destroy them:
 // Python's collector does so in multiprocessing's children, for objects of
 // earlier work the parent has not collected yet. That drops the child's
@@ -358,6 +368,63 @@ TEST_F(RcDataPath, AForkedChildDestroyingInheritedObjectsLeavesTheParentsAlone) 
   EXPECT_EQ(ibv_destroy_qp(qp_b_), 0);
   qp_b_ = nullptr;
   EXPECT_EQ(ibv_destroy_srq(srq), 0);
+}
+
+// A forked child may also make QPs of its own on the device context it
+// inherited (librdmacm's device list, kept across fork, makes its QP1
+// agent there): they carry traffic as in any process, and the parent's
+// keep working beside them.
+TEST_F(RcDataPath, AForkedChildMakesItsOwnQpsOnTheContextItInherited) {
+  connect(IBV_QPT_RC);
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_EQ(post_recv_b(1, 0, 64), 0);
+  ASSERT_EQ(post_a(IBV_WR_SEND, 2, 0, 64), 0);
+  ASSERT_EQ(poll_n(cq_a_, 1).size(), 1u);
+  ASSERT_EQ(poll_n(cq_b_, 1).size(), 1u);
+
+  // On a UDP device the parent's QPs are served by its engine's thread.
+  const bool parent_has_engine = has_thread_named("softverbs-udp");
+  pid_t child = fork();
+  if (child == 0) {
+    // Its own CQs, QPs and MRs (the inherited ones stay the parent's).
+    cq_a_ = ibv_create_cq(context_, 64, nullptr, nullptr, 0);
+    cq_b_ = ibv_create_cq(context_, 64, nullptr, nullptr, 0);
+    mr_a_ = ibv_reg_mr(pd_, buffer_a_.data(), buffer_a_.size(), kAllAccess);
+    mr_b_ = ibv_reg_mr(pd_, buffer_b_.data(), buffer_b_.size(), kAllAccess);
+    if (!cq_a_ || !cq_b_ || !mr_a_ || !mr_b_) _exit(2);
+    connect(IBV_QPT_RC);
+    if (HasFatalFailure()) _exit(3);
+    for (int round = 0; round < 200; ++round) {
+      std::memset(buffer_a_.data(), round, 1024);
+      if (post_recv_b(10, 0, 1024) != 0 || post_a(IBV_WR_SEND, 11, 0, 1024) != 0) _exit(4);
+      auto sent = poll_n(cq_a_, 1);
+      auto received = poll_n(cq_b_, 1);
+      if (sent.size() != 1 || received.size() != 1) _exit(5);
+      if (sent[0].status != IBV_WC_SUCCESS || received[0].status != IBV_WC_SUCCESS) _exit(6);
+      if (std::memcmp(buffer_a_.data(), buffer_b_.data(), 1024) != 0) _exit(7);
+    }
+    // Served by an engine of its own: fork copies no thread, and the
+    // parent's sockets and epoll set are the parent's.
+    if (parent_has_engine && !has_thread_named("softverbs-udp")) _exit(8);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child's traffic (2: objects, 3: connect, 4: post, 5: no completion, 6: error, 7: bytes, 8: no engine of "
+         "its own): "
+      << describe_exit(status);
+  for (int round = 0; round < 20; ++round) {
+    std::memset(buffer_a_.data(), 0x30 + round, 512);
+    ASSERT_EQ(post_recv_b(20, 0, 512), 0);
+    ASSERT_EQ(post_a(IBV_WR_SEND, 21, 0, 512), 0);
+    auto sent = poll_n(cq_a_, 1);
+    auto received = poll_n(cq_b_, 1);
+    ASSERT_EQ(sent.size(), 1u);
+    ASSERT_EQ(received.size(), 1u);
+    EXPECT_EQ(received[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(received[0].status);
+    EXPECT_EQ(std::memcmp(buffer_a_.data(), buffer_b_.data(), 512), 0);
+  }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // transports.
 #include "udp/transport.h"
 
+#include <pthread.h>
+
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -30,8 +32,18 @@ struct TransportDirectory {
 };
 
 TransportDirectory& transport_directory() {
-  static TransportDirectory directory;
-  return directory;
+  static TransportDirectory* directory = [] {
+    auto* made = new TransportDirectory;  // NOLINT: lives as long as the process (its fork handlers use it)
+    // A forked child starts with none: the parent's are the parent's.
+    pthread_atfork([] { transport_directory().mutex.lock(); }, [] { transport_directory().mutex.unlock(); },
+                   [] {
+                     TransportDirectory& inherited = transport_directory();
+                     inherited.transports.clear();
+                     inherited.mutex.unlock();
+                   });
+    return made;
+  }();
+  return *directory;
 }
 
 }  // namespace
@@ -78,6 +90,8 @@ void UdpTransport::send_what_is_owed_before_exit() {
   }
   for (const auto& transport : transports) transport->engine_->send_what_is_owed_before_exit();
 }
+
+bool UdpTransport::started_here() const { return engine_->started_here(); }
 
 bool UdpTransport::is_local_gid(const Gid& gid) const { return engine_->is_local_gid(gid); }
 

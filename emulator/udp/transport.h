@@ -46,6 +46,11 @@ class UdpTransport {
   UdpTransport(const UdpTransport&) = delete;
   UdpTransport& operator=(const UdpTransport&) = delete;
 
+  // False in a forked child, whose transports are its own (acquire makes
+  // them anew there): the parent's engine thread, sockets and epoll set
+  // are the parent's.
+  bool started_here() const;
+
   // True if `gid` is one of this device's GIDs.
   bool is_local_gid(const Gid& gid) const;
 

@@ -1,5 +1,7 @@
 #include "verbs/device_context.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -10,16 +12,52 @@
 
 namespace softverbs {
 
+namespace {
+
+// This process's contexts, for the fork handler: a child that goes on
+// using a context it inherited starts a UDP transport of its own.
+struct ContextList {
+  std::mutex mutex;
+  std::vector<DeviceContext*> contexts;
+};
+
+ContextList& context_list() {
+  static ContextList* list = [] {
+    auto* made = new ContextList;  // NOLINT: lives as long as the process (its fork handlers use it)
+    pthread_atfork([] { context_list().mutex.lock(); }, [] { context_list().mutex.unlock(); },
+                   [] {
+                     for (DeviceContext* context : context_list().contexts) context->forget_udp_transport();
+                     context_list().mutex.unlock();
+                   });
+    return made;
+  }();
+  return *list;
+}
+
+}  // namespace
+
 DeviceContext::DeviceContext() : retry_timer_([this] { return retry_due_sends(); }) {
   if (adversary::enabled()) [[unlikely]]
     adversary::announce();
+  ContextList& list = context_list();
+  std::lock_guard guard(list.mutex);
+  list.contexts.push_back(this);
 }
 
+DeviceContext::~DeviceContext() {
+  ContextList& list = context_list();
+  std::lock_guard guard(list.mutex);
+  std::erase(list.contexts, this);
+}
+
+void DeviceContext::forget_udp_transport() { udp_running_.store(nullptr, std::memory_order_release); }
+
 UdpTransport* DeviceContext::udp_transport() {
-  // Set once and kept for the context's life: every post over UDP asks.
+  // Set once and kept for the context's life (in a forked child, made
+  // again): every post over UDP asks.
   if (UdpTransport* running = udp_if_running()) return running;
   std::lock_guard guard(udp_mutex_);
-  if (!udp_) {
+  if (!udp_ || !udp_->started_here()) {
     std::string error;
     udp_ = UdpTransport::acquire(memory, config, gids, &error);
     if (!udp_) {

@@ -25,6 +25,7 @@ class DeviceContext {
   using Clock = std::chrono::steady_clock;
 
   DeviceContext();
+  ~DeviceContext();
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;
 
@@ -44,6 +45,8 @@ class DeviceContext {
   // on stderr) if it cannot start.
   UdpTransport* udp_transport();
   UdpTransport* udp_if_running() const { return udp_running_.load(std::memory_order_acquire); }
+  // In a forked child: the parent's transport is not the child's.
+  void forget_udp_transport();
   // Whether UD datagrams go over UDP: on a udp device, and on an auto one
   // whose netdev is not a loopback (a peer may be on another host).
   bool ud_over_udp() const;
