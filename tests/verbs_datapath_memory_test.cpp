@@ -278,12 +278,36 @@ bool has_thread_named(const std::string& name) {
   return false;
 }
 
+// RC pairs whose traffic is checked in the parent after a fork.
+class ForkDataPath : public RcDataPath {
+ protected:
+  // `rounds` SENDs of `length` bytes from A land whole in B's receives
+  // (on its own queue, or on `srq`).
+  void expect_sends_arrive(int rounds, uint32_t length, ibv_srq* srq = nullptr) {
+    for (int round = 0; round < rounds; ++round) {
+      std::memset(buffer_a_.data(), 0x40 + round, length);
+      const uint64_t wr_id = 100 + static_cast<uint64_t>(round);
+      ASSERT_EQ(post_recv_b(wr_id, 0, length, srq), 0);
+      ASSERT_EQ(post_a(IBV_WR_SEND, wr_id, 0, length), 0);
+      auto sent = poll_n(cq_a_, 1);
+      auto received = poll_n(cq_b_, 1);
+      ASSERT_EQ(sent.size(), 1u);
+      ASSERT_EQ(received.size(), 1u);
+      EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(sent[0].status);
+      EXPECT_EQ(received[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(received[0].status);
+      EXPECT_EQ(received[0].wr_id, wr_id);
+      EXPECT_EQ(received[0].byte_len, length);
+      EXPECT_EQ(std::memcmp(buffer_a_.data(), buffer_b_.data(), length), 0) << "round " << round;
+    }
+  }
+};
+
 // A forked child holds its parent's verbs objects too, and may destroy them:
 // Python's collector does so in multiprocessing's children, for objects of
 // earlier work the parent has not collected yet. That drops the child's
 // handles; the parent's objects, their rings and keys stay the parent's
 // (rdma-core 56's pyverbs suite lost completions when they did not).
-TEST_F(RcDataPath, AForkedChildDestroyingInheritedObjectsLeavesTheParentsAlone) {
+TEST_F(ForkDataPath, AForkedChildDestroyingInheritedObjectsLeavesTheParentsAlone) {
   ibv_srq* srq = connect_rc_on_srq(8);
   ASSERT_NE(srq, nullptr);
   ibv_mw* mw = ibv_alloc_mw(pd_, IBV_MW_TYPE_1);
@@ -326,20 +350,7 @@ TEST_F(RcDataPath, AForkedChildDestroyingInheritedObjectsLeavesTheParentsAlone) 
         << registration << ": the child took it out of the epoll set it shares with the parent";
 
   // The parent's QPs, SRQ, CQs and MRs work as before the fork.
-  for (uint32_t round = 0; round < 3; ++round) {
-    std::memset(buffer_a_.data(), static_cast<int>(0x40 + round), 256);
-    ASSERT_EQ(post_recv_b(10 + round, 0, 256, srq), 0);
-    ASSERT_EQ(post_a(IBV_WR_SEND, 20 + round, 0, 256), 0);
-    auto sent = poll_n(cq_a_, 1);
-    auto received = poll_n(cq_b_, 1);
-    ASSERT_EQ(sent.size(), 1u);
-    ASSERT_EQ(received.size(), 1u);
-    EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(sent[0].status);
-    EXPECT_EQ(received[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(received[0].status);
-    EXPECT_EQ(received[0].wr_id, 10 + round);
-    EXPECT_EQ(received[0].byte_len, 256u);
-    EXPECT_EQ(std::memcmp(buffer_a_.data(), buffer_b_.data(), 256), 0) << "round " << round;
-  }
+  expect_sends_arrive(3, 256, srq);
   std::memset(buffer_a_.data() + 512, 0x6b, 128);
   ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 30, 512, 128, addr_b(1024), mr_b_->rkey), 0);
   auto written = poll_n(cq_a_, 1);
@@ -374,7 +385,7 @@ TEST_F(RcDataPath, AForkedChildDestroyingInheritedObjectsLeavesTheParentsAlone) 
 // inherited (librdmacm's device list, kept across fork, makes its QP1
 // agent there): they carry traffic as in any process, and the parent's
 // keep working beside them.
-TEST_F(RcDataPath, AForkedChildMakesItsOwnQpsOnTheContextItInherited) {
+TEST_F(ForkDataPath, AForkedChildMakesItsOwnQpsOnTheContextItInherited) {
   connect(IBV_QPT_RC);
   ASSERT_FALSE(HasFatalFailure());
   ASSERT_EQ(post_recv_b(1, 0, 64), 0);
@@ -414,17 +425,7 @@ TEST_F(RcDataPath, AForkedChildMakesItsOwnQpsOnTheContextItInherited) {
       << "the child's traffic (2: objects, 3: connect, 4: post, 5: no completion, 6: error, 7: bytes, 8: no engine of "
          "its own): "
       << describe_exit(status);
-  for (int round = 0; round < 20; ++round) {
-    std::memset(buffer_a_.data(), 0x30 + round, 512);
-    ASSERT_EQ(post_recv_b(20, 0, 512), 0);
-    ASSERT_EQ(post_a(IBV_WR_SEND, 21, 0, 512), 0);
-    auto sent = poll_n(cq_a_, 1);
-    auto received = poll_n(cq_b_, 1);
-    ASSERT_EQ(sent.size(), 1u);
-    ASSERT_EQ(received.size(), 1u);
-    EXPECT_EQ(received[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(received[0].status);
-    EXPECT_EQ(std::memcmp(buffer_a_.data(), buffer_b_.data(), 512), 0);
-  }
+  expect_sends_arrive(20, 512);
 }
 
 }  // namespace
