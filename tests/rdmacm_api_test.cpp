@@ -704,6 +704,69 @@ TEST(RdmaCmAlone, CreatingAQpSetsTheIdsPd) {
   ibv_dealloc_pd(pd);
 }
 
+// The passive side rejects and exits: on the UDP transport the device's
+// processes share port 4791, so the REJ may sit in the socket of the very
+// process that sent it, which must route it on before it goes.
+void reject_then_exit_at_once(uint16_t port, const char* why) {
+  rdma_event_channel* channel = rdma_create_event_channel();
+  rdma_cm_id* listener = nullptr;
+  rdma_create_id(channel, &listener, nullptr, RDMA_PS_TCP);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  local.sin_port = htons(port);
+  local.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&local)) || rdma_listen(listener, 1)) _exit(2);
+  std::printf("listening\n");
+  std::fflush(stdout);
+  rdma_cm_event* event = nullptr;
+  if (rdma_get_cm_event(channel, &event) || event->event != RDMA_CM_EVENT_CONNECT_REQUEST) _exit(4);
+  if (rdma_reject(event->id, why, static_cast<uint8_t>(std::strlen(why) + 1))) _exit(5);
+  _exit(0);
+}
+
+TEST(RdmaCmAlone, ARejectSentJustBeforeItsSenderExitsArrives) {
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    const uint16_t port = static_cast<uint16_t>(7450 + round);
+    pid_t child = fork();
+    if (child == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      reject_then_exit_at_once(port, "not now");
+    }
+    close(fds[1]);
+    char ready[16] = {};
+    ASSERT_GT(read(fds[0], ready, sizeof ready), 0);
+    close(fds[0]);
+    rdma_event_channel* channel = rdma_create_event_channel();
+    rdma_cm_id* id = nullptr;
+    ASSERT_EQ(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP), 0);
+    sockaddr_in destination{};
+    destination.sin_family = AF_INET;
+    destination.sin_port = htons(port);
+    destination.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    rdma_cm_event* event = nullptr;
+    ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&destination), 1000), 0);
+    ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+    rdma_ack_cm_event(event);
+    ASSERT_EQ(rdma_resolve_route(id, 1000), 0);
+    ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+    rdma_ack_cm_event(event);
+    ASSERT_EQ(rdma_connect(id, nullptr), 0);
+    ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+    EXPECT_EQ(event->event, RDMA_CM_EVENT_REJECTED);
+    EXPECT_EQ(event->status, 28) << "the passive's consumer reject, not the device's answer for a listener gone";
+    EXPECT_STREQ(static_cast<const char*>(event->param.conn.private_data), "not now");
+    rdma_ack_cm_event(event);
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    rdma_destroy_id(id);
+    rdma_destroy_event_channel(channel);
+  }
+}
+
 TEST(RdmaCmAlone, RejectCarriesPrivateDataAndTheConsumerReason) {
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);

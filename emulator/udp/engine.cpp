@@ -61,6 +61,11 @@ PortEngine::~PortEngine() {
 }
 
 void PortEngine::send_what_is_owed_locked() {
+  // The device's processes share port 4791 (SO_REUSEPORT), so this
+  // process's sockets may hold datagrams for others, which their close
+  // would drop: they are routed on first (a REJ sent to a peer just before
+  // its sender exited was lost so).
+  drain_all_locked(Reads::All);
   flush_sends();
   while (!held_acks_.empty()) send_held_ack_locked(held_acks_.front().qpn);
   fault_delays_.release_due(Clock::time_point::max(), std::bind_front(&PortEngine::send_bytes, this));
