@@ -704,6 +704,36 @@ TEST(RdmaCmAlone, CreatingAQpSetsTheIdsPd) {
   ibv_dealloc_pd(pd);
 }
 
+// Resolves 127.0.0.1:`port` for `id` and connects (the answer is the
+// caller's to take).
+void connect_to_loopback(rdma_event_channel* channel, rdma_cm_id* id, uint16_t port) {
+  sockaddr_in destination{};
+  destination.sin_family = AF_INET;
+  destination.sin_port = htons(port);
+  destination.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  rdma_cm_event* event = nullptr;
+  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&destination), 1000), 0);
+  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+  rdma_ack_cm_event(event);
+  ASSERT_EQ(rdma_resolve_route(id, 1000), 0);
+  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+  rdma_ack_cm_event(event);
+  ASSERT_EQ(rdma_connect(id, nullptr), 0);
+}
+
+// The next event is REJECTED by the passive's application (IB CM reason 28,
+// not the device's answer when no listener is left), with `why` as its
+// private data, padded to the REJ's 148 bytes.
+void expect_consumer_reject(rdma_event_channel* channel, const char* why) {
+  rdma_cm_event* event = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
+  EXPECT_EQ(event->event, RDMA_CM_EVENT_REJECTED);
+  EXPECT_EQ(event->status, 28) << "IB CM: consumer reject";
+  EXPECT_EQ(event->param.conn.private_data_len, 148);
+  EXPECT_STREQ(static_cast<const char*>(event->param.conn.private_data), why);
+  rdma_ack_cm_event(event);
+}
+
 // The passive side rejects and exits: on the UDP transport the device's
 // processes share port 4791, so the REJ may sit in the socket of the very
 // process that sent it, which must route it on before it goes.
@@ -742,23 +772,9 @@ TEST(RdmaCmAlone, ARejectSentJustBeforeItsSenderExitsArrives) {
     rdma_event_channel* channel = rdma_create_event_channel();
     rdma_cm_id* id = nullptr;
     ASSERT_EQ(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP), 0);
-    sockaddr_in destination{};
-    destination.sin_family = AF_INET;
-    destination.sin_port = htons(port);
-    destination.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    rdma_cm_event* event = nullptr;
-    ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&destination), 1000), 0);
-    ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
-    rdma_ack_cm_event(event);
-    ASSERT_EQ(rdma_resolve_route(id, 1000), 0);
-    ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
-    rdma_ack_cm_event(event);
-    ASSERT_EQ(rdma_connect(id, nullptr), 0);
-    ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
-    EXPECT_EQ(event->event, RDMA_CM_EVENT_REJECTED);
-    EXPECT_EQ(event->status, 28) << "the passive's consumer reject, not the device's answer for a listener gone";
-    EXPECT_STREQ(static_cast<const char*>(event->param.conn.private_data), "not now");
-    rdma_ack_cm_event(event);
+    connect_to_loopback(channel, id, port);
+    ASSERT_FALSE(HasFatalFailure());
+    expect_consumer_reject(channel, "not now");
     int status = 0;
     waitpid(child, &status, 0);
     EXPECT_EQ(WEXITSTATUS(status), 0);
@@ -798,24 +814,9 @@ TEST(RdmaCmAlone, RejectCarriesPrivateDataAndTheConsumerReason) {
   rdma_event_channel* channel = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
   ASSERT_EQ(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP), 0);
-  sockaddr_in destination{};
-  destination.sin_family = AF_INET;
-  destination.sin_port = htons(7403);
-  destination.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  rdma_cm_event* event = nullptr;
-  ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&destination), 1000), 0);
-  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
-  rdma_ack_cm_event(event);
-  ASSERT_EQ(rdma_resolve_route(id, 1000), 0);
-  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
-  rdma_ack_cm_event(event);
-  ASSERT_EQ(rdma_connect(id, nullptr), 0);
-  ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
-  EXPECT_EQ(event->event, RDMA_CM_EVENT_REJECTED);
-  EXPECT_EQ(event->status, 28) << "IB CM: consumer reject";
-  EXPECT_EQ(event->param.conn.private_data_len, 148);
-  EXPECT_STREQ(static_cast<const char*>(event->param.conn.private_data), "go away");
-  rdma_ack_cm_event(event);
+  connect_to_loopback(channel, id, 7403);
+  ASSERT_FALSE(HasFatalFailure());
+  expect_consumer_reject(channel, "go away");
   int status = 0;
   waitpid(child, &status, 0);
   EXPECT_EQ(WEXITSTATUS(status), 0);
