@@ -704,9 +704,14 @@ TEST(RdmaCmAlone, CreatingAQpSetsTheIdsPd) {
   ibv_dealloc_pd(pd);
 }
 
-// Resolves 127.0.0.1:`port` for `id` and connects (the answer is the
-// caller's to take).
-void connect_to_loopback(rdma_event_channel* channel, rdma_cm_id* id, uint16_t port) {
+// Connects to the listener of process `child` on 127.0.0.1:`port`, which
+// rejects the request: the REJECTED event comes from its application (IB CM
+// reason 28, not the device's answer when no listener is left), with `why`
+// as its private data, padded to the REJ's 148 bytes. Then `child` exits 0.
+void expect_rejected_by(pid_t child, uint16_t port, const char* why) {
+  rdma_event_channel* channel = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP), 0);
   sockaddr_in destination{};
   destination.sin_family = AF_INET;
   destination.sin_port = htons(port);
@@ -719,19 +724,17 @@ void connect_to_loopback(rdma_event_channel* channel, rdma_cm_id* id, uint16_t p
   ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
   rdma_ack_cm_event(event);
   ASSERT_EQ(rdma_connect(id, nullptr), 0);
-}
-
-// The next event is REJECTED by the passive's application (IB CM reason 28,
-// not the device's answer when no listener is left), with `why` as its
-// private data, padded to the REJ's 148 bytes.
-void expect_consumer_reject(rdma_event_channel* channel, const char* why) {
-  rdma_cm_event* event = nullptr;
   ASSERT_EQ(rdma_get_cm_event(channel, &event), 0);
   EXPECT_EQ(event->event, RDMA_CM_EVENT_REJECTED);
   EXPECT_EQ(event->status, 28) << "IB CM: consumer reject";
   EXPECT_EQ(event->param.conn.private_data_len, 148);
   EXPECT_STREQ(static_cast<const char*>(event->param.conn.private_data), why);
   rdma_ack_cm_event(event);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(channel);
 }
 
 // The passive side rejects and exits: on the UDP transport the device's
@@ -769,17 +772,7 @@ TEST(RdmaCmAlone, ARejectSentJustBeforeItsSenderExitsArrives) {
     char ready[16] = {};
     ASSERT_GT(read(fds[0], ready, sizeof ready), 0);
     close(fds[0]);
-    rdma_event_channel* channel = rdma_create_event_channel();
-    rdma_cm_id* id = nullptr;
-    ASSERT_EQ(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP), 0);
-    connect_to_loopback(channel, id, port);
-    ASSERT_FALSE(HasFatalFailure());
-    expect_consumer_reject(channel, "not now");
-    int status = 0;
-    waitpid(child, &status, 0);
-    EXPECT_EQ(WEXITSTATUS(status), 0);
-    rdma_destroy_id(id);
-    rdma_destroy_event_channel(channel);
+    ASSERT_NO_FATAL_FAILURE(expect_rejected_by(child, port, "not now"));
   }
 }
 
@@ -811,17 +804,7 @@ TEST(RdmaCmAlone, RejectCarriesPrivateDataAndTheConsumerReason) {
   }
   char ready;
   ASSERT_EQ(read(fds[0], &ready, 1), 1);
-  rdma_event_channel* channel = rdma_create_event_channel();
-  rdma_cm_id* id = nullptr;
-  ASSERT_EQ(rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP), 0);
-  connect_to_loopback(channel, id, 7403);
-  ASSERT_FALSE(HasFatalFailure());
-  expect_consumer_reject(channel, "go away");
-  int status = 0;
-  waitpid(child, &status, 0);
-  EXPECT_EQ(WEXITSTATUS(status), 0);
-  rdma_destroy_id(id);
-  rdma_destroy_event_channel(channel);
+  ASSERT_NO_FATAL_FAILURE(expect_rejected_by(child, 7403, "go away"));
 }
 
 }  // namespace
