@@ -71,6 +71,41 @@ class UdpCompleter : public ::testing::Test, public udp::TransportPort {
     udp::requester_post(*this, qp_, write);
   }
 
+  // One request the responder answers with a response packet: an ATOMIC
+  // WRITE of the buffer's first 8 bytes, or a FETCH_ADD into them.
+  void post_answered(SendOpcode opcode) {
+    udp::SendWqe request;
+    request.wr_id = 2;
+    request.opcode = opcode;
+    request.signaled = true;
+    request.sges = {{reinterpret_cast<uint64_t>(buffer_.data()), 8, key_}};
+    request.length = 8;
+    request.remote_address = 0x20000;
+    request.rkey = 0x1234;
+    request.compare_add = 1;
+    udp::requester_post(*this, qp_, request);
+  }
+
+  // The response that ends such a request: an ATOMIC WRITE's zero-length
+  // READ RESPONSE ONLY, an atomic's ATOMIC ACKNOWLEDGE.
+  void respond(SendOpcode to, uint32_t psn) {
+    wire::TransportPacket packet;
+    const bool atomic = to != SendOpcode::AtomicWrite;
+    packet.bth.opcode =
+        wire::opcode(wire::Service::Rc, atomic ? wire::op::kAtomicAcknowledge : wire::op::kReadResponseOnly);
+    packet.bth.dest_qp = qp_.qpn;
+    packet.bth.psn = psn;
+    packet.aeth.syndrome = udp::aeth::kAck;
+    udp::completer_receive(*this, qp_, packet);
+  }
+
+  // What the retransmission timer sends once it runs out.
+  std::vector<uint32_t> time_out() {
+    now_ = qp_.requester.ack_deadline;
+    udp::completer_tick(*this, qp_);
+    return take_sent();
+  }
+
   void answer(uint32_t psn, uint8_t syndrome) {
     wire::TransportPacket packet;
     packet.bth.opcode = wire::opcode(wire::Service::Rc, wire::op::kAcknowledge);
@@ -134,6 +169,35 @@ TEST_F(UdpCompleter, AStaleSequenceNakSendsNothingAgain) {
   Completion completion[2];
   ASSERT_EQ(ring.pop(completion), 1u);
   EXPECT_EQ(completion[0].status, WcStatus::Success);
+}
+
+// An ACK for a duplicate WRITE acknowledges every PSN the responder has
+// taken (rxe and HCAs answer so), past an ATOMIC WRITE or atomic whose own
+// response was lost. Only that response ends the request: the requester
+// asks again at once and, should that answer be lost as well, at every
+// timeout, until the response comes or the retries run out.
+TEST_F(UdpCompleter, ARequestAcknowledgedPastButUnansweredIsAskedAgainAtEachTimeout) {
+  for (SendOpcode opcode : {SendOpcode::AtomicWrite, SendOpcode::AtomicFetchAdd}) {
+    SCOPED_TRACE(opcode == SendOpcode::AtomicWrite ? "ATOMIC WRITE" : "FETCH_ADD");
+    const uint32_t first = qp_.requester.next_psn;
+    const uint32_t answered = first + kPackets;
+    post_write();
+    post_answered(opcode);
+    ASSERT_EQ(take_sent(), psns(first, answered));
+    answer(answered, udp::aeth::kAck);
+    EXPECT_EQ(take_sent(), std::vector<uint32_t>{answered}) << "the ACK tells the response was lost";
+    EXPECT_EQ(time_out(), std::vector<uint32_t>{answered});
+    EXPECT_EQ(time_out(), std::vector<uint32_t>{answered});
+    respond(opcode, answered);
+    EXPECT_TRUE(take_sent().empty());
+    CompletionRing ring = memory_->completion_ring(memory_->shared().cqs[cq_]);
+    Completion completion[3];
+    ASSERT_EQ(ring.pop(completion), 2u);
+    EXPECT_EQ(completion[0].status, WcStatus::Success);
+    EXPECT_EQ(completion[1].status, WcStatus::Success);
+    EXPECT_EQ(completion[1].opcode, opcode == SendOpcode::AtomicWrite ? WcOpcode::AtomicWrite : WcOpcode::FetchAdd);
+    EXPECT_TRUE(qp_.requester.queue.empty());
+  }
 }
 
 }  // namespace

@@ -158,6 +158,8 @@ TEST_F(AtomicWrite, FollowsTheWritesPostedBeforeIt) {
     EXPECT_EQ(buffer_b_[64 + 4095], 0x30 + round);
     auto done = poll_n(cq_a_, 2);
     ASSERT_EQ(done.size(), 2u);
+    ASSERT_EQ(done[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(done[0].status);
+    ASSERT_EQ(done[1].status, IBV_WC_SUCCESS) << ibv_wc_status_str(done[1].status);
     EXPECT_EQ(done[1].opcode, IBV_WC_ATOMIC_WRITE);
   }
 }

@@ -403,10 +403,12 @@ void completer_tick(TransportPort& port, UdpQp& qp) {
     }
     --r.retries_left;
   }
-  // Resend from the oldest request without its answer.
+  // Resend from the oldest request without its answer. A READ, atomic or
+  // ATOMIC WRITE waiting for its response may lie before acked_psn: an ACK
+  // for a later duplicate acknowledges past it, but only the response ends it.
   SendWqe& oldest = r.queue.front();
   uint32_t from = psn_add(r.acked_psn, 1);
-  if (oldest.is_read() && !oldest.finished) from = oldest.read_next_psn;
+  if (oldest.expects_response() && !oldest.finished) from = oldest.is_read() ? oldest.read_next_psn : oldest.first_psn;
   if (psn_distance(from, oldest.first_psn) < 0) from = oldest.first_psn;
   r.rerequest_pending = false;
   go_back(port, qp, from);
