@@ -547,8 +547,9 @@ TEST_F(RcDataPath, ReceivesPostedFromTwoThreadsAreEachTakenOnceInOrder) {
     EXPECT_EQ(next_of[1], (round + 1) * kPerThread / 2);
     while (send_completions < sent) {
       auto done = poll_n(cq_a_, 1);
-      ASSERT_EQ(done.size(), 1u);
-      ++send_completions;
+      ASSERT_FALSE(done.empty());
+      for (const ibv_wc& wc : done) EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+      send_completions += static_cast<uint32_t>(done.size());
     }
   }
   ASSERT_EQ(ibv_destroy_qp(qp_b_), 0);

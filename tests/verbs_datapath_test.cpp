@@ -254,6 +254,54 @@ TEST_F(RcDataPath, InlineRoomFollowsTheSgesAsOnRxe) {
   EXPECT_EQ(ibv_destroy_qp(wide), 0);
 }
 
+// Each atomic is executed once, whatever the link does to it (a lost
+// response makes the requester ask again, and the responder answers that
+// from the result it saved), and each completes, also right behind a WRITE
+// whose ACK acknowledges past it. Run over UDP with loss and duplication by
+// the ctest verbs_datapath_test_udp_atomic_write_faults.
+TEST_F(RcDataPath, AtomicsBehindWritesAreExecutedOnceEach) {
+  connect(IBV_QPT_RC);
+  constexpr uint64_t kRounds = 40;
+  std::memset(buffer_b_.data() + 64, 0, 8);
+  ibv_sge sge{reinterpret_cast<uint64_t>(buffer_a_.data()), 8, mr_a_->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.atomic.remote_addr = addr_b(64);
+  wr.wr.atomic.rkey = mr_b_->rkey;
+  ibv_send_wr* bad = nullptr;
+  for (uint64_t round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    ASSERT_EQ(post_a(IBV_WR_RDMA_WRITE, 10, 1024, 4096, addr_b(1024), mr_b_->rkey), 0);
+    // Adds 1, then swaps the sum for itself plus 100 if it is what it
+    // must be: a FETCH_ADD done twice would fail the swap and the count.
+    wr.wr_id = 11;
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.wr.atomic.compare_add = 1;
+    ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
+    auto done = poll_n(cq_a_, 2);
+    ASSERT_EQ(done.size(), 2u);
+    for (const ibv_wc& wc : done) ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+    uint64_t original;
+    std::memcpy(&original, buffer_a_.data(), 8);
+    ASSERT_EQ(original, round * 101);
+    wr.wr_id = 12;
+    wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+    wr.wr.atomic.compare_add = round * 101 + 1;
+    wr.wr.atomic.swap = (round + 1) * 101;
+    ASSERT_EQ(ibv_post_send(qp_a_, &wr, &bad), 0);
+    done = poll_n(cq_a_, 1);
+    ASSERT_EQ(done.size(), 1u);
+    ASSERT_EQ(done[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(done[0].status);
+    std::memcpy(&original, buffer_a_.data(), 8);
+    ASSERT_EQ(original, round * 101 + 1) << "the swap saw the add once";
+  }
+  uint64_t value;
+  std::memcpy(&value, buffer_b_.data() + 64, 8);
+  EXPECT_EQ(value, kRounds * 101);
+}
+
 TEST_F(RcDataPath, AtomicsReturnTheOriginalValue) {
   connect(IBV_QPT_RC);
   uint64_t target = 40;
