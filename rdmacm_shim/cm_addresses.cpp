@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include "cm_internal.h"
+#include "listener_directory.h"
+#include "support/file_util.h"
 
 namespace softverbs::cm {
 
@@ -77,6 +79,18 @@ std::array<uint8_t, 16> gid_bytes(const sockaddr_storage& address) {
   const ibv_gid gid = gid_of(address);
   std::memcpy(out.data(), gid.raw, 16);
   return out;
+}
+
+CmListenOn listen_on(const sockaddr_storage& local, std::optional<bool> afonly) {
+  CmListenOn on;
+  if (local.ss_family == AF_INET) {
+    on.ip_version = 4;
+  } else {
+    static const bool bindv6only = read_first_line("/proc/sys/net/ipv6/bindv6only").value_or("0") == "1";
+    on.ip_version = afonly.value_or(bindv6only) || !is_wildcard(local) ? 6 : 0;
+  }
+  if (!is_wildcard(local)) on.address = gid_bytes(local);
+  return on;
 }
 
 // ---- devices -----------------------------------------------------------------

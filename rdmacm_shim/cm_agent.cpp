@@ -215,12 +215,12 @@ std::vector<ReceivedMad> CmAgent::take() {
   return out;
 }
 
-int CmAgent::add_listener(uint64_t service_id, const Gid16& address) {
-  return add_cm_listener(*memory_, service_id, address, qpn());
+int CmAgent::add_listener(uint64_t service_id, const CmListenOn& on) {
+  return add_cm_listener(*memory_, service_id, on, qpn());
 }
 
-void CmAgent::remove_listener(uint64_t service_id, const Gid16& address) {
-  remove_cm_listener(*memory_, service_id, address, qpn());
+void CmAgent::remove_listener(uint64_t service_id, const CmListenOn& on) {
+  remove_cm_listener(*memory_, service_id, on, qpn());
 }
 
 bool CmAgent::peer_alive(uint32_t id) { return cm_id_held(*memory_, id); }

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "device/cm_routing.h"
 #include "wire/cm_mad.h"
 
 namespace softverbs {
@@ -71,9 +72,9 @@ class CmAgent {
   bool peer_alive(uint32_t id);
 
   // Listeners (0, or an errno); an all-zero address listens on all of the
-  // device's addresses.
-  int add_listener(uint64_t service_id, const Gid16& address);
-  void remove_listener(uint64_t service_id, const Gid16& address);
+  // device's addresses (see CmListenOn).
+  int add_listener(uint64_t service_id, const CmListenOn& on);
+  void remove_listener(uint64_t service_id, const CmListenOn& on);
 
  private:
   CmAgent() = default;

@@ -130,14 +130,14 @@ int register_listener(Engine& engine, CmId* id, const sockaddr_storage& local) {
   else
     contexts.push_back(id->id.verbs);
   const uint64_t service_id = mad::service_id(port_space_of(id), port_of(local));
-  const std::array<uint8_t, 16> address = is_wildcard(local) ? std::array<uint8_t, 16>{} : gid_bytes(local);
+  const CmListenOn on = listen_on(local, id->afonly);
   int error = 0;
   for (ibv_context* context : contexts) {
     CmAgent* agent = engine.agent_for(context);
     if (agent == nullptr) continue;  // not a softverbs device
-    error = agent->add_listener(service_id, address);
+    error = agent->add_listener(service_id, on);
     if (error != 0) break;
-    id->listening.emplace_back(agent, address);
+    id->listening.emplace_back(agent, on);
   }
   if (error == 0 && id->listening.empty()) error = ENODEV;
   if (error != 0) {

@@ -78,7 +78,7 @@ int destroy_id(rdma_cm_id* public_id) {
     id.reset(raw);
     end_connection(engine, id.get());
     const uint64_t service_id = mad::service_id(port_space_of(id.get()), port_of(id->id.route.addr.src_storage));
-    for (const auto& [agent, address] : id->listening) agent->remove_listener(service_id, address);
+    for (const auto& [agent, on] : id->listening) agent->remove_listener(service_id, on);
     if (id->listed) engine.directory->release(id->id.route.addr.src_storage);
     for (CmId* other : engine.ids)
       if (other->listener == id.get()) other->listener = nullptr;
@@ -194,8 +194,11 @@ int set_option(rdma_cm_id* public_id, int level, int name, const void* value, si
         id->tos = *static_cast<const uint8_t*>(value);
         return 0;
       case RDMA_OPTION_ID_REUSEADDR:
-      case RDMA_OPTION_ID_AFONLY:
         return length == sizeof(int) ? 0 : fail(EINVAL);
+      case RDMA_OPTION_ID_AFONLY:
+        if (length != sizeof(int)) return fail(EINVAL);
+        id->afonly = *static_cast<const int*>(value) != 0;
+        return 0;
       case RDMA_OPTION_ID_ACK_TIMEOUT:
         if (length != sizeof(uint8_t) || *static_cast<const uint8_t*>(value) > 31) return fail(EINVAL);
         id->ack_timeout = *static_cast<const uint8_t*>(value);

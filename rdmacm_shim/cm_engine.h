@@ -79,8 +79,9 @@ struct CmId {
   std::chrono::steady_clock::time_point request_sent_at{};
   std::optional<std::array<uint8_t, wire::cm::kMadBytes>> last_answer;
   // A listener's registrations: the agents whose devices route its REQs here.
-  std::vector<std::pair<CmAgent*, std::array<uint8_t, 16>>> listening;
-  bool listed = false;  // in the listener directory
+  std::vector<std::pair<CmAgent*, CmListenOn>> listening;
+  std::optional<bool> afonly;  // RDMA_OPTION_ID_AFONLY, if set
+  bool listed = false;         // in the listener directory
   CmId* listener = nullptr;
   // What the peer sent, for rdma_init_qp_attr and the QP transitions.
   std::optional<ConnectRequest> request;

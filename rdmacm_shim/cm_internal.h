@@ -66,6 +66,10 @@ WireAddress wire_address(const std::array<uint8_t, 16>& gid, uint8_t ip_version,
 // RoCE v2 GID of an IP address: IPv4-mapped for IPv4.
 ibv_gid gid_of(const sockaddr_storage& address);
 std::array<uint8_t, 16> gid_bytes(const sockaddr_storage& address);
+// What a listener bound to `local` takes. An IPv4 wildcard takes IPv4 only;
+// an IPv6 one IPv4 too unless AFONLY is set, which defaults to
+// net.ipv6.bindv6only as in the kernel's rdma_cm.
+CmListenOn listen_on(const sockaddr_storage& local, std::optional<bool> afonly);
 // Is `address` one of this host's (network namespace's) addresses?
 bool is_local_address(const sockaddr_storage& address);
 // The local address the kernel would route `destination` from (0 or an errno).

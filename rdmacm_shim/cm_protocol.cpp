@@ -239,19 +239,21 @@ bool answered_resent_request(Engine& engine, CmAgent* agent, const ReceivedMad& 
 }
 
 // The listener registered on `agent` for `service_id` at `wanted`: one
-// bound to that address, else a wildcard one.
+// bound to that address, else a wildcard one that takes its IP version.
 CmId* listener_for(Engine& engine, CmAgent* agent, uint64_t service_id, const sockaddr_storage& wanted) {
   const auto wanted_gid = gid_bytes(wanted);
+  const uint8_t wanted_version = wanted.ss_family == AF_INET6 ? 6 : 4;
   CmId* listener = nullptr;
   for (CmId* id : engine.ids) {
     if (id->state != IdState::Listening || port_space_of(id) != (service_id >> 16 & 0xffff) ||
         port_of(id->id.route.addr.src_storage) != (service_id & 0xffff))
       continue;
-    const bool registered = std::any_of(id->listening.begin(), id->listening.end(),
-                                        [&](const auto& entry) { return entry.first == agent; });
-    if (!registered) continue;
+    const auto registration = std::find_if(id->listening.begin(), id->listening.end(),
+                                           [&](const auto& entry) { return entry.first == agent; });
+    if (registration == id->listening.end()) continue;
     if (gid_bytes(id->id.route.addr.src_storage) == wanted_gid) return id;
-    if (is_wildcard(id->id.route.addr.src_storage)) listener = id;
+    const uint8_t takes = registration->second.ip_version;
+    if (is_wildcard(id->id.route.addr.src_storage) && (takes == 0 || takes == wanted_version)) listener = id;
   }
   return listener;
 }

@@ -490,13 +490,16 @@ class CmRouting : public ::testing::Test {
     qp.gsi_agent = 1;
     return qp.qpn;
   }
-  std::array<uint8_t, kMadBytes> req_to(uint16_t port, const Gid& destination, uint32_t comm_id = 0x0abc0001) {
+  std::array<uint8_t, kMadBytes> req_to(uint16_t port, const Gid& destination, uint32_t comm_id = 0x0abc0001,
+                                        uint8_t ip_version = 4) {
     Mad mad = sample_req();
     mad.req.local_comm_id = comm_id;
     mad.req.service_id = service_id(kPortSpaceTcp, port);
     IpHeader ip;
+    ip.ip_version = ip_version;
     ip.source_port = 40000;
-    ip.source = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2};
+    ip.source = ip_version == 4 ? Gid{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2}
+                                : Gid{0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2};
     ip.destination = destination;
     put_ip_header(ip, mad.req.private_data);
     return build_cm_mad(mad);
@@ -510,8 +513,8 @@ class CmRouting : public ::testing::Test {
 TEST_F(CmRouting, RequestsGoToTheirListenerOthersAreRejectedAsByTheKernel) {
   const uint64_t port_7471 = service_id(kPortSpaceTcp, 7471);
   ASSERT_EQ(add_cm_listener(*memory_, port_7471, {}, wildcard_), 0);
-  ASSERT_EQ(add_cm_listener(*memory_, port_7471, kAddress, exact_), 0);
-  EXPECT_EQ(add_cm_listener(*memory_, port_7471, kAddress, wildcard_), EADDRINUSE);
+  ASSERT_EQ(add_cm_listener(*memory_, port_7471, {kAddress, 4}, exact_), 0);
+  EXPECT_EQ(add_cm_listener(*memory_, port_7471, {kAddress, 4}, wildcard_), EADDRINUSE);
 
   EXPECT_EQ(route_cm_mad(*memory_, req_to(7471, kAddress)).agent_qpn, exact_) << "the exact address first";
   Gid elsewhere = kAddress;
@@ -528,8 +531,37 @@ TEST_F(CmRouting, RequestsGoToTheirListenerOthersAreRejectedAsByTheKernel) {
   EXPECT_EQ(rej->rej.remote_comm_id, 0x0abc0042u) << "addressed to the REQ's sender";
   EXPECT_EQ(rej->transaction_id, sample_req().transaction_id);
 
-  remove_cm_listener(*memory_, port_7471, kAddress, exact_);
+  remove_cm_listener(*memory_, port_7471, {kAddress, 4}, exact_);
   EXPECT_EQ(route_cm_mad(*memory_, req_to(7471, kAddress)).agent_qpn, wildcard_) << "removed";
+}
+
+// rdma_cm's AFONLY: an IPv4 wildcard and an IPv6-only one share a port,
+// each taking its own version's REQs (tgtd listens so for iSER), where an
+// IPv6 wildcard that also takes IPv4 conflicts with both.
+TEST_F(CmRouting, WildcardsOfEachIpVersionShareAPort) {
+  const uint64_t port_3260 = service_id(kPortSpaceTcp, 3260);
+  const CmListenOn ipv4{{}, 4}, ipv6_only{{}, 6}, both{{}, 0};
+  ASSERT_EQ(add_cm_listener(*memory_, port_3260, ipv4, exact_), 0);
+  ASSERT_EQ(add_cm_listener(*memory_, port_3260, ipv6_only, wildcard_), 0);
+  EXPECT_EQ(add_cm_listener(*memory_, port_3260, both, wildcard_), EADDRINUSE);
+  EXPECT_EQ(add_cm_listener(*memory_, port_3260, ipv4, wildcard_), EADDRINUSE);
+
+  const Gid v6_address{0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  EXPECT_EQ(route_cm_mad(*memory_, req_to(3260, kAddress)).agent_qpn, exact_) << "IPv4 to the IPv4 wildcard";
+  EXPECT_EQ(route_cm_mad(*memory_, req_to(3260, v6_address, 0x0abc0002, 6)).agent_qpn, wildcard_)
+      << "IPv6 to the IPv6 one";
+
+  remove_cm_listener(*memory_, port_3260, ipv6_only, wildcard_);
+  const CmDelivery refused = route_cm_mad(*memory_, req_to(3260, v6_address, 0x0abc0003, 6));
+  EXPECT_EQ(refused.agent_qpn, 0u) << "the IPv4 wildcard takes no IPv6 REQ";
+  ASSERT_TRUE(refused.answer);
+  EXPECT_EQ(parse_cm_mad(*refused.answer)->rej.reason, reject::kInvalidServiceId);
+  EXPECT_EQ(route_cm_mad(*memory_, req_to(3260, kAddress)).agent_qpn, exact_) << "removing one left the other";
+
+  remove_cm_listener(*memory_, port_3260, ipv4, exact_);
+  ASSERT_EQ(add_cm_listener(*memory_, port_3260, both, wildcard_), 0);
+  EXPECT_EQ(route_cm_mad(*memory_, req_to(3260, kAddress)).agent_qpn, wildcard_) << "both versions";
+  EXPECT_EQ(route_cm_mad(*memory_, req_to(3260, v6_address, 0x0abc0004, 6)).agent_qpn, wildcard_);
 }
 
 TEST_F(CmRouting, CommunicationIdsNameTheirAgentAndDeadOnesAreAnswered) {

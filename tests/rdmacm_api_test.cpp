@@ -642,6 +642,65 @@ TEST(RdmaCmAlone, AConnectionRequestCountsForItsListener) {
   rdma_destroy_event_channel(server);
 }
 
+// A wildcard listener of each IP version on one port, the IPv6 one with
+// AFONLY set (tgtd listens so for iSER): both listen, and each takes the
+// connections of its own version, as with the kernel's rdma_cm.
+TEST(RdmaCmAlone, AfOnlyLetsAnIpv4AndAnIpv6WildcardShareAPort) {
+  constexpr uint16_t kPort = 7503;
+  rdma_event_channel* channel = rdma_create_event_channel();
+  ASSERT_NE(channel, nullptr);
+  sockaddr_storage any6{}, any4{};
+  auto& six = reinterpret_cast<sockaddr_in6&>(any6);
+  six.sin6_family = AF_INET6;
+  six.sin6_port = htons(kPort);
+  auto& four = reinterpret_cast<sockaddr_in&>(any4);
+  four.sin_family = AF_INET;
+  four.sin_port = htons(kPort);
+  rdma_cm_id *listener6 = nullptr, *listener4 = nullptr;
+  ASSERT_EQ(rdma_create_id(channel, &listener6, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_EQ(rdma_create_id(channel, &listener4, nullptr, RDMA_PS_TCP), 0);
+  int afonly = 1;
+  ASSERT_EQ(rdma_set_option(listener6, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &afonly, sizeof afonly), 0);
+  ASSERT_EQ(rdma_bind_addr(listener6, reinterpret_cast<sockaddr*>(&any6)), 0);
+  ASSERT_EQ(rdma_listen(listener6, 4), 0) << std::strerror(errno);
+  ASSERT_EQ(rdma_bind_addr(listener4, reinterpret_cast<sockaddr*>(&any4)), 0);
+  ASSERT_EQ(rdma_listen(listener4, 4), 0) << std::strerror(errno);
+
+  // Connects to `destination` and returns the listener its request reached.
+  auto listener_reached = [&](const char* host) -> rdma_cm_id* {
+    rdma_addrinfo hints{};
+    hints.ai_port_space = RDMA_PS_TCP;
+    rdma_addrinfo* info = nullptr;
+    const std::string port = std::to_string(kPort);
+    if (rdma_getaddrinfo(host, port.c_str(), &hints, &info) != 0) return nullptr;
+    ibv_qp_init_attr attr = qp_attributes();
+    rdma_cm_id* active = nullptr;
+    const int created = rdma_create_ep(&active, info, nullptr, &attr);
+    rdma_freeaddrinfo(info);
+    if (created != 0) return nullptr;
+    std::thread connector([active] { (void)rdma_connect(active, nullptr); });
+    rdma_cm_event* request = nullptr;
+    rdma_cm_id* reached = nullptr;
+    if (rdma_get_cm_event(channel, &request) == 0) {
+      if (request->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+        reached = request->listen_id;
+        rdma_reject(request->id, nullptr, 0);
+      }
+      rdma_cm_id* incoming = request->id;
+      rdma_ack_cm_event(request);
+      rdma_destroy_id(incoming);
+    }
+    connector.join();
+    rdma_destroy_ep(active);
+    return reached;
+  };
+  EXPECT_EQ(listener_reached("127.0.0.1"), listener4);
+  EXPECT_EQ(listener_reached("::1"), listener6);
+  rdma_destroy_id(listener4);
+  rdma_destroy_id(listener6);
+  rdma_destroy_event_channel(channel);
+}
+
 // As librdmacm: rdma_migrate_id returns once the events already taken for
 // the id are acked, so that none is handled on the old channel after it.
 TEST(RdmaCmAlone, MigrateWaitsForTheEventsTakenToBeAcked) {

@@ -24,21 +24,27 @@ uint32_t agent_of_id(DeviceMemory& memory, uint32_t id) {
   return qp.live && agent_alive(memory, qpn) ? qpn : 0;
 }
 
-uint32_t listener_for(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address) {
+bool versions_overlap(uint8_t a, uint8_t b) { return a == 0 || b == 0 || a == b; }
+
+// The agent listening on `service_id` for a REQ to `address` of IP version
+// `ip_version` (0 when the REQ named none): one bound to that address, else
+// a wildcard one that takes that version.
+uint32_t listener_for(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address,
+                      uint8_t ip_version) {
   SharedLock lock(memory.shared().cm_listeners.lock);
+  constexpr std::array<uint8_t, 16> kAny{};
   uint32_t any = 0;
   for (const auto& entry : memory.shared().cm_listeners.entries) {
     if (entry.agent_qpn == 0 || entry.service_id != service_id || !agent_alive(memory, entry.agent_qpn)) continue;
-    if (entry.address == address) return entry.agent_qpn;
-    if (entry.address == std::array<uint8_t, 16>{}) any = entry.agent_qpn;
+    if (entry.address == address && address != kAny) return entry.agent_qpn;
+    if (entry.address == kAny && versions_overlap(entry.ip_version, ip_version)) any = entry.agent_qpn;
   }
   return any;
 }
 
 }  // namespace
 
-int add_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address,
-                    uint32_t agent_qpn) {
+int add_cm_listener(DeviceMemory& memory, uint64_t service_id, const CmListenOn& on, uint32_t agent_qpn) {
   SharedLock lock(memory.shared().cm_listeners.lock);
   CmListenerTable::Entry* free_entry = nullptr;
   for (auto& entry : memory.shared().cm_listeners.entries) {
@@ -47,18 +53,21 @@ int add_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::array<
       if (free_entry == nullptr) free_entry = &entry;
       continue;
     }
-    if (entry.service_id == service_id && entry.address == address) return EADDRINUSE;
+    if (entry.service_id == service_id && entry.address == on.address &&
+        versions_overlap(entry.ip_version, on.ip_version))
+      return EADDRINUSE;
   }
   if (free_entry == nullptr) return ENOMEM;
-  *free_entry = {service_id, address, agent_qpn};
+  *free_entry = {service_id, on.address, agent_qpn, on.ip_version};
   return 0;
 }
 
-void remove_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address,
-                        uint32_t agent_qpn) {
+void remove_cm_listener(DeviceMemory& memory, uint64_t service_id, const CmListenOn& on, uint32_t agent_qpn) {
   SharedLock lock(memory.shared().cm_listeners.lock);
   for (auto& entry : memory.shared().cm_listeners.entries) {
-    if (entry.agent_qpn == agent_qpn && entry.service_id == service_id && entry.address == address) entry = {};
+    if (entry.agent_qpn == agent_qpn && entry.service_id == service_id && entry.address == on.address &&
+        entry.ip_version == on.ip_version)
+      entry = {};
   }
 }
 
@@ -119,8 +128,12 @@ CmDelivery route_cm_mad(DeviceMemory& memory, std::span<const uint8_t> bytes) {
                                      ? std::span<const uint8_t>(mad->req.private_data)
                                      : std::span<const uint8_t>(mad->sidr_req.private_data);
       std::array<uint8_t, 16> destination{};
-      if (const auto ip = wire::cm::get_ip_header(private_data)) destination = ip->destination;
-      delivery.agent_qpn = listener_for(memory, route->service_id, destination);
+      uint8_t ip_version = 0;
+      if (const auto ip = wire::cm::get_ip_header(private_data)) {
+        destination = ip->destination;
+        ip_version = ip->ip_version;
+      }
+      delivery.agent_qpn = listener_for(memory, route->service_id, destination, ip_version);
       if (delivery.agent_qpn == 0) delivery.answer = unclaimed_answer(*mad);
       return delivery;
     }

@@ -21,6 +21,15 @@ class DeviceMemory;
 
 inline constexpr uint32_t kGsiQpn = 1;
 
+// What a listener takes: the REQs for one address, or with an all-zero
+// address those for any of the device's, of IP version 4 or 6 or of both
+// (0): rdma_cm's AFONLY option decides that for an IPv6 wildcard.
+struct CmListenOn {
+  std::array<uint8_t, 16> address{};
+  uint8_t ip_version = 0;
+  bool operator==(const CmListenOn&) const = default;
+};
+
 // Listening service IDs, in device memory. Its lock is a leaf: routing
 // happens under the device's other locks.
 struct CmListenerTable {
@@ -29,17 +38,17 @@ struct CmListenerTable {
     uint64_t service_id = 0;
     std::array<uint8_t, 16> address{};  // all zero: any address of the device
     uint32_t agent_qpn = 0;             // 0: a free entry
+    uint8_t ip_version = 0;             // CmListenOn's
   };
   static constexpr int kCapacity = 512;
   Entry entries[kCapacity];
 };
 
 // 0; EADDRINUSE where a live agent listens on the service ID and address
-// already; ENOMEM when the table is full of live entries.
-int add_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address,
-                    uint32_t agent_qpn);
-void remove_cm_listener(DeviceMemory& memory, uint64_t service_id, const std::array<uint8_t, 16>& address,
-                        uint32_t agent_qpn);
+// already (for a wildcard: of an IP version it takes too); ENOMEM when the
+// table is full of live entries.
+int add_cm_listener(DeviceMemory& memory, uint64_t service_id, const CmListenOn& on, uint32_t agent_qpn);
+void remove_cm_listener(DeviceMemory& memory, uint64_t service_id, const CmListenOn& on, uint32_t agent_qpn);
 
 // The communication ID (or SIDR request ID) number `sequence` of an agent.
 uint32_t cm_local_id(uint32_t agent_qpn, uint32_t sequence);
