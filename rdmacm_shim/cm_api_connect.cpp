@@ -318,7 +318,10 @@ int disconnect(rdma_cm_id* public_id) {
   }
   id->state = IdState::Disconnected;
   // Both ends see DISCONNECTED, as with the kernel's rdma_cm.
-  if (!id->own_channel) deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+  if (!id->own_channel) {
+    deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+    enter_timewait(id);
+  }
   return 0;
 }
 

@@ -141,8 +141,10 @@ void Engine::schedule_resends() {
   auto consider = [&earliest](Clock::time_point at) {
     if (!earliest || at < *earliest) earliest = at;
   };
-  for (CmId* id : ids)
+  for (CmId* id : ids) {
     if (id->awaiting_answer) consider(id->awaiting_answer->at);
+    if (id->timewait_ends) consider(*id->timewait_ends);
+  }
   for (const Lingering& entry : lingering) consider(entry.dreq.at);
   if (watching_peers()) {
     if (next_peer_check <= Clock::now()) next_peer_check = Clock::now() + kPeerCheckEvery;
@@ -164,6 +166,7 @@ void Engine::schedule_resends() {
     std::lock_guard guard(mutex);
     waits_->armed_for.reset();
     resend_due();
+    end_due_timewaits(Clock::now());
     check_peers(Clock::now());
     schedule_resends();
   });
@@ -210,6 +213,14 @@ void Engine::resend_due() {
     return due == Due::Exhausted;
   });
   if (lingering.empty()) lingering_drained.notify_all();
+}
+
+void Engine::end_due_timewaits(Clock::time_point now) {
+  for (CmId* id : ids) {
+    if (!id->timewait_ends || *id->timewait_ends > now) continue;
+    id->timewait_ends.reset();
+    deliver(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+  }
 }
 
 // A program that ends right after its disconnect (rping's client does)

@@ -76,6 +76,8 @@ struct CmId {
   std::array<uint8_t, 16> local_gid{};
   std::array<uint8_t, 16> peer_gid{};
   std::optional<Resending> awaiting_answer;
+  // When the time wait of its ended connection is over (TIMEWAIT_EXIT).
+  std::optional<std::chrono::steady_clock::time_point> timewait_ends;
   std::chrono::steady_clock::time_point request_sent_at{};
   std::optional<std::array<uint8_t, wire::cm::kMadBytes>> last_answer;
   // A listener's registrations: the agents whose devices route its REQs here.

@@ -41,6 +41,10 @@ constexpr uint8_t kHopLimit = 64;
 constexpr uint8_t kCmResponseTimeout = 18;
 constexpr uint8_t kMaxCmRetries = 4;
 constexpr auto kResendAfter = std::chrono::nanoseconds(4096ull << kCmResponseTimeout);
+// A connection's time wait after its disconnect, ended by TIMEWAIT_EXIT: the
+// kernel's IB CM waits 2^(lifetime - 8) ms, the path's packet lifetime on
+// RoCE being 17 (rdma_cm's 16, plus one).
+constexpr auto kTimewait = std::chrono::milliseconds(1 << (17 - 8));
 
 inline int fail(int error) {
   errno = error;
@@ -146,6 +150,8 @@ class Engine {
   void watch(CmAgent* agent);
   void on_readable(CmAgent* agent);
   void resend_due();
+  // TIMEWAIT_EXIT for the ids whose time wait is over.
+  void end_due_timewaits(Clock::time_point now);
   // Connected ids whose peer, on this device, has died: DISCONNECTED, as
   // the DREQ the peer's kernel CM would have sent.
   bool watching_peers() const;
@@ -197,6 +203,9 @@ void on_no_answer(CmId* id);
 // DISCONNECTED for a connected id. The QP stays as it is, as with
 // librdmacm, whose DISCONNECTED leaves it alone.
 void ended_by_peer(CmId* id);
+// A connected (not UD) id whose connection ended: TIMEWAIT_EXIT follows
+// after kTimewait, unless the id is destroyed first.
+void enter_timewait(CmId* id);
 
 // ---- queue pairs (cm_qp.cpp) ----------------------------------------------------
 

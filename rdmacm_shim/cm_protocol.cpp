@@ -351,7 +351,14 @@ void ended_by_peer(CmId* id) {
   if (id->state == IdState::Connected || id->state == IdState::ReplySent) {
     id->state = IdState::Disconnected;
     deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+    if (!id->own_channel) enter_timewait(id);
   }
+}
+
+void enter_timewait(CmId* id) {
+  if (is_ud(id)) return;
+  id->timewait_ends = Clock::now() + kTimewait;
+  Engine::instance().schedule_resends();
 }
 
 void on_no_answer(CmId* id) {

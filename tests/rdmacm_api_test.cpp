@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -699,6 +700,75 @@ TEST(RdmaCmAlone, AfOnlyLetsAnIpv4AndAnIpv6WildcardShareAPort) {
   rdma_destroy_id(listener4);
   rdma_destroy_id(listener6);
   rdma_destroy_event_channel(channel);
+}
+
+// The next event on `channel` within `patience`, acked; its type and id.
+struct TakenEvent {
+  rdma_cm_event_type type;
+  rdma_cm_id* id;
+};
+std::optional<TakenEvent> next_event(rdma_event_channel* channel, int patience_ms) {
+  pollfd ready{channel->fd, POLLIN, 0};
+  if (poll(&ready, 1, patience_ms) != 1) return std::nullopt;
+  rdma_cm_event* event = nullptr;
+  if (rdma_get_cm_event(channel, &event) != 0) return std::nullopt;
+  TakenEvent taken{event->event, event->id};
+  rdma_ack_cm_event(event);
+  return taken;
+}
+
+// As with the kernel's rdma_cm: after a connection's DISCONNECTED, each
+// side's id gets TIMEWAIT_EXIT once its time wait is over (tgtd frees an
+// iSER connection only then), and an id destroyed before that gets none.
+TEST(RdmaCmAlone, TimewaitExitFollowsTheDisconnectUnlessTheIdIsDestroyed) {
+  rdma_event_channel* server = rdma_create_event_channel();
+  rdma_event_channel* client = rdma_create_event_channel();
+  rdma_cm_id* listener = listening_id(server, 7504);
+  ASSERT_NE(listener, nullptr) << std::strerror(errno);
+  rdma_cm_id* active = resolved_id(client, 7504);
+  ASSERT_NE(active, nullptr) << std::strerror(errno);
+  ibv_qp_init_attr attr = qp_attributes();
+  attr.qp_type = IBV_QPT_RC;
+  ASSERT_EQ(rdma_create_qp(active, nullptr, &attr), 0) << std::strerror(errno);
+  rdma_conn_param param{};
+  ASSERT_EQ(rdma_connect(active, &param), 0);
+  rdma_cm_event* request = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(server, &request), 0);
+  ASSERT_EQ(request->event, RDMA_CM_EVENT_CONNECT_REQUEST);
+  rdma_cm_id* passive = request->id;
+  rdma_ack_cm_event(request);
+  attr = qp_attributes();
+  attr.qp_type = IBV_QPT_RC;
+  ASSERT_EQ(rdma_create_qp(passive, nullptr, &attr), 0) << std::strerror(errno);
+  ASSERT_EQ(rdma_accept(passive, &param), 0);
+  auto established = next_event(client, 5000);
+  ASSERT_TRUE(established);
+  EXPECT_EQ(established->type, RDMA_CM_EVENT_ESTABLISHED);
+  established = next_event(server, 5000);
+  ASSERT_TRUE(established);
+  EXPECT_EQ(established->type, RDMA_CM_EVENT_ESTABLISHED);
+
+  ASSERT_EQ(rdma_disconnect(active), 0);
+  auto ended = next_event(client, 5000);
+  ASSERT_TRUE(ended);
+  EXPECT_EQ(ended->type, RDMA_CM_EVENT_DISCONNECTED);
+  rdma_destroy_qp(active);
+  ASSERT_EQ(rdma_destroy_id(active), 0);  // before its time wait is over
+  ended = next_event(server, 5000);
+  ASSERT_TRUE(ended);
+  EXPECT_EQ(ended->type, RDMA_CM_EVENT_DISCONNECTED);
+  EXPECT_EQ(ended->id, passive);
+  auto exit = next_event(server, 5000);
+  ASSERT_TRUE(exit) << "no TIMEWAIT_EXIT";
+  EXPECT_EQ(exit->type, RDMA_CM_EVENT_TIMEWAIT_EXIT) << rdma_event_str(exit->type);
+  EXPECT_EQ(exit->id, passive);
+  // The active id's time wait began first; destroyed, it has no event.
+  EXPECT_FALSE(next_event(client, 300)) << "an event for a destroyed id";
+  rdma_destroy_qp(passive);
+  rdma_destroy_id(passive);
+  rdma_destroy_id(listener);
+  rdma_destroy_event_channel(client);
+  rdma_destroy_event_channel(server);
 }
 
 // As librdmacm: rdma_migrate_id returns once the events already taken for
