@@ -3,7 +3,8 @@
 // through the rdma_cm), libfabric's verbs provider (fi_pingpong, with data
 // checks), Open MPI over each and MPICH over UCX (MPI programs of ours: a
 // ping-pong from 8 B to 4 MiB checked byte by byte and an allreduce;
-// one-sided puts, gets and atomics), and OpenSHMEM over UCX. Each test
+// one-sided puts, gets and atomics), OpenSHMEM over UCX, and iSER storage
+// (tgtd serving libiscsi). Each test
 // brings up a device of its own, shared memory (softverbs0 on lo) or RoCEv2
 // over UDP, and starts every program through `softverbs run`, as a user
 // would; the transport is chosen with the libraries' own settings (UCX_TLS,
@@ -373,6 +374,48 @@ TEST_P(Middleware, OpenMpiRunsCleanUnderCheckAndAdversarial) {
       EXPECT_EQ(run.err.find("softverbs check"), std::string::npos) << stack << " " << mode << ":\n" << run.err;
     }
   }
+}
+
+// iSER storage: Debian's tgt daemon serves a file-backed LUN over iSER
+// (its portal listens through the rdma_cm on [::] with AFONLY and on
+// 0.0.0.0, port 3260) and libiscsi logs in over iser://: its tools read the
+// LUN's identity and size, and a program of ours writes 2 MiB and reads
+// them back (the target RDMA-READs the one and RDMA-WRITEs the other),
+// checked byte by byte and against the backing file.
+TEST_P(Middleware, IserTargetServesLibiscsi) {
+  if (!in_path("tgtd") || !in_path("iscsi-inq") || std::string(ISER_READWRITE_PROGRAM).empty())
+    GTEST_SKIP() << "tgt, libiscsi-bin or libiscsi-dev is not installed (scripts/install-deps installs them)";
+  if (geteuid() != 0) GTEST_SKIP() << "tgtd runs as root";
+  const std::string lun = dir_.path() + "/lun.img";
+  ASSERT_EQ(run_process({"truncate", "-s", "16M", lun}).exit_code, 0);
+  // Its own control port and TCP portal, apart from a system tgtd's.
+  const std::string control = "13261";
+  const std::string initiator = "iqn.2026-11.test.softverbs:initiator";
+  const std::string url = "iser://127.0.0.1/iqn.2026-11.test.softverbs:lun/1";
+  const std::string softverbs = std::string(SOFTVERBS_CLI) + " run -- ";
+  const std::string tgtadm = "tgtadm -C " + control + " ";
+  // tgt 1.0.85's iSER login wants an initiator-name ACL besides the
+  // address one (its TCP login takes either).
+  const std::string script =
+      "set -e\n" + tgtadm + "--lld iser --op new --mode target --tid 1 -T iqn.2026-11.test.softverbs:lun\n" + tgtadm +
+      "--lld iser --op new --mode logicalunit --tid 1 --lun 1 -b " + lun + "\n" + tgtadm +
+      "--lld iser --op bind --mode target --tid 1 -I ALL\n" + tgtadm +
+      "--lld iser --op bind --mode target --tid 1 -Q " + initiator + "\n" + softverbs + "iscsi-inq -i " + initiator +
+      " " + url + "\n" + softverbs + "iscsi-readcapacity16 -i " + initiator + " " + url + "\n" + softverbs +
+      ISER_READWRITE_PROGRAM + " " + url + " " + initiator + " " + lun + "\n" + "set +e\n" +
+      // tgtd frees the connection at its TIMEWAIT_EXIT.
+      "for i in $(seq 50); do " + tgtadm +
+      "--op show --mode target | grep -q 'Connection:' || break; sleep 0.1; done\n" + tgtadm +
+      "--op update --mode sys --name State -v offline\n" + tgtadm +
+      "--lld iser --op delete --mode target --tid 1 --force\n" + tgtadm + "--op delete --mode system\n" + "exit 0\n";
+  auto pair = run_server_client(
+      under_softverbs({"tgtd", "-f", "-C", control, "--iscsi", "portal=127.0.0.1:13260"}), {"sh", "-c", script}, env(),
+      [] { return listening_on(13260); }, 120);
+  EXPECT_EQ(pair.client.exit_code, 0) << pair.client.out << pair.client.err << pair.server.err;
+  EXPECT_NE(pair.client.out.find("Peripheral Device Type:DIRECT_ACCESS"), std::string::npos) << pair.client.out;
+  EXPECT_NE(pair.client.out.find("Total size:16777216"), std::string::npos) << pair.client.out;
+  EXPECT_NE(pair.client.out.find("checked 2097152 bytes"), std::string::npos) << pair.client.out << pair.client.err;
+  EXPECT_EQ(pair.server.exit_code, 0) << pair.server.err;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Middleware, ::testing::Values(Transport{"shm", "auto"}, Transport{"udp", "udp"}),
