@@ -177,6 +177,46 @@ TEST_F(TwoNamespaces, RpingThroughTheRdmacmShim) {
   EXPECT_GT(counter("svb", "rx_packets"), 0u);
 }
 
+// The packets as a strict receiver (rxe, a RoCE NIC) checks them: each
+// ICRC over the IP header the kernel wrote, identification included, which
+// the kernel gives a datagram sent alone (0) and each of a GSO send (its
+// place). The veths segment GSO sends themselves (tx-udp-segmentation off),
+// so a capture on B's end sees every datagram as a NIC would send it.
+TEST_F(TwoNamespaces, IcrcsHoldForTheIdentificationsTheKernelGives) {
+  if (run_process({"ethtool", "--version"}).exit_code != 0) GTEST_SKIP() << "needs ethtool";
+  ASSERT_EQ(in_a({"ethtool", "-K", netdev_a_, "tx-udp-segmentation", "off"}).exit_code, 0);
+  ASSERT_EQ(in_b({"ethtool", "-K", netdev_b_, "tx-udp-segmentation", "off"}).exit_code, 0);
+  const std::string capture = dir_.path() + "/wire.pcap";
+  const std::string pid_file = dir_.path() + "/tshark.pid";
+  auto capturing = std::async(std::launch::async, [&] {
+    return in_b(
+        {"bash", "-c",
+         "tshark -q -i " + netdev_b_ + " -f 'udp port 4791' -w " + capture + " & echo $! > " + pid_file + "; wait"});
+  });
+  for (int i = 0; i < 1000 && !(std::filesystem::exists(capture) && std::filesystem::file_size(capture) > 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(std::filesystem::exists(capture)) << "tshark did not start";
+  // 64 KiB SENDs each way: 64 packets of path MTU 1024, GSO sends of many.
+  expect_pingpong("ibv_rc_pingpong", {"-s", "65536", "-c", "-n", "20"});
+  const std::string runtime = dir_.path() + "/rt-a";
+  Pair r = run_pair({"rping", "-s", "-C", "3", "-a", address_a_, "-p", "7197"},
+                    {"rping", "-c", "-C", "3", "-a", address_a_, "-p", "7197"},
+                    [&] { return test::rdmacm_listening(runtime); });
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the last packets into the file
+  run_process({"bash", "-c", "kill -INT $(cat " + pid_file + ")"});
+  ASSERT_EQ(capturing.get().exit_code, 0);
+  auto scapy = run_process({CHECK_ICRC_SCRIPT, capture});
+  EXPECT_EQ(scapy.exit_code, 0) << scapy.out << scapy.err;
+  std::smatch counts;
+  ASSERT_TRUE(std::regex_search(scapy.out, counts,
+                                std::regex(R"(checked (\d+) packets, (\d+) bad, \d+ IPv6 skipped, (\d+) nonzero)")))
+      << scapy.out;
+  EXPECT_GT(std::stoul(counts[1].str()), 2 * 20 * 64u) << "both ways' SENDs";
+  EXPECT_EQ(counts[2].str(), "0") << scapy.out;
+  EXPECT_GT(std::stoul(counts[3].str()), 20 * 60u) << "the datagrams after the first of each GSO send";
+}
+
 // The connection management on the wire, as tshark reads a capture of A's
 // device: REQ, REP, RTU, DREQ, DREP, each a UD SEND from QP1 to QP1.
 TEST_F(TwoNamespaces, CmExchangeIsIbCmOnQp1AsTsharkDecodesIt) {

@@ -423,7 +423,8 @@ class PortEngine : public TransportPort {
   void send_what_is_owed_locked();
   void send_now(int fd, const SocketAddressStorage& to, std::span<const iovec> parts, size_t total, size_t segment);
   struct SendPeer {
-    SocketAddressStorage address;  // what the socket is connected to (length 0: nothing yet)
+    SocketAddressStorage address;  // where the socket sends (length 0: nothing yet)
+    bool connected = false;        // to `address` (IPv6 only, see send_now)
     // The GSO segment size set on the socket (the UDP_SEGMENT option): a
     // send of one piece in datagrams of that size, or of one datagram no
     // longer, is then a plain send(), cheaper than a sendmsg with the size
@@ -445,6 +446,10 @@ class PortEngine : public TransportPort {
   // NotPlain for a sendmsg to do.
   enum class PlainSend : uint8_t { Sent, Failed, NotPlain };
   PlainSend send_plain(int fd, SendPeer& peer, const iovec& piece, size_t total, size_t segment);
+  // Makes the ICRC of each datagram of a GSO send of `segment`-byte
+  // datagrams, written for IPv4 identification 0, right for its place in
+  // the send (1, 2, ...), or, called again, back.
+  void number_datagrams(std::span<const iovec> parts, size_t total, size_t segment);
   struct SendBatch {
     int fd = -1;
     SocketAddressStorage to;
@@ -608,7 +613,8 @@ class PortEngine : public TransportPort {
   std::mutex mutex_;              // everything below, and all protocol state
   Clock::time_point pass_now_{};  // see now()
   bool pass_clock_set_ = false;
-  wire::IcrcHeaderCache icrc_headers_;  // for the packets sent and received
+  wire::IcrcHeaderCache icrc_headers_;                  // for the packets sent and received
+  wire::IdentificationSolver segment_identifications_;  // for the GSO sends (number_datagrams)
   std::unordered_map<uint32_t, UdpQp> qps_;
   // QPs with answers to send after this batch, duplicates allowed until
   // after_work sorts them out. (Flat, as held_acks_: a tree allocated a

@@ -1,8 +1,10 @@
 // Sending: the socket each flow leaves from, the send batch's flush as one
-// UDP GSO send, and the socket's own GSO size that makes it a plain send().
+// UDP GSO send, the socket's own GSO size that makes it a plain send(), and
+// the ICRCs of a GSO send's datagrams made right for their identifications.
 // (batch_room and send_bytes, which fill the batch, are in udp/engine.h.)
 #include <netinet/udp.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -73,8 +75,32 @@ PortEngine::PlainSend PortEngine::send_plain(int fd, SendPeer& peer, const iovec
   const auto asked = static_cast<uint16_t>(segment);
   const bool plain = asked != 0 ? asked == peer.segment : peer.segment == 0 || total <= peer.segment;
   if (!plain) return PlainSend::NotPlain;
-  return ::send(fd, piece.iov_base, piece.iov_len, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0 ? PlainSend::Sent
-                                                                                     : PlainSend::Failed;
+  const ssize_t sent = peer.connected ? ::send(fd, piece.iov_base, piece.iov_len, MSG_DONTWAIT | MSG_NOSIGNAL)
+                                      : ::sendto(fd, piece.iov_base, piece.iov_len, MSG_DONTWAIT | MSG_NOSIGNAL,
+                                                 peer.address.get(), peer.address.length);
+  return sent >= 0 ? PlainSend::Sent : PlainSend::Failed;
+}
+
+void PortEngine::number_datagrams(std::span<const iovec> parts, size_t total, size_t segment) {
+  size_t index = 0;
+  for (size_t start = segment; start < total; start += segment) {
+    ++index;
+    const size_t end = std::min(total, start + segment);
+    const uint32_t change =
+        segment_identifications_.change(static_cast<uint16_t>(index), bytes_after_ipv4_identification(end - start));
+    // The ICRC's four bytes end the datagram; XOR them in wire order.
+    size_t offset = end - kIcrcBytes;
+    for (size_t byte = 0; byte < kIcrcBytes; ++byte, ++offset) {
+      size_t at = offset;
+      for (const iovec& piece : parts) {
+        if (at < piece.iov_len) {
+          static_cast<uint8_t*>(piece.iov_base)[at] ^= static_cast<uint8_t>(change >> (8 * byte));
+          break;
+        }
+        at -= piece.iov_len;
+      }
+    }
+  }
 }
 
 void PortEngine::set_socket_segment(int fd, SendPeer& peer, uint16_t size) {
@@ -112,8 +138,17 @@ void PortEngine::send_now(int fd, const SocketAddressStorage& to, std::span<cons
     last_peer_ = peer != send_peers_.end() ? &peer->second : nullptr;
   }
   SendPeer* const peer = last_peer_;
+  // Every datagram of a GSO send after the first gets its place as its IPv4
+  // identification from the kernel, which the ICRC covers (roce_packet.h).
+  const bool numbered = segment != 0 && total > segment && to.get()->sa_family == AF_INET;
+  if (numbered) number_datagrams(parts, total, segment);
   if (peer != nullptr) {
-    if (peer->address.length == 0 && ::connect(fd, to.get(), to.length) == 0) peer->address = to;
+    if (peer->address.length == 0) {
+      // A connected IPv4 socket numbers its datagrams from a random start
+      // that cannot be known here, so only IPv6 (no identification) connects.
+      if (to.get()->sa_family != AF_INET && ::connect(fd, to.get(), to.length) == 0) peer->connected = true;
+      if (peer->connected || to.get()->sa_family == AF_INET) peer->address = to;
+    }
     if (peer->address.length == to.length && std::memcmp(&peer->address.storage, &to.storage, to.length) == 0) {
       if (gso_ok_) note_send(fd, *peer, segment);
       if (parts.size() == 1 && gso_ok_) {
@@ -124,8 +159,10 @@ void PortEngine::send_now(int fd, const SocketAddressStorage& to, std::span<cons
           return;
         }
       }
-      message.msg_name = nullptr;
-      message.msg_namelen = 0;
+      if (peer->connected) {
+        message.msg_name = nullptr;
+        message.msg_namelen = 0;
+      }
     }
   }
   message.msg_iov = const_cast<iovec*>(parts.data());
@@ -140,6 +177,7 @@ void PortEngine::send_now(int fd, const SocketAddressStorage& to, std::span<cons
     // More segments than this kernel's UDP_MAX_SEGMENTS: sends of the
     // limit every kernel with GSO takes, from now on.
     max_gso_segments_ = kMaxGsoSegmentsEverywhere;
+    if (numbered) number_datagrams(parts, total, segment);  // back to 0: each send below numbers its own
     for_each_datagram(parts, total, kMaxGsoSegmentsEverywhere * segment,
                       [&](std::span<const iovec> pieces, size_t length) {
                         send_now(fd, to, pieces, length, length > segment ? segment : 0);
@@ -152,6 +190,7 @@ void PortEngine::send_now(int fd, const SocketAddressStorage& to, std::span<cons
     gso_ok_ = false;
     for (auto& [socket, settings] : send_peers_)
       if (settings.segment != 0) set_socket_segment(socket, settings, 0);
+    if (numbered) number_datagrams(parts, total, segment);  // sent alone, each is 0
     for_each_datagram(parts, total, segment,
                       [&](std::span<const iovec> datagram, size_t length) { send_now(fd, to, datagram, length, 0); });
     return;

@@ -4,7 +4,6 @@
 #include <array>
 #include <bit>
 #include <cstring>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -148,60 +147,67 @@ Gf2Matrix zero_bytes(size_t bytes) {
   return result;
 }
 
-// Forward elimination of the 16 images of the identification's bits: each
-// row a reduced image, the pivot bit it alone of the later rows has not had
-// removed, and which identification bits make it.
-struct IdSolver {
-  struct Row {
-    uint32_t image;
-    uint32_t pivot;
-    uint16_t bits;
-  };
-  std::vector<Row> rows;
-
-  explicit IdSolver(size_t bytes_after) {
-    const Gf2Matrix shift = zero_bytes(bytes_after);
-    for (int bit = 0; bit < 16; ++bit) {
-      // Big-endian on the wire: bit 15 of the ID is the first byte's top bit.
-      const uint16_t id = static_cast<uint16_t>(1u << bit);
-      const std::array<uint8_t, 2> field{static_cast<uint8_t>(id >> 8), static_cast<uint8_t>(id)};
-      Row row{apply(shift, crc32(0, field)), 0, id};
-      for (const Row& earlier : rows)
-        if (row.image & earlier.pivot) {
-          row.image ^= earlier.image;
-          row.bits ^= earlier.bits;
-        }
-      if (row.image == 0) continue;
-      row.pivot = row.image & (~row.image + 1);
-      rows.push_back(row);
-    }
-  }
-
-  std::optional<uint16_t> solve(uint32_t difference) const {
-    uint16_t id = 0;
-    for (const Row& row : rows)
-      if (difference & row.pivot) {
-        difference ^= row.image;
-        id ^= row.bits;
-      }
-    if (difference != 0) return std::nullopt;
-    return id;
-  }
-};
-
 }  // namespace
 
-std::optional<uint16_t> ipv4_id_for_icrc(uint32_t with_zero_id, uint32_t received, size_t bytes_after) {
-  // One solver per length after the field: a flow's packets come in few.
-  static std::mutex mutex;
-  static std::unordered_map<size_t, IdSolver> solvers;
-  std::lock_guard guard(mutex);
-  auto found = solvers.find(bytes_after);
-  if (found == solvers.end()) {
-    if (solvers.size() > 4096) solvers.clear();
-    found = solvers.emplace(bytes_after, IdSolver(bytes_after)).first;
+IdentificationSolver::Length IdentificationSolver::make_length(size_t bytes_after) {
+  Length made;
+  made.bytes_after = bytes_after;
+  const Gf2Matrix shift = zero_bytes(bytes_after);
+  for (size_t bit = 0; bit < kBits; ++bit) {
+    // Big-endian on the wire: bit 15 of the ID is the first byte's top bit.
+    const auto id = static_cast<uint16_t>(1u << bit);
+    const std::array<uint8_t, 2> field{static_cast<uint8_t>(id >> 8), static_cast<uint8_t>(id)};
+    made.images[bit] = apply(shift, crc32(0, field));
+    // Forward elimination: each row a reduced image, the pivot bit no later
+    // row has, and the identification bits that make it.
+    uint32_t image = made.images[bit];
+    uint16_t bits = id;
+    for (size_t row = 0; row < made.rows; ++row)
+      if (image & made.pivots[row]) {
+        image ^= made.reduced[row];
+        bits ^= made.ids[row];
+      }
+    if (image == 0) continue;
+    made.reduced[made.rows] = image;
+    made.pivots[made.rows] = image & (~image + 1);
+    made.ids[made.rows] = bits;
+    ++made.rows;
   }
-  return found->second.solve(with_zero_id ^ received);
+  return made;
+}
+
+const IdentificationSolver::Length& IdentificationSolver::length(size_t bytes_after) {
+  Length& recent = recent_[(bytes_after * 0x9e3779b1u >> 8) % recent_.size()];
+  if (recent.bytes_after == bytes_after) return recent;
+  auto found = all_.find(bytes_after);
+  if (found == all_.end()) {
+    if (all_.size() >= kLengthsKept) all_.clear();
+    found = all_.emplace(bytes_after, make_length(bytes_after)).first;
+  }
+  recent = found->second;
+  return recent;
+}
+
+uint32_t IdentificationSolver::change(uint16_t id, size_t bytes_after) {
+  if (id == 0) return 0;
+  const Length& made = length(bytes_after);
+  uint32_t change = 0;
+  for (size_t bit = 0; bit < kBits; ++bit)
+    if (id & (1u << bit)) change ^= made.images[bit];
+  return change;
+}
+
+std::optional<uint16_t> IdentificationSolver::solve(uint32_t difference, size_t bytes_after) {
+  if (difference == 0) return 0;
+  const Length& made = length(bytes_after);
+  uint16_t id = 0;
+  for (size_t row = 0; row < made.rows; ++row)
+    if (difference & made.pivots[row]) {
+      difference ^= made.reduced[row];
+      id ^= made.ids[row];
+    }
+  if (difference != 0) return std::nullopt;
+  return id;
 }
 
 }  // namespace softverbs::wire

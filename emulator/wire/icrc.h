@@ -3,9 +3,11 @@
 // ones standing for the LRH that RoCE does not carry.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "wire/crc32.h"
@@ -32,16 +34,49 @@ uint32_t icrc_from_headers(uint32_t headers_crc, std::span<const uint8_t> transp
 // The same for a whole IP packet without its ICRC.
 uint32_t icrc(std::span<const uint8_t> ip_packet_without_icrc);
 
-// The IPv4 identification field is covered by the ICRC, and Linux sends 0
-// from softverbs' sockets, but rxe and RoCE NICs fill it and a UDP socket
-// does not show it. A CRC is linear, so the identification's part of the
-// ICRC is a linear function of its 16 bits: this finds the identification
-// that turns `with_zero_id` (the ICRC computed with 0 there) into `received`,
-// given the bytes of the ICRC's input after the field (the IPv4 header's
-// last 14, the UDP header, the transport packet); nullopt if none does.
-// Checking this way accepts one packet in 2^16 that a corrupted ICRC would
-// otherwise reject: a 16-bit check left where a 32-bit one was.
-std::optional<uint16_t> ipv4_id_for_icrc(uint32_t with_zero_id, uint32_t received, size_t bytes_after);
+// The IPv4 identification field is covered by the ICRC, and a UDP socket
+// does not show it. Linux gives a datagram that a socket sends alone with
+// Don't Fragment set identification 0, and the datagrams of one UDP GSO
+// send 0, 1, 2, ... in order (the segmentation numbers them, in software or
+// in the NIC); rxe and RoCE NICs pick theirs. A CRC is linear, so the
+// identification's part of the ICRC is a linear function of its 16 bits,
+// which depends on how many bytes follow the field (the IPv4 header's last
+// 14, the UDP header, the transport packet). This finds the identification
+// that explains a received ICRC, and the change one makes to the ICRC
+// computed with 0. Accepting some identification leaves 16 bits of the
+// CRC's 32 to catch damage; one below kSegmentIdentifications, 25.
+// Kept per length; one owner at a time (not thread-safe).
+inline constexpr size_t kSegmentIdentifications = 128;
+// The bytes of the ICRC's input after the identification field of a
+// datagram of `udp_payload` bytes, its ICRC included.
+constexpr size_t bytes_after_ipv4_identification(size_t udp_payload) { return 14 + 8 + udp_payload - 4; }
+
+class IdentificationSolver {
+ public:
+  // What XORed into the ICRC computed with identification 0 gives the one
+  // for `id`.
+  uint32_t change(uint16_t id, size_t bytes_after);
+  // The identification whose change is `difference` (the ICRC received XOR
+  // the one computed with 0), if any.
+  std::optional<uint16_t> solve(uint32_t difference, size_t bytes_after);
+
+ private:
+  static constexpr size_t kBits = 16;
+  static constexpr size_t kLengthsKept = 8192;  // more than a path MTU's lengths
+  struct Length {
+    size_t bytes_after = 0;                // 0: empty
+    std::array<uint32_t, kBits> images{};  // the change each bit alone makes
+    // The images reduced to one pivot bit each, and the bits that make each.
+    std::array<uint32_t, kBits> reduced{};
+    std::array<uint32_t, kBits> pivots{};
+    std::array<uint16_t, kBits> ids{};
+    size_t rows = 0;
+  };
+  static Length make_length(size_t bytes_after);
+  const Length& length(size_t bytes_after);
+  std::array<Length, 16> recent_{};
+  std::unordered_map<size_t, Length> all_;
+};
 
 // Appends the ICRC to a whole IP packet; verify_icrc checks the last four bytes.
 void append_icrc(std::vector<uint8_t>& ip_packet);

@@ -113,13 +113,14 @@ IcrcFit icrc_fit(const FlowAddress& flow, std::span<const uint8_t> datagram, Icr
   const uint32_t with_zero_id = icrc_from_headers(cache.headers_crc(flow, datagram.size()), transport);
   const uint32_t received = load_icrc(datagram.data() + transport.size());
   if (with_zero_id == received) return IcrcFit::kAsSent;
-  // Sent with an IPv4 identification (rxe, RoCE NICs): the one it used is
-  // not seen here, but whether some identification fits is. (IPv6's flow
-  // label is masked out of the ICRC.)
-  constexpr size_t kAfterId = 20 - 6 + 8;  // the IPv4 header after the field, the UDP header
-  if (flow.ipv4() && ipv4_id_for_icrc(with_zero_id, received, kAfterId + transport.size()).has_value())
-    return IcrcFit::kSomeIdentification;
-  return IcrcFit::kNone;
+  // Sent with an IPv4 identification (a datagram of a GSO send; rxe, RoCE
+  // NICs): the one it used is not seen here, but whether some
+  // identification fits is. (IPv6's flow label is masked out of the ICRC.)
+  if (!flow.ipv4()) return IcrcFit::kNone;
+  const size_t bytes_after = bytes_after_ipv4_identification(datagram.size());
+  const std::optional<uint16_t> id = cache.identification(with_zero_id ^ received, bytes_after);
+  if (!id.has_value()) return IcrcFit::kNone;
+  return *id < kSegmentIdentifications ? IcrcFit::kGsoPlace : IcrcFit::kSomeIdentification;
 }
 
 bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram, IcrcHeaderCache& cache) {
@@ -129,9 +130,10 @@ bool check_icrc(const FlowAddress& flow, std::span<const uint8_t> datagram, Icrc
 }
 
 namespace {
-// Three packets in a row with identification 0 do not come from a sender
-// that picks identifications (1 in 2^48); four in a row that fit only
-// another identification do not come from damage to ours (1 in 2^64).
+// Three packets with identification 0 and none above 127 between do not
+// come from a sender that counts its identifications up (it passes 0 once
+// in 65,536); four in a row that fit only another identification do not
+// come from damage to ours (1 in 2^64).
 constexpr uint8_t kZeroIdentificationAfter = 3;
 constexpr uint8_t kOtherIdentificationAfter = 4;
 }  // namespace
@@ -154,9 +156,10 @@ bool IcrcHeaderCache::takes(const FlowAddress& flow, IcrcFit fit) {
     case IcrcFit::kNone:
       return false;
     case IcrcFit::kAsSent:
+    case IcrcFit::kGsoPlace:
       return true;
     case IcrcFit::kSomeIdentification:
-      return !sender(flow).sends_zero_identification;
+      return !sender(flow).sends_as_softverbs;
   }
   return false;
 }
@@ -164,14 +167,16 @@ bool IcrcHeaderCache::takes(const FlowAddress& flow, IcrcFit fit) {
 void IcrcHeaderCache::learn(const FlowAddress& flow, IcrcFit fit) {
   if (fit == IcrcFit::kNone || !flow.ipv4()) return;  // damage says nothing about the sender
   Sender& sender = this->sender(flow);
-  if (fit == IcrcFit::kAsSent) {
+  if (fit == IcrcFit::kGsoPlace) {
+    sender.other_run = 0;  // says nothing more: a counter passes these too
+  } else if (fit == IcrcFit::kAsSent) {
     sender.other_run = 0;
     if (sender.as_sent_run < kZeroIdentificationAfter && ++sender.as_sent_run == kZeroIdentificationAfter)
-      sender.sends_zero_identification = true;
+      sender.sends_as_softverbs = true;
   } else {
     sender.as_sent_run = 0;
     if (sender.other_run < kOtherIdentificationAfter && ++sender.other_run == kOtherIdentificationAfter)
-      sender.sends_zero_identification = false;
+      sender.sends_as_softverbs = false;
   }
 }
 

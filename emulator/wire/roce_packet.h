@@ -1,15 +1,19 @@
 // A RoCEv2 packet in its UDP datagram: the IP and UDP headers that the
 // kernel puts in front of it, which the ICRC covers and a capture shows.
-// Our sockets send with DF set from unconnected sockets, so Linux gives
-// IPv4 packets an identification of 0; the headers built here say the same,
-// and the receiver checks the ICRC against them.
+// Our IPv4 sockets send with DF set and are not connected, so Linux gives a
+// datagram sent alone identification 0 and those of a GSO send 0, 1, 2, ...;
+// the headers built here say 0, and the sender's batch (udp/send_batch.cpp)
+// and the receiver account for the others (icrc.h).
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "wire/icrc.h"
 
 namespace softverbs::wire {
 
@@ -40,11 +44,14 @@ inline constexpr size_t kMaxIpUdpHeaders = 40 + 8;
 size_t write_ip_udp_headers(const FlowAddress& flow, size_t udp_payload, bool checksums, std::span<uint8_t> out,
                             std::span<const uint8_t> payload_for_checksum = {});
 
-// How a datagram's ICRC fits: not at all; as softverbs sends (IPv4
-// identification 0, or IPv6); or only with some other IPv4 identification,
-// as rxe and RoCE NICs send. The identification is not seen through a UDP
-// socket, and checking for "some" leaves 16 bits of the 32 (icrc.h).
-enum class IcrcFit : uint8_t { kNone, kAsSent, kSomeIdentification };
+// How a datagram's ICRC fits: not at all; with IPv4 identification 0 (or
+// IPv6), as a datagram sent alone or first in a GSO send; with one below
+// kSegmentIdentifications, as a later datagram's place in a GSO send; or
+// only with some other, as rxe and RoCE NICs send (they count up from
+// anywhere, so now and then through 0 and the low ones too). The
+// identification is not seen through a UDP socket, and checking for "some"
+// leaves 16 bits of the 32 (icrc.h).
+enum class IcrcFit : uint8_t { kNone, kAsSent, kGsoPlace, kSomeIdentification };
 
 // The ICRC register after the masked IP and UDP headers of a datagram of
 // `udp_payload` bytes on `flow` (icrc_headers()), kept for the few flows
@@ -52,11 +59,12 @@ enum class IcrcFit : uint8_t { kNone, kAsSent, kSomeIdentification };
 // MTU-sized packets): a packet then costs the CRC of its own bytes only.
 // The fields the ICRC masks (traffic class, hop limit, flow label) are not
 // part of the key.
-// It also learns which senders (address and port) send identification 0:
+// It also learns which senders (address and port) send as softverbs does:
 // from those a packet that fits only another identification is damaged,
-// so they keep the full 32-bit check. A sender counts as one after a few
-// packets in a row fit as sent, and stops counting as one after a few in a
-// row fit only otherwise (another program took its port).
+// so they keep a 25-bit check. A sender counts as one after a few packets
+// fit identification 0 with none between that fits only another (a
+// counter that passes 0 goes on to 128 and beyond), and stops counting as
+// one after a few in a row fit only another (another program took its port).
 // One owner at a time (not thread-safe).
 class IcrcHeaderCache {
  public:
@@ -65,6 +73,11 @@ class IcrcHeaderCache {
   bool takes(const FlowAddress& flow, IcrcFit fit);
   // Counts a packet that was taken or refused on `flow`.
   void learn(const FlowAddress& flow, IcrcFit fit);
+  // The IPv4 identification that explains `difference`, the ICRC received
+  // XOR the one computed with 0 (icrc.h).
+  std::optional<uint16_t> identification(uint32_t difference, size_t bytes_after) {
+    return identifications_.solve(difference, bytes_after);
+  }
 
  private:
   struct Entry {
@@ -78,14 +91,15 @@ class IcrcHeaderCache {
   struct Sender {
     IpAddress address{};
     uint16_t port = 0;
-    uint8_t as_sent_run = 0;  // packets in a row that fit with identification 0
+    uint8_t as_sent_run = 0;  // packets that fit identification 0, no other between
     uint8_t other_run = 0;    // packets in a row that fit only another one
-    bool sends_zero_identification = false;
+    bool sends_as_softverbs = false;
   };
   Sender& sender(const FlowAddress& flow);
   static constexpr size_t kEntries = 16;
   static constexpr size_t kSenders = 64;
   std::array<Entry, kEntries> entries_{};
+  IdentificationSolver identifications_;
   std::array<Sender, kSenders> senders_{};
 };
 
