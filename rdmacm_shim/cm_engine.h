@@ -88,7 +88,7 @@ struct CmId {
   // What the peer sent, for rdma_init_qp_attr and the QP transitions.
   std::optional<ConnectRequest> request;
   std::optional<ConnectReply> reply;
-  uint32_t local_psn = 0;
+  uint32_t local_psn = 0;  // the PSN our QP expects first (its rq_psn), sent in our REQ or REP
   uint8_t responder_resources = 0;
   uint8_t initiator_depth = 0;
   uint8_t retry_count = 7;

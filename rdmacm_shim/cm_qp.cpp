@@ -3,6 +3,7 @@
 // their CQs and SRQs for an id.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "cm_internal.h"
 
@@ -61,15 +62,23 @@ void init_attributes(CmId* id, ibv_qp_attr& attr, int& mask) {
   }
 }
 
+// The starting PSN a REQ or REP carries is the one its sender expects to
+// receive first, so the peer's is where our sends start (as the kernel's IB
+// CM has it: ib_send_cm_req keeps its own as rq_psn, the passive side takes
+// it as sq_psn).
+std::optional<uint32_t> peer_start_psn(const CmId* id) {
+  if (id->request) return id->request->start_psn;
+  if (id->reply) return id->reply->start_psn;
+  return std::nullopt;
+}
+
 int rtr_attributes(CmId* id, ibv_qp_attr& attr, int& mask) {
   if (is_ud(id)) return 0;
-  uint32_t peer_qpn = 0, peer_psn = 0;
+  uint32_t peer_qpn = 0;
   if (id->request) {
     peer_qpn = id->request->qp_num;
-    peer_psn = id->request->start_psn;
   } else if (id->reply) {
     peer_qpn = id->reply->qp_num;
-    peer_psn = id->reply->start_psn;
   } else {
     return EINVAL;  // nothing from the peer yet
   }
@@ -77,7 +86,7 @@ int rtr_attributes(CmId* id, ibv_qp_attr& attr, int& mask) {
   ibv_query_port(id->id.verbs, 1, &port);
   attr.path_mtu = port.active_mtu;
   attr.dest_qp_num = peer_qpn;
-  attr.rq_psn = peer_psn;
+  attr.rq_psn = id->local_psn;
   attr.ah_attr = path_to_peer(id);
   mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
   // A responder's part: RC, and XRC's receiving half (its sending half has none).
@@ -90,7 +99,7 @@ int rtr_attributes(CmId* id, ibv_qp_attr& attr, int& mask) {
 }
 
 void rts_attributes(CmId* id, ibv_qp_attr& attr, int& mask) {
-  attr.sq_psn = is_ud(id) ? 0 : id->local_psn;
+  attr.sq_psn = is_ud(id) ? 0 : peer_start_psn(id).value_or(0);
   mask |= IBV_QP_SQ_PSN;
   if (id->id.qp_type == IBV_QPT_RC || id->id.qp_type == IBV_QPT_XRC_SEND) {
     attr.timeout = id->ack_timeout;
