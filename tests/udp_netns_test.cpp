@@ -12,6 +12,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -250,6 +251,32 @@ TEST_F(TwoNamespaces, CmExchangeIsIbCmOnQp1AsTsharkDecodesIt) {
                           "infiniband.cm.req.serviceid.dport", "-e", "infiniband.cm.req.ip_cm.sip4", "-e",
                           "infiniband.cm.req.ip_cm.dip4", "-e", "infiniband.cm.req.prim_localgid_ipv4"});
   EXPECT_EQ(rep.out, "0x1c1e\t" + b + "\t" + a + "\t" + b + "\n") << "port 7198 and rdma_cm's IP header";
+
+  // A REQ's or REP's starting PSN is the one its sender expects to receive,
+  // as the kernel's IB CM reads it: the peer's first request carries it.
+  auto psns = run_process({"tshark", "-r", capture, "-T", "fields", "-E", "separator=,", "-e", "ip.src", "-e",
+                           "infiniband.cm.req.startpsn", "-e", "infiniband.cm.rep.startpsn", "-e",
+                           "infiniband.bth.opcode", "-e", "infiniband.bth.psn"});
+  ASSERT_EQ(psns.exit_code, 0) << psns.err;
+  std::optional<unsigned long> req_psn, rep_psn, first_from_a, first_from_b;
+  std::istringstream lines(psns.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::vector<std::string> field;
+    std::istringstream parts(line);
+    for (std::string part; std::getline(parts, part, ',');) field.push_back(part);
+    field.resize(5);
+    if (!field[1].empty()) req_psn = std::stoul(field[1], nullptr, 0);
+    if (!field[2].empty()) rep_psn = std::stoul(field[2], nullptr, 0);
+    if (field[3].empty()) continue;
+    const unsigned long opcode = std::stoul(field[3], nullptr, 0);
+    const bool rc_request = opcode <= 12 || opcode == 19 || opcode == 20;  // SEND, WRITE, READ, atomics
+    if (!rc_request) continue;
+    auto& first = field[0] == a ? first_from_a : first_from_b;
+    if (!first) first = std::stoul(field[4], nullptr, 0);
+  }
+  ASSERT_TRUE(req_psn && rep_psn && first_from_a && first_from_b) << psns.out;
+  EXPECT_EQ(*first_from_a, *req_psn) << "the passive side sends from the REQ's starting PSN";
+  EXPECT_EQ(*first_from_b, *rep_psn) << "the active side sends from the REP's starting PSN";
 }
 
 // CM MADs are UD datagrams: lost ones are sent again (a REQ, REP or DREQ
