@@ -176,35 +176,53 @@ IdentificationSolver::Length IdentificationSolver::make_length(size_t bytes_afte
   return made;
 }
 
-const IdentificationSolver::Length& IdentificationSolver::length(size_t bytes_after) {
-  Length& recent = recent_[(bytes_after * 0x9e3779b1u >> 8) % recent_.size()];
-  if (recent.bytes_after == bytes_after) return recent;
+namespace {
+size_t change_slot(uint32_t change, size_t slots) { return (change * 0x9e3779b1u >> 16) % slots; }
+}  // namespace
+
+IdentificationSolver::Recent& IdentificationSolver::recent(size_t bytes_after) {
+  Recent& recent = recent_[(bytes_after * 0x9e3779b1u >> 8) % recent_.size()];
+  if (recent.length.bytes_after == bytes_after) return recent;
   auto found = all_.find(bytes_after);
   if (found == all_.end()) {
     if (all_.size() >= kLengthsKept) all_.clear();
     found = all_.emplace(bytes_after, make_length(bytes_after)).first;
   }
-  recent = found->second;
+  recent.length = found->second;
+  recent.slot_place.fill(0);
+  for (size_t place = 0; place < kSegmentIdentifications; ++place) {
+    // Each place's change from one with a bit fewer (its lowest set bit).
+    recent.place_change[place] =
+        place == 0 ? 0 : recent.place_change[place & (place - 1)] ^ recent.length.images[std::countr_zero(place)];
+    size_t slot = change_slot(recent.place_change[place], recent.slot_place.size());
+    while (recent.slot_place[slot] != 0) slot = (slot + 1) % recent.slot_place.size();
+    recent.slot_change[slot] = recent.place_change[place];
+    recent.slot_place[slot] = static_cast<uint8_t>(place + 1);
+  }
   return recent;
 }
 
 uint32_t IdentificationSolver::change(uint16_t id, size_t bytes_after) {
   if (id == 0) return 0;
-  const Length& made = length(bytes_after);
+  const Recent& made = recent(bytes_after);
+  if (id < kSegmentIdentifications) return made.place_change[id];
   uint32_t change = 0;
   for (size_t bit = 0; bit < kBits; ++bit)
-    if (id & (1u << bit)) change ^= made.images[bit];
+    if (id & (1u << bit)) change ^= made.length.images[bit];
   return change;
 }
 
 std::optional<uint16_t> IdentificationSolver::solve(uint32_t difference, size_t bytes_after) {
   if (difference == 0) return 0;
-  const Length& made = length(bytes_after);
+  const Recent& made = recent(bytes_after);
+  for (size_t slot = change_slot(difference, made.slot_place.size()); made.slot_place[slot] != 0;
+       slot = (slot + 1) % made.slot_place.size())
+    if (made.slot_change[slot] == difference) return static_cast<uint16_t>(made.slot_place[slot] - 1);
   uint16_t id = 0;
-  for (size_t row = 0; row < made.rows; ++row)
-    if (difference & made.pivots[row]) {
-      difference ^= made.reduced[row];
-      id ^= made.ids[row];
+  for (size_t row = 0; row < made.length.rows; ++row)
+    if (difference & made.length.pivots[row]) {
+      difference ^= made.length.reduced[row];
+      id ^= made.length.ids[row];
     }
   if (difference != 0) return std::nullopt;
   return id;

@@ -72,9 +72,19 @@ class IdentificationSolver {
     std::array<uint16_t, kBits> ids{};
     size_t rows = 0;
   };
+  // A length in use, with the change of each GSO place and those changes
+  // hashed (open addressing, place + 1 in `slot_place`, 0 empty): one load
+  // for a sender's datagram and a probe or two for a receiver's, where the
+  // elimination would take sixteen steps.
+  struct Recent {
+    Length length;
+    std::array<uint32_t, kSegmentIdentifications> place_change{};
+    std::array<uint32_t, 2 * kSegmentIdentifications> slot_change{};
+    std::array<uint8_t, 2 * kSegmentIdentifications> slot_place{};
+  };
   static Length make_length(size_t bytes_after);
-  const Length& length(size_t bytes_after);
-  std::array<Length, 16> recent_{};
+  Recent& recent(size_t bytes_after);
+  std::array<Recent, 16> recent_{};
   std::unordered_map<size_t, Length> all_;
 };
 
