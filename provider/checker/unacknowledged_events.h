@@ -1,7 +1,8 @@
 // Check: events handed to the application and not acknowledged when their
 // object is destroyed or the device closed. libibverbs on an HCA waits in
 // ibv_destroy_cq/qp/srq until every event the kernel reported is
-// acknowledged, so such a program hangs there; softverbs reports it.
+// acknowledged, so such a program hangs there; softverbs waits up to a
+// second for another thread's acknowledgement, and reports what is missing.
 #pragma once
 
 #include <infiniband/verbs.h>
