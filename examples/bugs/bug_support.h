@@ -106,4 +106,62 @@ static inline enum ibv_wc_status wait_completion(struct ibv_cq* cq, struct ibv_w
   return wc->status;
 }
 
+/* A CQ on a completion channel, an RC pair of this process on it, and one
+ * signaled WRITE done: its completion event taken with ibv_get_cq_event and
+ * not yet acknowledged. */
+struct taken_cq_event {
+  struct ibv_context* context;
+  struct ibv_pd* pd;
+  struct ibv_comp_channel* channel;
+  struct ibv_cq* cq;
+  struct ibv_qp* a;
+  struct ibv_qp* b;
+  struct ibv_mr* mr;
+};
+
+static inline struct taken_cq_event take_a_cq_event(void) {
+  struct taken_cq_event s;
+  s.context = open_softverbs0();
+  s.pd = ibv_alloc_pd(s.context);
+  s.channel = ibv_create_comp_channel(s.context);
+  CHECKED(s.pd != NULL && s.channel != NULL);
+  s.cq = ibv_create_cq(s.context, 4, NULL, s.channel, 0);
+  CHECKED(s.cq != NULL);
+  s.a = create_rc_qp(s.pd, s.cq, s.cq, 4);
+  s.b = create_rc_qp(s.pd, s.cq, s.cq, 4);
+  const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  connect_rc_qp(s.a, s.b->qp_num, access, 1);
+  connect_rc_qp(s.b, s.a->qp_num, access, 1);
+  static char buffer[64];
+  s.mr = ibv_reg_mr(s.pd, buffer, sizeof buffer, access);
+  CHECKED(s.mr != NULL);
+
+  CHECKED(ibv_req_notify_cq(s.cq, 0) == 0);
+  struct ibv_sge sge = {(uintptr_t)buffer, 8, s.mr->lkey};
+  struct ibv_send_wr wr, *bad;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = 1;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = (uintptr_t)buffer + 32;
+  wr.wr.rdma.rkey = s.mr->rkey;
+  CHECKED(ibv_post_send(s.a, &wr, &bad) == 0);
+  struct ibv_cq* event_cq;
+  void* event_context;
+  CHECKED(ibv_get_cq_event(s.channel, &event_cq, &event_context) == 0 && event_cq == s.cq);
+  struct ibv_wc wc;
+  CHECKED(wait_completion(s.cq, &wc) == IBV_WC_SUCCESS);
+  return s;
+}
+
+/* What take_a_cq_event made besides the CQ and the QPs. */
+static inline void release_taken_cq_event(struct taken_cq_event* s) {
+  ibv_dereg_mr(s->mr);
+  ibv_destroy_comp_channel(s->channel);
+  ibv_dealloc_pd(s->pd);
+  ibv_close_device(s->context);
+}
+
 #endif
