@@ -613,8 +613,7 @@ class PortEngine : public TransportPort {
   std::mutex mutex_;              // everything below, and all protocol state
   Clock::time_point pass_now_{};  // see now()
   bool pass_clock_set_ = false;
-  wire::IcrcHeaderCache icrc_headers_;                  // for the packets sent and received
-  wire::IdentificationSolver segment_identifications_;  // for the GSO sends (number_datagrams)
+  wire::IcrcHeaderCache icrc_headers_;  // for the packets sent and received
   std::unordered_map<uint32_t, UdpQp> qps_;
   // QPs with answers to send after this batch, duplicates allowed until
   // after_work sorts them out. (Flat, as held_acks_: a tree allocated a

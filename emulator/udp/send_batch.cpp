@@ -87,7 +87,7 @@ void PortEngine::number_datagrams(std::span<const iovec> parts, size_t total, si
     ++index;
     const size_t end = std::min(total, start + segment);
     const uint32_t change =
-        segment_identifications_.change(static_cast<uint16_t>(index), bytes_after_ipv4_identification(end - start));
+        icrc_headers_.identification_change(static_cast<uint16_t>(index), bytes_after_ipv4_identification(end - start));
     // The ICRC's four bytes end the datagram; XOR them in wire order.
     size_t offset = end - kIcrcBytes;
     for (size_t byte = 0; byte < kIcrcBytes; ++byte, ++offset) {

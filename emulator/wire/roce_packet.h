@@ -78,6 +78,9 @@ class IcrcHeaderCache {
   std::optional<uint16_t> identification(uint32_t difference, size_t bytes_after) {
     return identifications_.solve(difference, bytes_after);
   }
+  // What XORed into the ICRC computed with 0 gives the one for `id`: the
+  // sender's side, from the same tables (a GSO send's places).
+  uint32_t identification_change(uint16_t id, size_t bytes_after) { return identifications_.change(id, bytes_after); }
 
  private:
   struct Entry {
