@@ -1,5 +1,5 @@
-// RoCE v2 over IPv6 as rxe and RoCE NICs send it: with a UDP checksum of
-// zero, the ICRC covering the packet instead. A Linux UDP socket drops such
+// RoCE v2 over IPv6 as rxe sends it: with a UDP checksum of zero, the ICRC
+// covering the packet instead. A Linux UDP socket drops such
 // a datagram unless it allows them, so softverbs took nothing from a kernel
 // peer over IPv6 but what needs no answer. ctest starts this binary through
 // `softverbs run` on a --transport udp device on lo, which carries ::1.
@@ -45,7 +45,7 @@ sockaddr_in6 at_loopback6(uint16_t port) {
 }
 
 // A UDP socket on [::1] that sends its datagrams with a checksum of zero,
-// as rxe's and a RoCE NIC's are; its port in `port`.
+// as rxe's are; its port in `port`.
 int zero_checksum_sender(uint16_t& port) {
   const int fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;

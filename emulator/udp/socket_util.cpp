@@ -72,8 +72,8 @@ int bind_udp(const wire::IpAddress& address, uint16_t port, uint32_t scope_id) {
     setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
   } else {
     setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-    // rxe and RoCE NICs send RoCE v2 over IPv6 with a UDP checksum of zero,
-    // the ICRC covering the packet; the kernel drops those unless allowed.
+    // rxe sends RoCE v2 over IPv6 with a UDP checksum of zero (the ICRC
+    // covers the packet); the kernel drops those unless allowed.
     setsockopt(fd, SOL_UDP, UDP_NO_CHECK6_RX, &one, sizeof one);
     int pmtu = IPV6_PMTUDISC_DO;
     setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
