@@ -27,9 +27,19 @@ namespace softverbs {
 
 namespace {
 
-// A target QP whose receive CQ overran while its lock was held: moved to ERR
-// there, its receive queue flushed by execute_send after the lock is let go.
-thread_local uint32_t overrun_target_qpn = 0;
+// A target QP that failed while its lock was held (it detected an error in
+// a request, or its receive CQ overran): moved to ERR there, its receive
+// queue flushed by execute_send after the lock is let go.
+thread_local uint32_t failed_target_qpn = 0;
+
+// The responder's side of an error it detected in a request (IBA class C:
+// access, length, invalid request): its QP goes to ERR and its receives are
+// flushed, as rxe's and an HCA's responder do. `target`'s lock is held.
+void fail_target(QpRecord& target) {
+  if (load_state(target) == QpState::Error) return;
+  set_state(target, QpState::Error);
+  failed_target_qpn = target.qpn;
+}
 
 constexpr size_t kGrhBytes = 40;
 
@@ -222,10 +232,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
     }
     received.byte_len = static_cast<uint32_t>(local.length + header);
   }
-  if (received.status != WcStatus::Success && qp.type != QpType::Ud) {
-    // A receive-side error takes the responder QP to ERR as well.
-    set_state(*target, QpState::Error);
-  }
+  if (received.status != WcStatus::Success && qp.type != QpType::Ud) fail_target(*target);
   if (held != nullptr && received.status == WcStatus::Success) {
     *held = HeldReceive{true, received, receive.completion_cq(*target), target->pd_handle};
     return SendOutcome::Completed;
@@ -235,7 +242,7 @@ SendOutcome place_send(DeviceMemory& memory, QpRecord& qp, QpRecord& target_reco
   if (!deliver_completion(memory, receive.completion_cq(*target), received, request.flags & send_flag::kSolicited)) {
     set_state(*target, QpState::Error);
     raise_overrun_fatal(*target);
-    overrun_target_qpn = target->qpn;
+    failed_target_qpn = target->qpn;
   }
   return SendOutcome::Completed;
 }
@@ -295,13 +302,20 @@ class Execution {
     completion_.status = status;
     return SendOutcome::Completed;
   }
+  // An error the target detects: on RC its NAK's status here, and its QP
+  // fails too; on UC (no NAKs) the message is dropped, silently.
+  SendOutcome refuse(WcStatus status) {
+    if (!reliable()) return SendOutcome::Completed;
+    fail_target(target_);
+    return fail(status);
+  }
   SendOutcome unreachable() { return no_answer(qp_, completion_); }
   // A copy that failed: the target's process died while the bytes moved
   // (nothing answers, as for a QP that is gone), or the range could not be
   // reached after all (an error the requester reports).
   SendOutcome copy_failed(int error) {
     if (target_gone(memory_, target_, error)) return unreachable();
-    return fail(WcStatus::RemoteAccessError);
+    return refuse(WcStatus::RemoteAccessError);
   }
   // One-sided operations are checked against the target's registration and
   // the target QP's remote access rights.
@@ -337,13 +351,13 @@ void Execution::deliver_write_immediate(const ReceivePlacement& receive) {
   if (!deliver_completion(memory_, receive.completion_cq(target_), received, request_.flags & send_flag::kSolicited)) {
     set_state(target_, QpState::Error);  // overrun (see place_send)
     raise_overrun_fatal(target_);
-    overrun_target_qpn = target_.qpn;
+    failed_target_qpn = target_.qpn;
   }
 }
 
 SendOutcome Execution::write() {
   ResolvedRange where;
-  if (!check_remote(access::kRemoteWrite, local_.length, where)) return fail(WcStatus::RemoteAccessError);
+  if (!check_remote(access::kRemoteWrite, local_.length, where)) return refuse(WcStatus::RemoteAccessError);
   const bool immediate = send_opcode_info(request_.opcode).is(wr_mask::kImmediate);
   ReceivePlacement receive;
   if (immediate && !take_target_receive(memory_, target_, request_, receive))
@@ -358,7 +372,7 @@ SendOutcome Execution::write() {
 
 SendOutcome Execution::read() {
   ResolvedRange where;
-  if (!check_remote(access::kRemoteRead, local_.length, where)) return fail(WcStatus::RemoteAccessError);
+  if (!check_remote(access::kRemoteRead, local_.length, where)) return refuse(WcStatus::RemoteAccessError);
   RemoteRange remote{where.address, local_.length, request_.rkey, access::kRemoteRead};
   if (local_.length > 0)
     if (int error = copy_from_process(memory_, where.owner_pid, local_.vectors, std::span(&remote, 1)))
@@ -368,9 +382,9 @@ SendOutcome Execution::read() {
 
 SendOutcome Execution::atomic() {
   if (local_.length != 8) return fail(WcStatus::LocalLengthError);
-  if (request_.remote_address % 8 != 0) return fail(WcStatus::RemoteInvalidRequestError);
+  if (request_.remote_address % 8 != 0) return refuse(WcStatus::RemoteInvalidRequestError);
   ResolvedRange where;
-  if (!check_remote(access::kRemoteAtomic, 8, where)) return fail(WcStatus::RemoteAccessError);
+  if (!check_remote(access::kRemoteAtomic, 8, where)) return refuse(WcStatus::RemoteAccessError);
   SharedLock atomics(memory_.shared().atomics_lock);
   uint64_t original = 0;
   iovec value{&original, 8};
@@ -399,8 +413,8 @@ SendOutcome Execution::atomic() {
 SendOutcome Execution::atomic_write() {
   if (local_.length != 8) return fail(WcStatus::LocalLengthError);
   ResolvedRange where;
-  if (!check_remote(access::kRemoteWrite, 8, where)) return fail(WcStatus::RemoteAccessError);
-  if (request_.remote_address % 8 != 0) return fail(WcStatus::RemoteInvalidRequestError);
+  if (!check_remote(access::kRemoteWrite, 8, where)) return refuse(WcStatus::RemoteAccessError);
+  if (request_.remote_address % 8 != 0) return refuse(WcStatus::RemoteInvalidRequestError);
   uint64_t value = 0;
   iovec into{&value, 8};
   copy_within_process(std::span(&into, 1), local_.vectors);
@@ -490,7 +504,7 @@ SendOutcome execute_with_target(DeviceMemory& memory, QpRecord& qp, const SendWq
     const SrqRecord* srq = find_xrc_srq(memory, *target, request.remote_srqn);
     if (srq == nullptr) {
       debug_log("QP %#x: XRC SRQ %#x is no XRC SRQ of QP %#x's domain", qp.qpn, request.remote_srqn, target->qpn);
-      set_state(*target, QpState::Error);
+      fail_target(*target);
       completion.status = WcStatus::RemoteInvalidRequestError;
       return SendOutcome::Completed;
     }
@@ -517,11 +531,27 @@ void invalidate_at_target(DeviceMemory& memory, const SendWqe& request, HeldRece
     completion.status = WcStatus::RemoteInvalidRequestError;
     if (QpRecord* target = memory.qp_by_number(received.qp_num)) {
       SharedLock lock(target->lock);
-      if (target->live && target->qpn == received.qp_num) set_state(*target, QpState::Error);
+      if (target->live && target->qpn == received.qp_num) fail_target(*target);
     }
   }
   if (!deliver_completion(memory, held.recv_cq, received, request.flags & send_flag::kSolicited))
     move_to_error_after_overrun(memory, received.qp_num);
+}
+
+// Once the target's lock is let go: its receives complete flushed, and a QP
+// on an SRQ reports that no more receives will complete on it.
+void flush_failed_target(DeviceMemory& memory, QpRecord& target) {
+  bool on_srq;
+  SocketAddress owner_async;
+  uint64_t owner_handle;
+  {
+    SharedLock lock(target.lock);
+    on_srq = target.srq >= 0;
+    owner_async = target.owner_async;
+    owner_handle = target.owner_handle;
+  }
+  flush_receive_queue(memory, target);
+  if (on_srq) send_async_event(owner_async, owner_handle, AsyncEventType::QpLastWqeReached);
 }
 
 }  // namespace
@@ -536,7 +566,7 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& requ
     completion.status = execute_local_operation(memory, qp.pd_handle, qp.qpn, request);
     return SendOutcome::Completed;
   }
-  overrun_target_qpn = 0;
+  failed_target_qpn = 0;
   SendOutcome outcome;
   if (!info.is(wr_mask::kInvalidate)) {
     outcome = execute_with_target(memory, qp, request, completion, nullptr);
@@ -547,9 +577,9 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& requ
     outcome = execute_with_target(memory, qp, request, completion, &held);
     if (held.held) invalidate_at_target(memory, request, held, completion);
   }
-  if (overrun_target_qpn != 0) {
-    if (QpRecord* target = memory.qp_by_number(overrun_target_qpn)) flush_receive_queue(memory, *target);
-    overrun_target_qpn = 0;
+  if (failed_target_qpn != 0) {
+    if (QpRecord* target = memory.qp_by_number(failed_target_qpn)) flush_failed_target(memory, *target);
+    failed_target_qpn = 0;
   }
   return outcome;
 }
