@@ -86,9 +86,9 @@ struct responder_expectation {
 struct probe_case {
   const char* name;
   enum ibv_qp_type type;
-  int responder_access;   /* the responder MR's access flags */
-  int responder_receives; /* receives it posts, each of receive_bytes */
-  uint32_t receive_bytes;
+  int responder_access;     /* the responder MR's access flags */
+  int responder_receives;   /* receives it posts, each of receive_bytes */
+  uint32_t receive_bytes;   /* 0: 64 */
   bool responder_goes_away; /* destroys its QP before the requester posts */
   bool no_rnr_retry;        /* the requester's rnr_retry 0, else 7 */
   uint8_t retry_cnt;        /* the requester's, 0: 7 */
@@ -97,14 +97,18 @@ struct probe_case {
   enum ibv_wc_status requester[kMaxWrs];
   enum ibv_qp_state requester_state;
   struct responder_expectation responder;
-  /* Where rxe's responder differs from the specification (what an HCA and
-   * softverbs do): its outcome, accepted when the responder is rxe. */
-  bool rxe_differs;
+  /* Where rxe differs from the specification (what an HCA and softverbs
+   * do) when it is the responder, or the requester: its outcome, accepted
+   * from rxe only. */
+  enum { kRxeAgrees, kRxeResponderDiffers, kRxeRequesterDiffers } rxe;
   enum ibv_wc_status requester_if_rxe;
   struct responder_expectation responder_if_rxe;
   /* The requester's provider may refuse the WR at ibv_post_send (EINVAL),
    * as rxe's does: then nothing is sent, and both QPs stay in RTS. */
   bool may_be_refused;
+  bool late_receives;       /* the responder posts its receives 200 ms after the requester's posts */
+  bool responder_fails;     /* the responder moves its QP to ERR before the requester posts */
+  bool requester_read_only; /* the requester's MR has no local write access */
 };
 
 static void fail(const char* format, ...) {
@@ -303,6 +307,10 @@ static int read_bad_rkey(const struct probe_case* c, struct endpoint* e, const s
   (void)c;
   return post_one(e, IBV_WR_RDMA_READ, 2048, 64, p->addr, p->rkey ^ 0x5a5a00);
 }
+static int read_plain(const struct probe_case* c, struct endpoint* e, const struct peer_info* p) {
+  (void)c;
+  return post_one(e, IBV_WR_RDMA_READ, 2048, 64, p->addr, p->rkey);
+}
 static int read_past_end(const struct probe_case* c, struct endpoint* e, const struct peer_info* p) {
   (void)c;
   return post_one(e, IBV_WR_RDMA_READ, 2048, 64, p->addr + kBufferBytes - 32, p->rkey);
@@ -311,6 +319,13 @@ static int send_128(const struct probe_case* c, struct endpoint* e, const struct
   (void)c;
   (void)p;
   return post_one(e, IBV_WR_SEND, 0, 128, 0, 0);
+}
+static int send_bad_lkey(const struct probe_case* c, struct endpoint* e, const struct peer_info* p) {
+  (void)c;
+  (void)p;
+  struct ibv_sge sge = {.addr = (uintptr_t)e->buffer, .length = 32, .lkey = e->mr->lkey ^ 0x5a5a00};
+  struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND}, *bad;
+  return ibv_post_send(e->qp, &wr, &bad);
 }
 static int write_with_imm(const struct probe_case* c, struct endpoint* e, const struct peer_info* p) {
   (void)c;
@@ -332,7 +347,7 @@ static int ud_wrong_then_right_qkey(const struct probe_case* c, struct endpoint*
 #define ACCESS_ALL \
   (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
 #define NOT_CHECKED (-1)
-#define RC_CASE .type = IBV_QPT_RC, .receive_bytes = 64
+#define RC_CASE .type = IBV_QPT_RC
 /* The responder's side of an error it detects in a request (IBA class C):
  * it NAKs, its QP goes to ERR and its posted receive is flushed. */
 #define RESPONDER_FAILS .responder = {1, IBV_WC_WR_FLUSH_ERR, 0, IBV_QPS_ERR, NOT_CHECKED, NOT_CHECKED}
@@ -406,7 +421,7 @@ static const struct probe_case cases[] = {
      .requester = {IBV_WC_REM_INV_REQ_ERR},
      .requester_state = IBV_QPS_ERR,
      .responder = {1, IBV_WC_LOC_LEN_ERR, 0, IBV_QPS_ERR, NOT_CHECKED, NOT_CHECKED},
-     .rxe_differs = true,
+     .rxe = kRxeResponderDiffers,
      .requester_if_rxe = IBV_WC_REM_OP_ERR,
      .responder_if_rxe = {1, IBV_WC_LOC_QP_OP_ERR, 0, IBV_QPS_ERR, NOT_CHECKED, NOT_CHECKED}},
     /* Receiver not ready is no error of the responder's. */
@@ -456,6 +471,53 @@ static const struct probe_case cases[] = {
      .requester = {IBV_WC_REM_ACCESS_ERR},
      .requester_state = IBV_QPS_ERR,
      .responder = {1, IBV_WC_WR_FLUSH_ERR, 0, IBV_QPS_ERR, 1, NOT_CHECKED}},
+    /* RNR NAKs (or a wait) until the receive comes; rnr_retry 7 retries forever. */
+    {.name = "send before the receive is posted, rnr_retry 7",
+     RC_CASE,
+     .responder_access = ACCESS_ALL,
+     .responder_receives = 1,
+     .receive_bytes = 256,
+     .late_receives = true,
+     .post = send_128,
+     .requester_wrs = 1,
+     .requester = {IBV_WC_SUCCESS},
+     .requester_state = IBV_QPS_RTS,
+     .responder = {1, IBV_WC_SUCCESS, 128, IBV_QPS_RTS, NOT_CHECKED, NOT_CHECKED}},
+    /* Errors the requester finds in its own WR: the responder sees nothing.
+     * (rxe's requester reports a bad lkey as a local QP operation error.) */
+    {.name = "send with a bad lkey",
+     RC_CASE,
+     .responder_access = ACCESS_ALL,
+     .responder_receives = 1,
+     .post = send_bad_lkey,
+     .requester_wrs = 1,
+     .requester = {IBV_WC_LOC_PROT_ERR},
+     .requester_state = IBV_QPS_ERR,
+     .responder = {0, -1, 0, IBV_QPS_RTS, NOT_CHECKED, NOT_CHECKED},
+     .rxe = kRxeRequesterDiffers,
+     .requester_if_rxe = IBV_WC_LOC_QP_OP_ERR,
+     .responder_if_rxe = {0, -1, 0, IBV_QPS_RTS, NOT_CHECKED, NOT_CHECKED}},
+    {.name = "read into a region without local write access",
+     RC_CASE,
+     .responder_access = ACCESS_ALL,
+     .requester_read_only = true,
+     .post = read_plain,
+     .requester_wrs = 1,
+     .requester = {IBV_WC_LOC_PROT_ERR},
+     .requester_state = IBV_QPS_ERR,
+     RESPONDER_UNMOVED},
+    /* A QP in ERR answers nothing. */
+    {.name = "send to a QP in the error state, retry_cnt 2",
+     RC_CASE,
+     .responder_access = ACCESS_ALL,
+     .responder_receives = 1,
+     .responder_fails = true,
+     .retry_cnt = 2,
+     .post = send_128,
+     .requester_wrs = 1,
+     .requester = {IBV_WC_RETRY_EXC_ERR},
+     .requester_state = IBV_QPS_ERR,
+     RESPONDER_FAILS},
     /* Nothing answers: the requester's retries run out. */
     {.name = "send to a destroyed QP, retry_cnt 2",
      RC_CASE,
@@ -623,7 +685,7 @@ static void fill_pattern(unsigned char* buffer) {
 static int respond(int fd, struct ibv_context* context, int gid_index, const struct probe_case* c) {
   struct endpoint e;
   make_endpoint(&e, context, gid_index, c->type, c->responder_access);
-  post_receives(&e, c->responder_receives, c->receive_bytes);
+  if (!c->late_receives) post_receives(&e, c->responder_receives, c->receive_bytes ? c->receive_bytes : 64);
   struct peer_info requester = read_info(fd);
   send_info(fd, &e);
   connect_endpoint(&e, &requester, gid_index, c, false);
@@ -631,7 +693,15 @@ static int respond(int fd, struct ibv_context* context, int gid_index, const str
     ibv_destroy_qp(e.qp);
     e.qp = NULL;
   }
+  if (c->responder_fails) {
+    struct ibv_qp_attr attr = {.qp_state = IBV_QPS_ERR};
+    if (ibv_modify_qp(e.qp, &attr, IBV_QP_STATE)) fail("ERR: %s", strerror(errno));
+  }
   send_line(fd, "ready");
+  if (c->late_receives) {
+    usleep(200 * 1000);
+    post_receives(&e, c->responder_receives, c->receive_bytes ? c->receive_bytes : 64);
+  }
   char line[512];
   read_line(fd, line, sizeof line); /* the requester has its completions */
 
@@ -694,12 +764,12 @@ static void compare_responder(const struct responder_view* v, const struct respo
     appendf(why, size, "; the responder's memory does not hold what was sent");
 }
 
-/* The requester's half of case `c` (`responder_is_rxe`: the peer is rxe);
+/* The requester's half of case `c` (`self_is_rxe`, `peer_is_rxe`: which side is rxe);
  * returns 1 if either side's outcome differs from the expectation. */
-static int request(int fd, struct ibv_context* context, int gid_index, const struct probe_case* c,
-                   bool responder_is_rxe) {
+static int request(int fd, struct ibv_context* context, int gid_index, const struct probe_case* c, bool self_is_rxe,
+                   bool peer_is_rxe) {
   struct endpoint e;
-  make_endpoint(&e, context, gid_index, c->type, ACCESS_ALL);
+  make_endpoint(&e, context, gid_index, c->type, c->requester_read_only ? 0 : ACCESS_ALL);
   fill_pattern(e.buffer);
   send_info(fd, &e);
   struct peer_info responder = read_info(fd);
@@ -714,7 +784,7 @@ static int request(int fd, struct ibv_context* context, int gid_index, const str
   enum ibv_qp_state expected_state = c->requester_state;
   struct responder_expectation want = c->responder;
   const char* note = "";
-  if (c->rxe_differs && responder_is_rxe) {
+  if ((c->rxe == kRxeResponderDiffers && peer_is_rxe) || (c->rxe == kRxeRequesterDiffers && self_is_rxe)) {
     expected[0] = c->requester_if_rxe;
     want = c->responder_if_rxe;
     note = " (rxe's own outcome)";
@@ -805,10 +875,11 @@ int main(int argc, char** argv) {
   send_line(fd, "device %s", ibv_get_device_name(context->device));
   read_line(fd, line, sizeof line);
   if (sscanf(line, "device %255s", peer_device) != 1) fail("malformed greeting from the peer: %s", line);
+  const bool self_is_rxe = strncmp(ibv_get_device_name(context->device), "rxe", 3) == 0;
   const bool peer_is_rxe = strncmp(peer_device, "rxe", 3) == 0;
   int failures = 0;
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
-    failures += o.peer ? request(fd, context, o.gid_index, &cases[i], peer_is_rxe)
+    failures += o.peer ? request(fd, context, o.gid_index, &cases[i], self_is_rxe, peer_is_rxe)
                        : respond(fd, context, o.gid_index, &cases[i]);
   close(fd);
   ibv_close_device(context);
