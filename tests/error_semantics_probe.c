@@ -27,6 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_control.h"
+
 enum { kBufferBytes = 4096, kMaxWrs = 4, kQkey = 0x11111111, kWrongQkey = 0x22222222, kUdGrh = 40 };
 
 struct options {
@@ -110,16 +112,6 @@ struct probe_case {
   bool responder_fails;     /* the responder moves its QP to ERR before the requester posts */
   bool requester_read_only; /* the requester's MR has no local write access */
 };
-
-static void fail(const char* format, ...) {
-  va_list args;
-  va_start(args, format);
-  fprintf(stderr, "error_semantics_probe: ");
-  vfprintf(stderr, format, args);
-  fprintf(stderr, "\n");
-  va_end(args);
-  exit(100);
-}
 
 /* ---- the verbs side ---- */
 
@@ -553,62 +545,6 @@ static const struct probe_case cases[] = {
      .responder = {1, IBV_WC_SUCCESS, kUdGrh + 48, IBV_QPS_RTS, NOT_CHECKED, 1}},
 };
 
-/* ---- the control connection ---- */
-
-static int control_connect(const struct options* o) {
-  char port[16];
-  snprintf(port, sizeof port, "%d", o->port);
-  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM, .ai_flags = o->peer ? 0 : AI_PASSIVE};
-  struct addrinfo* found;
-  int rc = getaddrinfo(o->peer, port, &hints, &found);
-  if (rc) fail("%s: %s", o->peer ? o->peer : "listen", gai_strerror(rc));
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (o->peer) {
-    /* The responder may still be starting. */
-    for (int attempt = 0; connect(fd, found->ai_addr, found->ai_addrlen); ++attempt) {
-      if (attempt == 300) fail("couldn't connect to %s:%d: %s", o->peer, o->port, strerror(errno));
-      usleep(100 * 1000);
-    }
-  } else {
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, found->ai_addr, found->ai_addrlen) || listen(fd, 1))
-      fail("listen on %d: %s", o->port, strerror(errno));
-    int accepted = accept(fd, NULL, NULL);
-    if (accepted < 0) fail("accept: %s", strerror(errno));
-    close(fd);
-    fd = accepted;
-  }
-  freeaddrinfo(found);
-  return fd;
-}
-
-static void send_line(int fd, const char* format, ...) {
-  char line[512];
-  va_list args;
-  va_start(args, format);
-  int n = vsnprintf(line, sizeof line - 1, format, args);
-  va_end(args);
-  line[n++] = '\n';
-  for (int sent = 0; sent < n;) {
-    ssize_t w = write(fd, line + sent, (size_t)(n - sent));
-    if (w <= 0) fail("control connection: %s", w ? strerror(errno) : "closed");
-    sent += (int)w;
-  }
-}
-
-static void read_line(int fd, char* line, size_t size) {
-  size_t n = 0;
-  for (;;) {
-    char ch;
-    ssize_t r = read(fd, &ch, 1);
-    if (r <= 0) fail("control connection: %s", r ? strerror(errno) : "closed by the peer");
-    if (ch == '\n') break;
-    if (n + 1 < size) line[n++] = ch;
-  }
-  line[n] = 0;
-}
-
 static void send_info(int fd, const struct endpoint* e) {
   char gid[33];
   for (int i = 0; i < 16; ++i) snprintf(gid + 2 * i, 3, "%02x", e->gid.raw[i]);
@@ -629,12 +565,6 @@ static struct peer_info read_info(int fd) {
 }
 
 /* ---- running the cases ---- */
-
-static double now_seconds(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 static int qp_state(struct ibv_qp* qp) {
   struct ibv_qp_attr attr;
@@ -737,14 +667,6 @@ static int respond(int fd, struct ibv_context* context, int gid_index, const str
          state_name(v.qp_state), event_name(v.async_event));
   fflush(stdout);
   return strncmp(line, "PASS", 4) != 0;
-}
-
-static void appendf(char* out, size_t size, const char* format, ...) {
-  size_t used = strlen(out);
-  va_list args;
-  va_start(args, format);
-  vsnprintf(out + used, size - used, format, args);
-  va_end(args);
 }
 
 /* Why the responder's view `v` is not `want` ("" if it is). */
@@ -869,7 +791,7 @@ int main(int argc, char** argv) {
   srand((unsigned)getpid());
   struct ibv_context* context = open_device(o.device);
   if (o.gid_index < 0) o.gid_index = first_ipv4_roce_v2_gid(context);
-  int fd = control_connect(&o);
+  int fd = control_connect(o.peer, o.port);
   /* Each side names its device: rxe's responder has outcomes of its own. */
   char line[512], peer_device[256] = "";
   send_line(fd, "device %s", ibv_get_device_name(context->device));
