@@ -225,4 +225,18 @@ void CmAgent::remove_listener(uint64_t service_id, const CmListenOn& on) {
 
 bool CmAgent::peer_alive(uint32_t id) { return cm_id_held(*memory_, id); }
 
+void CmAgent::record_connection(const CmConnectionTable::Entry& entry) {
+  if (!add_cm_connection(*memory_, entry))
+    debug_log("rdma_cm: the device's connection table is full: communication ID %#x goes unrecorded",
+              entry.local_comm_id);
+}
+
+void CmAgent::forget_connection(uint32_t local_comm_id) { remove_cm_connection(*memory_, qpn(), local_comm_id); }
+
+bool CmAgent::connections_recorded() { return cm_connections_recorded(*memory_); }
+
+std::vector<CmConnectionTable::Entry> CmAgent::take_orphaned_connections() {
+  return take_orphaned_cm_connections(*memory_);
+}
+
 }  // namespace softverbs::cm

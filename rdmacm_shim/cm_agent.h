@@ -71,6 +71,13 @@ class CmAgent {
   // for it), so the engine asks this of its connected peers.
   bool peer_alive(uint32_t id);
 
+  // The device's record of this agent's established connections (see
+  // CmConnectionTable), and the connections of agents whose process died.
+  void record_connection(const CmConnectionTable::Entry& entry);
+  void forget_connection(uint32_t local_comm_id);
+  bool connections_recorded();
+  std::vector<CmConnectionTable::Entry> take_orphaned_connections();
+
   // Listeners (0, or an errno); an all-zero address listens on all of the
   // device's addresses (see CmListenOn).
   int add_listener(uint64_t service_id, const CmListenOn& on);

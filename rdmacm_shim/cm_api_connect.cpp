@@ -55,7 +55,7 @@ void send_request(Engine& engine, CmId* id, const rdma_conn_param* param) {
   const sockaddr_storage& destination = id->id.route.addr.dst_storage;
   CmAgent* agent = engine.agent_for(id->id.verbs);
   if (agent == nullptr) {
-    id->state = IdState::Disconnected;
+    set_state(id, IdState::Disconnected);
     deliver(id, RDMA_CM_EVENT_UNREACHABLE, -ENODEV);
     return;
   }
@@ -65,11 +65,11 @@ void send_request(Engine& engine, CmId* id, const rdma_conn_param* param) {
   id->local_gid = source_gid(agent, id->id.route.addr.src_storage, destination);
   id->peer_gid = gid_bytes(destination);
   const Message message = connect_message(id, param);
-  id->state = IdState::RequestSent;
+  set_state(id, IdState::RequestSent);
   id->request_sent_at = Clock::now();
   if (!send_to_peer(id, message)) {
     stop_resending(id);
-    id->state = IdState::Disconnected;
+    set_state(id, IdState::Disconnected);
     deliver(id, RDMA_CM_EVENT_UNREACHABLE, -ENETUNREACH);
   }
 }
@@ -113,7 +113,7 @@ int establish(rdma_cm_id* public_id) {
   Message rtu;
   rtu.type = MessageType::Rtu;
   if (!send_to_peer(id, rtu)) return fail(ECONNRESET);
-  id->state = IdState::Connected;
+  set_state(id, IdState::Connected);
   Engine::instance().schedule_resends();  // starts watching the peer
   return 0;
 }
@@ -169,7 +169,7 @@ int listen(rdma_cm_id* public_id, int) {
       return fail(error);
     }
     id->listed = true;
-    id->state = IdState::Listening;
+    set_state(id, IdState::Listening);
   }
   return 0;
 }
@@ -211,7 +211,7 @@ int accept_sidr(CmId* id, const rdma_conn_param* param) {
   }
   bool sent = send_to_peer(id, message);
   stop_resending(id);
-  id->state = IdState::Connected;
+  set_state(id, IdState::Connected);
   return sent ? 0 : fail(ECONNRESET);
 }
 
@@ -258,9 +258,9 @@ int accept(rdma_cm_id* public_id, const rdma_conn_param* param) {
       int error = errno ? errno : EINVAL;
       return fail(error);
     }
-    id->state = IdState::ReplySent;
+    set_state(id, IdState::ReplySent);
     if (!send_to_peer(id, reply_message(id, param))) {
-      id->state = IdState::RequestReceived;
+      set_state(id, IdState::RequestReceived);
       return fail(ECONNRESET);
     }
     if (id->own_channel == nullptr) return 0;
@@ -290,7 +290,7 @@ int reject(rdma_cm_id* public_id, const void* private_data, uint8_t length, uint
   }
   send_to_peer(id, message);
   stop_resending(id);
-  id->state = IdState::Disconnected;
+  set_state(id, IdState::Disconnected);
   return 0;
 }
 
@@ -316,7 +316,7 @@ int disconnect(rdma_cm_id* public_id) {
     dreq.type = MessageType::Dreq;
     send_to_peer(id, dreq);
   }
-  id->state = IdState::Disconnected;
+  set_state(id, IdState::Disconnected);
   // Both ends see DISCONNECTED, as with the kernel's rdma_cm.
   if (!id->own_channel) {
     deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);

@@ -77,6 +77,7 @@ int destroy_id(rdma_cm_id* public_id) {
     engine.ids.erase(raw);
     id.reset(raw);
     end_connection(engine, id.get());
+    set_state(id.get(), IdState::Disconnected);  // no longer the device's to announce
     const uint64_t service_id = mad::service_id(port_space_of(id.get()), port_of(id->id.route.addr.src_storage));
     for (const auto& [agent, on] : id->listening) agent->remove_listener(service_id, on);
     if (id->listed) engine.directory->release(id->id.route.addr.src_storage);
@@ -118,7 +119,7 @@ int bind_addr(rdma_cm_id* public_id, const sockaddr* address) {
     if (!attach_device(id, engine.devices, local)) return fail(ENODEV);
     id->id.route.addr.addr.ibaddr.sgid = gid_of(local);
   }
-  id->state = IdState::Bound;
+  set_state(id, IdState::Bound);
   return 0;
 }
 
@@ -148,7 +149,7 @@ int resolve_addr(rdma_cm_id* public_id, const sockaddr* source, const sockaddr* 
   id->id.route.addr.src_storage = local;
   id->id.route.addr.addr.ibaddr.sgid = gid_of(local);
   id->id.route.addr.addr.ibaddr.dgid = gid_of(remote);
-  id->state = IdState::AddressResolved;
+  set_state(id, IdState::AddressResolved);
   if (!id->own_channel) deliver(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
   return 0;
 }
@@ -178,7 +179,7 @@ int resolve_route(rdma_cm_id* public_id, int) {
   path.packet_life_time = 14;
   id->id.route.path_rec = &path;
   id->id.route.num_paths = 1;
-  id->state = IdState::RouteResolved;
+  set_state(id, IdState::RouteResolved);
   if (!id->own_channel) deliver(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
   return 0;
 }

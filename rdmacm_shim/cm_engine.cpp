@@ -20,8 +20,12 @@ namespace softverbs::cm {
 
 using boost::asio::posix::stream_descriptor;
 
-// How often connected ids look whether their peer process still lives.
+// How often connected ids look whether their peer process still lives, and
+// the device's connections whether theirs does.
 constexpr auto kPeerCheckEvery = std::chrono::milliseconds(250);
+// How often a process with a QP1 agent looks for its device's connections
+// while none is recorded: another process may make one and die.
+constexpr auto kIdleSweepEvery = std::chrono::seconds(1);
 
 // Made on the runtime's io_context of `generation`. A forked child's are
 // its parent's: it abandons them (see waits()).
@@ -102,6 +106,7 @@ CmAgent* Engine::agent_for(ibv_context* context) {
       return nullptr;
     }
     watch(agent.get());
+    schedule_resends();  // its sweeps (sweep_orphans)
   }
   return agent.get();
 }
@@ -150,9 +155,10 @@ void Engine::schedule_resends() {
     if (next_peer_check <= Clock::now()) next_peer_check = Clock::now() + kPeerCheckEvery;
     consider(next_peer_check);
   }
+  if (auto sweep = next_orphan_sweep()) consider(*sweep);
   Waits& w = waits();
   if (!earliest) {
-    // Idle, as the CM is between connections: no wake-ups.
+    // Idle (no agent yet): no wake-ups.
     if (w.armed_for) w.timer->cancel();
     w.armed_for.reset();
     return;
@@ -168,6 +174,7 @@ void Engine::schedule_resends() {
     resend_due();
     end_due_timewaits(Clock::now());
     check_peers(Clock::now());
+    sweep_orphans(Clock::now());
     schedule_resends();
   });
 }
@@ -188,6 +195,21 @@ void Engine::check_peers(Clock::time_point now) {
     if (!ids.count(id) || !peer_on_our_device(id) || id->agent->peer_alive(id->remote_comm_id)) continue;
     ended_by_peer(id);
   }
+}
+
+std::optional<Clock::time_point> Engine::next_orphan_sweep() const {
+  if (agents.empty()) return std::nullopt;
+  return next_sweep;
+}
+
+void Engine::sweep_orphans(Clock::time_point now) {
+  if (agents.empty() || now < next_sweep) return;
+  bool recorded = false;
+  for (auto& [context, agent] : agents) {
+    announce_orphaned_connections(agent.get());
+    recorded = recorded || agent->connections_recorded();
+  }
+  next_sweep = now + (recorded ? kPeerCheckEvery : kIdleSweepEvery);
 }
 
 Due step(Resending& resending, Clock::time_point now) {
@@ -226,10 +248,23 @@ void Engine::end_due_timewaits(Clock::time_point now) {
 // A program that ends right after its disconnect (rping's client does)
 // would take its DREQ's retries along; the kernel's CM keeps them. So exit
 // waits, up to two retries (~2.2 s, and only while a DREQ is unanswered: a
-// peer's device answers for a peer process that died).
+// peer's device answers for a peer process that died). A connection the
+// program never ended gets its DREQ here, as the kernel's CM sends one when
+// the process's rdma_cm file closes: a peer on another host has no other way
+// to learn of the exit.
 void Engine::wait_for_lingering_at_exit() {
   Engine& engine = instance();
   std::unique_lock guard(engine.mutex);
+  if (engine.served()) {
+    for (CmId* id : engine.ids) {
+      if (id->agent == nullptr || is_ud(id) || (id->state != IdState::Connected && id->state != IdState::ReplySent))
+        continue;
+      Message dreq;
+      dreq.type = MessageType::Dreq;
+      send_to_peer(id, dreq);
+      set_state(id, IdState::Disconnected);
+    }
+  }
   auto unanswered = [&engine] {
     if (!engine.lingering.empty()) return true;
     for (CmId* id : engine.ids)

@@ -157,6 +157,12 @@ class Engine {
   bool watching_peers() const;
   void check_peers(Clock::time_point now);
   Clock::time_point next_peer_check{};
+  // Looks for connections of the device's dead processes (see
+  // announce_orphaned_connections): often while any is recorded, seldom
+  // otherwise, as long as this process has an agent.
+  void sweep_orphans(Clock::time_point now);
+  std::optional<Clock::time_point> next_orphan_sweep() const;
+  Clock::time_point next_sweep{};
   static void wait_for_lingering_at_exit();
 
   // The agents' descriptors and the resend timer, on the process's
@@ -190,10 +196,20 @@ int finish_sync(CmId* id, std::unique_ptr<QueuedEvent> event, rdma_cm_event_type
 
 // The MAD that carries `message` on `id`'s connection, and the reverse.
 MadBytes mad_for(const CmId* id, const Message& message);
+// A DREQ, and the peer's QPN it names (that of the REQ or REP it sent).
+MadBytes dreq_mad(uint64_t transaction_id, uint32_t local_comm_id, uint32_t remote_comm_id, uint32_t remote_qpn);
+uint32_t remote_qpn_of(const CmId* id);
 Message message_of(const mad::Mad& in);
 bool carries_dreq(const MadBytes& bytes);
 // Sends `message` on the id's connection; one the peer must answer is resent.
 bool send_to_peer(CmId* id, const Message& message);
+// Moves `id` to `next`. An established connection is recorded in the
+// device while it lasts, so that if this process dies another process of
+// the device sends its DREQ (see CmConnectionTable).
+void set_state(CmId* id, IdState next);
+// DREQs, once each as the kernel's CM sends them, for the connections of
+// the device's processes that died.
+void announce_orphaned_connections(CmAgent* agent);
 // Nothing more is resent on the id: the peer answered, or the connection ends.
 inline void stop_resending(CmId* id) { id->awaiting_answer.reset(); }
 // A MAD that arrived on `agent`; a MAD resent enough times and never answered.

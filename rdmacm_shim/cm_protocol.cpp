@@ -22,6 +22,35 @@ constexpr auto kListenerRetry = std::chrono::milliseconds(5);
 
 }  // namespace
 
+void set_state(CmId* id, IdState next) {
+  const bool was_connected = id->state == IdState::Connected;
+  id->state = next;
+  const bool connected = next == IdState::Connected;
+  if (was_connected == connected || id->agent == nullptr || is_ud(id)) return;
+  if (connected) {
+    CmConnectionTable::Entry entry;
+    entry.agent_qpn = id->agent->qpn();
+    entry.local_comm_id = id->local_comm_id;
+    entry.remote_comm_id = id->remote_comm_id;
+    entry.remote_qpn = remote_qpn_of(id);
+    entry.transaction_id = id->transaction_id;
+    entry.local_gid = id->local_gid;
+    entry.peer_gid = id->peer_gid;
+    entry.traffic_class = id->tos;
+    id->agent->record_connection(entry);
+  } else {
+    id->agent->forget_connection(id->local_comm_id);
+  }
+}
+
+void announce_orphaned_connections(CmAgent* agent) {
+  for (const CmConnectionTable::Entry& orphan : agent->take_orphaned_connections()) {
+    debug_log("rdma_cm: a DREQ for communication ID %#x, whose process died", orphan.local_comm_id);
+    agent->send(orphan.local_gid, orphan.peer_gid, orphan.traffic_class,
+                dreq_mad(orphan.transaction_id, orphan.local_comm_id, orphan.remote_comm_id, orphan.remote_qpn));
+  }
+}
+
 // One the peer must answer (REQ, REP, DREQ, SIDR_REQ) is resent until it
 // does; an answer is kept to be sent again should the peer resend what it
 // answers.
@@ -87,7 +116,7 @@ void on_request(Engine& engine, CmId* listener, CmAgent* agent, const ReceivedMa
   id->transaction_id = transaction_id;
   id->local_gid = received.destination;
   id->peer_gid = received.source;
-  id->state = IdState::RequestReceived;
+  set_state(id, IdState::RequestReceived);
   id->local_psn = engine.random_psn();
   const WireAddress& source = ud ? message.sidr_req.source : message.req.source;
   const WireAddress& destination = ud ? message.sidr_req.destination : message.req.destination;
@@ -116,7 +145,7 @@ void on_rep(CmId* id, const ConnectReply& rep) {
                   rep.srq, rep.qp_num);
   if (id->id.qp == nullptr) {
     // The application moves its own QP, then calls rdma_establish.
-    id->state = IdState::ResponseReceived;
+    set_state(id, IdState::ResponseReceived);
     deliver(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, std::move(event));
     return;
   }
@@ -127,14 +156,14 @@ void on_rep(CmId* id, const ConnectReply& rep) {
     send_to_peer(id, rej);
     stop_resending(id);
     move_qp_to_error(id);
-    id->state = IdState::Disconnected;
+    set_state(id, IdState::Disconnected);
     deliver(id, RDMA_CM_EVENT_CONNECT_ERROR, -EINVAL);
     return;
   }
   Message rtu;
   rtu.type = MessageType::Rtu;
   send_to_peer(id, rtu);
-  id->state = IdState::Connected;
+  set_state(id, IdState::Connected);
   deliver(id, RDMA_CM_EVENT_ESTABLISHED, 0, std::move(event));
 }
 
@@ -144,7 +173,7 @@ void on_sidr_rep(CmId* id, const SidrReply& rep) {
   if (rep.status != 0) {
     // As librdmacm reports a SIDR_REP that refuses: UNREACHABLE with its
     // status (1: nobody listens, 2: rejected).
-    id->state = IdState::Disconnected;
+    set_state(id, IdState::Disconnected);
     deliver(id, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(rep.status),
             event_with_private_data(rep.private_data, kSidrRepPrivateData, true));
     return;
@@ -153,7 +182,7 @@ void on_sidr_rep(CmId* id, const SidrReply& rep) {
   event->event.param.ud.ah_attr = path_to_peer(id);
   event->event.param.ud.qp_num = rep.qp_num;
   event->event.param.ud.qkey = rep.qkey;
-  id->state = IdState::Connected;
+  set_state(id, IdState::Connected);
   deliver(id, RDMA_CM_EVENT_ESTABLISHED, 0, std::move(event));
 }
 
@@ -165,7 +194,7 @@ void on_message(CmId* id, const Message& message) {
       return;
     case MessageType::Rtu:
       if (id->state != IdState::ReplySent) return;
-      id->state = IdState::Connected;
+      set_state(id, IdState::Connected);
       deliver(id, RDMA_CM_EVENT_ESTABLISHED, 0);
       return;
     case MessageType::Rej: {
@@ -173,7 +202,7 @@ void on_message(CmId* id, const Message& message) {
       auto event = event_with_private_data(message.rej.private_data, kRejPrivateData, false);
       stop_resending(id);
       move_qp_to_error(id);
-      id->state = IdState::Disconnected;
+      set_state(id, IdState::Disconnected);
       deliver(id, RDMA_CM_EVENT_REJECTED, message.rej.reason, std::move(event));
       return;
     }
@@ -349,7 +378,7 @@ void ended_by_peer(CmId* id) {
   // with ibv_destroy_qp behind the shim's back, so the runtime's handler
   // must not touch it.
   if (id->state == IdState::Connected || id->state == IdState::ReplySent) {
-    id->state = IdState::Disconnected;
+    set_state(id, IdState::Disconnected);
     deliver(id, RDMA_CM_EVENT_DISCONNECTED, 0);
     if (!id->own_channel) enter_timewait(id);
   }
@@ -367,7 +396,7 @@ void on_no_answer(CmId* id) {
     case IdState::RequestSent:
     case IdState::ReplySent:
       // As the kernel's rdma_cm reports a REQ or REP that timed out.
-      id->state = IdState::Disconnected;
+      set_state(id, IdState::Disconnected);
       deliver(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
       break;
     default:

@@ -395,5 +395,42 @@ TEST_F(TwoNamespaces, NoListenerIsRejectedAndSilenceIsUnreachable) {
       << r.client.out << r.client.err;
 }
 
+// Connections refused, rejected, accepted and ended across the hosts, as
+// cm_semantics_probe checks them against what the kernel's rdma_cm gives,
+// with a third process on each host that uses rdma_cm (an rping server
+// waiting for a client). A process that is killed sends nothing; the
+// kernel's CM sends a DREQ for each of its connections as its file
+// closes, and here the other process of its host does (it holds a QP1
+// agent on the device), so the peer on the other host sees DISCONNECTED.
+TEST_F(TwoNamespaces, CmOutcomesMatchTheKernelsWithABystanderOnEachHost) {
+  std::map<std::string, std::future<ProcessResult>> bystanders;
+  for (const auto& [ns, address] : {std::pair{ns_a_, address_a_}, std::pair{ns_b_, address_b_}}) {
+    const std::string pid_file = dir_.path() + "/" + ns + ".pid";
+    bystanders[pid_file] = std::async(std::launch::async, [this, ns, address, pid_file] {
+      return in_namespace(ns, {SOFTVERBS_CLI, "run", "--", "bash", "-c",
+                               "rping -s -a " + address + " -p 7401 & echo $! > " + pid_file + "; wait"});
+    });
+  }
+  for (const std::string& runtime : {dir_.path() + "/rt-a", dir_.path() + "/rt-b"})
+    for (int i = 0; i < 200 && !test::rdmacm_listening(runtime); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto passive = std::async(std::launch::async, [&] {
+    return in_a({SOFTVERBS_CLI, "run", "--", CM_SEMANTICS_PROBE, "-b", address_a_, "-p", "7410"});
+  });
+  auto active = in_b({SOFTVERBS_CLI, "run", "--", CM_SEMANTICS_PROBE, "-b", address_b_, "-p", "7410", address_a_});
+  auto passive_result = passive.get();
+  for (auto& [pid_file, bystander] : bystanders) {
+    run_process({"bash", "-c", "kill $(cat " + pid_file + ")"});
+    bystander.get();
+  }
+  EXPECT_EQ(active.exit_code, 0) << active.out << active.err;
+  EXPECT_EQ(passive_result.exit_code, 0) << passive_result.out << passive_result.err;
+  EXPECT_NE(active.out.find("PASS accepted, then the active side's process is killed (active side)"), std::string::npos)
+      << active.out;
+  EXPECT_NE(active.out.find("PASS accepted, then the passive side's process is killed (active side)"),
+            std::string::npos)
+      << active.out;
+}
+
 }  // namespace
 }  // namespace softverbs

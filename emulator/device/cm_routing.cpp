@@ -1,5 +1,6 @@
 #include "device/cm_routing.h"
 
+#include <algorithm>
 #include <cerrno>
 
 #include "device/device_memory.h"
@@ -69,6 +70,49 @@ void remove_cm_listener(DeviceMemory& memory, uint64_t service_id, const CmListe
         entry.ip_version == on.ip_version)
       entry = {};
   }
+}
+
+bool add_cm_connection(DeviceMemory& memory, const CmConnectionTable::Entry& entry) {
+  CmConnectionTable& table = memory.shared().cm_connections;
+  SharedLock lock(table.lock);
+  for (uint32_t i = 0; i < static_cast<uint32_t>(CmConnectionTable::kCapacity); ++i) {
+    if (table.entries[i].agent_qpn != 0) continue;
+    table.entries[i] = entry;
+    table.high_water = std::max(table.high_water, i + 1);
+    table.in_use.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  return false;
+}
+
+void remove_cm_connection(DeviceMemory& memory, uint32_t agent_qpn, uint32_t local_comm_id) {
+  CmConnectionTable& table = memory.shared().cm_connections;
+  SharedLock lock(table.lock);
+  for (uint32_t i = 0; i < table.high_water; ++i) {
+    CmConnectionTable::Entry& entry = table.entries[i];
+    if (entry.agent_qpn != agent_qpn || entry.local_comm_id != local_comm_id) continue;
+    entry = {};
+    table.in_use.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+bool cm_connections_recorded(DeviceMemory& memory) {
+  return memory.shared().cm_connections.in_use.load(std::memory_order_relaxed) != 0;
+}
+
+std::vector<CmConnectionTable::Entry> take_orphaned_cm_connections(DeviceMemory& memory) {
+  std::vector<CmConnectionTable::Entry> orphans;
+  if (!cm_connections_recorded(memory)) return orphans;
+  CmConnectionTable& table = memory.shared().cm_connections;
+  SharedLock lock(table.lock);
+  for (uint32_t i = 0; i < table.high_water; ++i) {
+    CmConnectionTable::Entry& entry = table.entries[i];
+    if (entry.agent_qpn == 0 || agent_alive(memory, entry.agent_qpn)) continue;
+    orphans.push_back(entry);
+    entry = {};
+    table.in_use.fetch_sub(1, std::memory_order_relaxed);
+  }
+  return orphans;
 }
 
 bool cm_id_held(DeviceMemory& memory, uint32_t id) { return agent_of_id(memory, id) != 0; }

@@ -8,9 +8,11 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "device/shared_mutex.h"
 #include "wire/cm_mad.h"
@@ -43,6 +45,37 @@ struct CmListenerTable {
   static constexpr int kCapacity = 512;
   Entry entries[kCapacity];
 };
+
+// The device's established rdma_cm connections. The kernel's CM sends a
+// DREQ for each connection of a process whose rdma_cm file closes, however
+// it ended; here another process of the device sends it for one that died,
+// taking its entries out (a peer on another host has no other way to learn
+// of the death). Its lock is a leaf.
+struct CmConnectionTable {
+  SharedMutex lock;
+  struct Entry {
+    uint32_t agent_qpn = 0;  // 0: a free entry; the owner lives as long as this agent
+    uint32_t local_comm_id = 0;
+    uint32_t remote_comm_id = 0;
+    uint32_t remote_qpn = 0;
+    uint64_t transaction_id = 0;
+    std::array<uint8_t, 16> local_gid{};
+    std::array<uint8_t, 16> peer_gid{};
+    uint8_t traffic_class = 0;
+  };
+  static constexpr int kCapacity = 4096;
+  std::atomic<uint32_t> in_use{0};  // read unlocked: whether a sweep has anything to look at
+  uint32_t high_water = 0;          // no entry at or above it was ever used
+  Entry entries[kCapacity];
+};
+
+// false where the table is full (the connection then goes unannounced if
+// its process dies).
+bool add_cm_connection(DeviceMemory& memory, const CmConnectionTable::Entry& entry);
+void remove_cm_connection(DeviceMemory& memory, uint32_t agent_qpn, uint32_t local_comm_id);
+bool cm_connections_recorded(DeviceMemory& memory);
+// The entries whose agent has died, taken out of the table.
+std::vector<CmConnectionTable::Entry> take_orphaned_cm_connections(DeviceMemory& memory);
 
 // 0; EADDRINUSE where a live agent listens on the service ID and address
 // already (for a wildcard: of an IP version it takes too); ENOMEM when the

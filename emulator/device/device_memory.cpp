@@ -22,7 +22,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 20;
+constexpr uint32_t kVersion = 21;
 // Sparse: pages are committed only as rings and queues use them, so the
 // heap can hold rings as large as the device allows (a 4 Mi-entry CQ is
 // 256 MiB of address space).
@@ -51,6 +51,7 @@ void initialize(DeviceShared* shared, uint64_t total_size) {
   shared->memory_lock.initialize();
   shared->atomics_lock.initialize();
   shared->cm_listeners.lock.initialize();
+  shared->cm_connections.lock.initialize();
   for (auto& qp : shared->qps) {
     qp.lock.initialize();
     qp.receive_post_lock.initialize();

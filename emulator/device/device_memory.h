@@ -219,6 +219,7 @@ struct DeviceShared {
   MemoryRegionTable mrs;
   MulticastTable multicast;  // under memory_lock
   CmListenerTable cm_listeners;
+  CmConnectionTable cm_connections;
   ProcessTable processes;  // claims under objects_lock
   // The UDP transport's counters, fault settings and capture switch.
   TransportCounters counters;
