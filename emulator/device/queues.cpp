@@ -230,6 +230,20 @@ void flush_receive_queue(DeviceMemory& memory, QpRecord& qp) {
   }
 }
 
+void flush_after_error(DeviceMemory& memory, QpRecord& qp, bool moved) {
+  bool on_srq;
+  SocketAddress owner_async;
+  uint64_t owner_handle;
+  {
+    SharedLock lock(qp.lock);
+    on_srq = qp.srq >= 0;
+    owner_async = qp.owner_async;
+    owner_handle = qp.owner_handle;
+  }
+  flush_receive_queue(memory, qp);
+  if (moved && on_srq) send_async_event(owner_async, owner_handle, AsyncEventType::QpLastWqeReached);
+}
+
 void purge_completions(DeviceMemory& memory, int cq_index, uint32_t qpn) {
   if (cq_index < 0 || cq_index >= limits::kMaxCq) return;
   CqRecord& cq = memory.shared().cqs[cq_index];

@@ -107,6 +107,11 @@ bool move_to_error(QpRecord& qp, uint32_t qpn);
 // appended before or sees it; see post_receive).
 void flush_receive_queue(DeviceMemory& memory, QpRecord& qp);
 
+// What follows a move of `qp` to ERR (not under its lock): its receive WQEs
+// complete flushed, and where this caller made the move (`moved`), a QP on
+// an SRQ raises IBV_EVENT_QP_LAST_WQE_REACHED.
+void flush_after_error(DeviceMemory& memory, QpRecord& qp, bool moved);
+
 // Removes the completions of QP `qpn` from CQ `cq_index`, as an HCA's driver
 // cleans a CQ when the QP is reset or destroyed.
 void purge_completions(DeviceMemory& memory, int cq_index, uint32_t qpn);

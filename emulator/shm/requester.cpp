@@ -538,22 +538,6 @@ void invalidate_at_target(DeviceMemory& memory, const SendWqe& request, HeldRece
     move_to_error_after_overrun(memory, received.qp_num);
 }
 
-// Once the target's lock is let go: its receives complete flushed, and a QP
-// on an SRQ reports that no more receives will complete on it.
-void flush_failed_target(DeviceMemory& memory, QpRecord& target) {
-  bool on_srq;
-  SocketAddress owner_async;
-  uint64_t owner_handle;
-  {
-    SharedLock lock(target.lock);
-    on_srq = target.srq >= 0;
-    owner_async = target.owner_async;
-    owner_handle = target.owner_handle;
-  }
-  flush_receive_queue(memory, target);
-  if (on_srq) send_async_event(owner_async, owner_handle, AsyncEventType::QpLastWqeReached);
-}
-
 }  // namespace
 
 SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& request, Completion& completion) {
@@ -578,7 +562,7 @@ SendOutcome execute_send(DeviceMemory& memory, QpRecord& qp, const SendWqe& requ
     if (held.held) invalidate_at_target(memory, request, held, completion);
   }
   if (failed_target_qpn != 0) {
-    if (QpRecord* target = memory.qp_by_number(failed_target_qpn)) flush_failed_target(memory, *target);
+    if (QpRecord* target = memory.qp_by_number(failed_target_qpn)) flush_after_error(memory, *target, true);
     failed_target_qpn = 0;
   }
   return outcome;

@@ -426,15 +426,6 @@ void enter_error(TransportPort& port, UdpQp& qp) {
   DeviceMemory& memory = port.memory();
   QpRecord& record = memory.shared().qps[qp.index];
   const bool moved = move_to_error(record, qp.qpn);
-  bool has_srq;
-  SocketAddress owner_async;
-  uint64_t owner_handle;
-  {
-    SharedLock lock(record.lock);
-    has_srq = record.srq >= 0;
-    owner_async = record.owner_async;
-    owner_handle = record.owner_handle;
-  }
   RequesterState& r = qp.requester;
   for (size_t i = 0; i < r.queue.size(); ++i) {
     Completion flushed = completion_of(qp, r.queue[i], WcStatus::WrFlushError);
@@ -451,8 +442,7 @@ void enter_error(TransportPort& port, UdpQp& qp) {
   qp.sending = false;
   qp.connected = false;
   qp.failed = true;
-  flush_receive_queue(memory, record);
-  if (moved && has_srq) send_async_event(owner_async, owner_handle, AsyncEventType::QpLastWqeReached);
+  flush_after_error(memory, record, moved);
 }
 
 void flush_posted(TransportPort& port, const UdpQp& qp, const SendWqe& wqe) {
