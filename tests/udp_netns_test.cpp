@@ -192,7 +192,7 @@ TEST_F(TwoNamespaces, IcrcsHoldForTheIdentificationsTheKernelGives) {
   auto capturing = std::async(std::launch::async, [&] {
     return in_b(
         {"bash", "-c",
-         "tshark -q -i " + netdev_b_ + " -f 'udp port 4791' -w " + capture + " & echo $! > " + pid_file + "; wait"});
+         "tshark -q -B 64 -i " + netdev_b_ + " -f 'udp port 4791' -w " + capture + " & echo $! > " + pid_file + "; wait"});
   });
   for (int i = 0; i < 1000 && !(std::filesystem::exists(capture) && std::filesystem::file_size(capture) > 0); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
