@@ -38,10 +38,10 @@ void drop_untaken_events(CmId* id) {
   }
 }
 
-// What the peer hears of an id that goes: a DREQ for a connection (it
-// lingers after the id: see Engine::lingering), a REJ mid-handshake.
+}  // namespace
+
 void end_connection(Engine& engine, CmId* id) {
-  if (id->agent != nullptr && id->state == IdState::Connected) {
+  if (id->agent != nullptr && !is_ud(id) && id->state == IdState::Connected) {
     Message dreq;
     dreq.type = MessageType::Dreq;
     send_to_peer(id, dreq);
@@ -59,10 +59,9 @@ void end_connection(Engine& engine, CmId* id) {
     engine.lingering.push_back(
         {id->agent, id->local_comm_id, id->local_gid, id->peer_gid, id->tos, *id->awaiting_answer});
   stop_resending(id);
-  engine.schedule_resends();  // for a lingering DREQ: the id has left the engine's set
+  set_state(id, IdState::Disconnected);  // no longer the device's to announce
+  engine.schedule_resends();             // for a lingering DREQ: the id has left the engine's set
 }
-
-}  // namespace
 
 int destroy_id(rdma_cm_id* public_id) {
   if (public_id == nullptr) return fail(EINVAL);
@@ -77,7 +76,6 @@ int destroy_id(rdma_cm_id* public_id) {
     engine.ids.erase(raw);
     id.reset(raw);
     end_connection(engine, id.get());
-    set_state(id.get(), IdState::Disconnected);  // no longer the device's to announce
     const uint64_t service_id = mad::service_id(port_space_of(id.get()), port_of(id->id.route.addr.src_storage));
     for (const auto& [agent, on] : id->listening) agent->remove_listener(service_id, on);
     if (id->listed) engine.directory->release(id->id.route.addr.src_storage);

@@ -248,23 +248,15 @@ void Engine::end_due_timewaits(Clock::time_point now) {
 // A program that ends right after its disconnect (rping's client does)
 // would take its DREQ's retries along; the kernel's CM keeps them. So exit
 // waits, up to two retries (~2.2 s, and only while a DREQ is unanswered: a
-// peer's device answers for a peer process that died). A connection the
-// program never ended gets its DREQ here, as the kernel's CM sends one when
+// peer's device answers for a peer process that died). Every id the program
+// left ends here as a destroyed one does, as the kernel's CM ends them when
 // the process's rdma_cm file closes: a peer on another host has no other way
 // to learn of the exit.
 void Engine::wait_for_lingering_at_exit() {
   Engine& engine = instance();
   std::unique_lock guard(engine.mutex);
-  if (engine.served()) {
-    for (CmId* id : engine.ids) {
-      if (id->agent == nullptr || is_ud(id) || (id->state != IdState::Connected && id->state != IdState::ReplySent))
-        continue;
-      Message dreq;
-      dreq.type = MessageType::Dreq;
-      send_to_peer(id, dreq);
-      set_state(id, IdState::Disconnected);
-    }
-  }
+  if (engine.served())
+    for (CmId* id : engine.ids) end_connection(engine, id);
   auto unanswered = [&engine] {
     if (!engine.lingering.empty()) return true;
     for (CmId* id : engine.ids)

@@ -207,6 +207,10 @@ bool send_to_peer(CmId* id, const Message& message);
 // device while it lasts, so that if this process dies another process of
 // the device sends its DREQ (see CmConnectionTable).
 void set_state(CmId* id, IdState next);
+// What the peer hears of an id that goes (rdma_destroy_id, or the process's
+// exit): a DREQ for a connection (it lingers after the id: see
+// Engine::lingering), a REJ mid-handshake, as the kernel's IB CM sends them.
+void end_connection(Engine& engine, CmId* id);
 // DREQs, once each as the kernel's CM sends them, for the connections of
 // the device's processes that died.
 void announce_orphaned_connections(CmAgent* agent);
