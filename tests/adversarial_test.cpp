@@ -113,8 +113,8 @@ TEST_P(Adversarial, CorrectProgramSurvives) {
   }
   for (const ProcessResult* p : {&r.server, &r.client}) {
     EXPECT_EQ(p->exit_code, 0) << "client:\n"
-                               << r.client.out << r.client.err << "\nserver:\n"
-                               << r.server.out << r.server.err;
+                               << r.client.err << r.client.out << "\nserver:\n"
+                               << r.server.err << r.server.out;
     EXPECT_NE(p->err.find("softverbs adversarial: seed " + std::to_string(seed) + "\n"), std::string::npos) << p->err;
     EXPECT_EQ(p->err.find("Failed status"), std::string::npos) << p->err;
   }

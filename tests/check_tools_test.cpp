@@ -61,7 +61,7 @@ class CheckedRun {
   }
 
   static void expect_clean(const ProcessResult& r, const std::string& side) {
-    EXPECT_EQ(r.exit_code, 0) << side << ":\n" << r.out << r.err;
+    EXPECT_EQ(r.exit_code, 0) << side << ":\n" << r.err << r.out;
     EXPECT_EQ(r.err.find("softverbs check"), std::string::npos) << side << ":\n" << r.err;
   }
 
@@ -134,9 +134,9 @@ TEST_P(CheckedPrograms, AnSrqReceiveOfAnUntrackedQpPostedAgainIsNotReported) {
   const ProcessResult r = run_process(checked({SRQ_RECEIVE_OF_UNTRACKED_QP, gid_index()}), env_, 60);
   expect_clean(r, "program");
   EXPECT_NE(r.out.find("never posted: second message placed over the first, checked"), std::string::npos)
-      << r.out << r.err;
+      << r.err << r.out;
   EXPECT_NE(r.out.find("destroyed before the poll: second message placed over the first, checked"), std::string::npos)
-      << r.out << r.err;
+      << r.err << r.out;
 }
 
 // An event acknowledged by another thread while the destroy is under way
@@ -145,7 +145,7 @@ TEST_P(CheckedPrograms, AnSrqReceiveOfAnUntrackedQpPostedAgainIsNotReported) {
 TEST_P(CheckedPrograms, AnEventAcknowledgedByAnotherThreadDuringTheDestroyIsNotReported) {
   const ProcessResult r = run_process(checked({CQ_EVENT_ACKNOWLEDGED_BY_ANOTHER_THREAD}), env_, 60);
   expect_clean(r, "program");
-  EXPECT_NE(r.out.find("the destroy waited for the acknowledgement"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("the destroy waited for the acknowledgement"), std::string::npos) << r.err << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tools, CheckedTools,

@@ -88,8 +88,8 @@ TEST_F(CrossUser, ACompletionChannelIgnoresAnotherUsersDatagramsAndPointersToNot
   const ProcessResult client =
       run_process({SOFTVERBS_CLI, "run", "--", "ibv_rc_pingpong", "-e", "-n", "50", "localhost"}, env(), 60);
   const ProcessResult served = server.get();
-  EXPECT_EQ(served.exit_code, 0) << "server: " << served.out << served.err;
-  EXPECT_EQ(client.exit_code, 0) << "client: " << client.out << client.err;
+  EXPECT_EQ(served.exit_code, 0) << "server: " << served.err << served.out;
+  EXPECT_EQ(client.exit_code, 0) << "client: " << client.err << client.out;
   EXPECT_NE(served.out.find("50 iters"), std::string::npos) << served.out;
 }
 
@@ -110,7 +110,7 @@ TEST_F(CrossUser, AsyncEventsFromAnotherUserOrNamingNoObjectAreDropped) {
   // What counts: the device's own event.
   ASSERT_EQ(run_process({SOFTVERBS_CLI, "down"}, env()).exit_code, 0);
   const ProcessResult r = watcher.get();
-  EXPECT_EQ(r.exit_code, 124) << "ended by timeout(1), not by a signal: " << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 124) << "ended by timeout(1), not by a signal: " << r.err << r.out;
   EXPECT_NE(r.out.find("IBV_EVENT_DEVICE_FATAL"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("IBV_EVENT_QP_FATAL"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("IBV_EVENT_PORT_ERR"), std::string::npos) << "nobody's port event: " << r.out;

@@ -110,7 +110,7 @@ class Middleware : public ::testing::TestWithParam<Transport> {
     client.push_back("127.0.0.1");
     auto pair = run_server_client(
         under_softverbs(server), under_softverbs(client), env(), [] { return listening_on(13337); }, 60);
-    EXPECT_EQ(pair.server.exit_code, 0) << pair.server.out << pair.server.err;
+    EXPECT_EQ(pair.server.exit_code, 0) << pair.server.err << pair.server.out;
     EXPECT_EQ(pair.server.err.find("Assertion"), std::string::npos) << pair.server.err;
     EXPECT_EQ(pair.client.err.find("Assertion"), std::string::npos) << pair.client.err;
     return pair.client;
@@ -134,7 +134,7 @@ class Middleware : public ::testing::TestWithParam<Transport> {
       std::cout << "note: the fi_pingpong rdm server passed every size, then hit libfabric 1.17.0's ofi_rxm "
                    "teardown crash\n";
     } else {
-      EXPECT_EQ(pair.server.exit_code, 0) << pair.server.out << pair.server.err;
+      EXPECT_EQ(pair.server.exit_code, 0) << pair.server.err << pair.server.out;
     }
     return pair.client;
   }
@@ -195,7 +195,7 @@ class Middleware : public ::testing::TestWithParam<Transport> {
 };
 
 void expect_finished(const ProcessResult& client, const std::string& what) {
-  EXPECT_EQ(client.exit_code, 0) << what << ":\n" << client.out << client.err;
+  EXPECT_EQ(client.exit_code, 0) << what << ":\n" << client.err << client.out;
   EXPECT_NE(client.out.find("Final:"), std::string::npos) << what << ":\n" << client.out;
 }
 
@@ -252,7 +252,7 @@ TEST_P(Middleware, FiPingpongOverVerbsMsgDgramAndRxm) {
   for (const auto& [provider, endpoint] :
        {std::pair<const char*, const char*>{"verbs", "msg"}, {"verbs", "dgram"}, {"verbs;ofi_rxm", "rdm"}}) {
     const ProcessResult client = fi_pingpong(provider, endpoint);
-    EXPECT_EQ(client.exit_code, 0) << provider << " " << endpoint << ":\n" << client.out << client.err;
+    EXPECT_EQ(client.exit_code, 0) << provider << " " << endpoint << ":\n" << client.err << client.out;
     // Every size up to 1 MiB; datagrams up to the path MTU.
     const std::string largest = std::string(endpoint) == "dgram" ? "\n4k " : "\n1m ";
     EXPECT_NE(client.out.find(largest), std::string::npos) << provider << " " << endpoint << ": " << client.out;
@@ -263,7 +263,7 @@ TEST_P(Middleware, OpenMpiOverUcx) {
   if (std::string(MPI_CHECK_PROGRAM).empty()) GTEST_SKIP() << "no MPI compiler when the tests were built";
   for (int ranks : {2, 4}) {
     const ProcessResult run = mpirun(ranks, open_mpi_over_ucx({"pml"}));
-    EXPECT_EQ(run.exit_code, 0) << ranks << " ranks:\n" << run.out << run.err;
+    EXPECT_EQ(run.exit_code, 0) << ranks << " ranks:\n" << run.err << run.out;
     EXPECT_NE(run.out.find("ping-pong 4194304 B: checked"), std::string::npos) << run.out;
     EXPECT_NE(run.out.find("allreduce over " + std::to_string(ranks) + " ranks: checked"), std::string::npos)
         << run.out;
@@ -275,7 +275,7 @@ TEST_P(Middleware, OpenMpiOverLibfabric) {
   for (int ranks : {2, 4}) {
     const ProcessResult run = mpirun(ranks, {"--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "btl",
                                              "^vader,tcp,openib,uct", "-x", "FI_PROVIDER=verbs;ofi_rxm"});
-    EXPECT_EQ(run.exit_code, 0) << ranks << " ranks:\n" << run.out << run.err;
+    EXPECT_EQ(run.exit_code, 0) << ranks << " ranks:\n" << run.err << run.out;
     EXPECT_NE(run.out.find("ping-pong 4194304 B: checked"), std::string::npos) << run.out;
     EXPECT_NE(run.out.find("allreduce over " + std::to_string(ranks) + " ranks: checked"), std::string::npos)
         << run.out;
@@ -294,7 +294,7 @@ TEST_P(Middleware, OpenMpiOneSidedOverUcx) {
     const int ranks = each.ranks;
     const std::string& mode = each.mode;
     const ProcessResult run = mpirun(ranks, options, each.run_options(), MPI_RMA_CHECK_PROGRAM);
-    EXPECT_EQ(run.exit_code, 0) << ranks << " ranks " << mode << ":\n" << run.out << run.err;
+    EXPECT_EQ(run.exit_code, 0) << ranks << " ranks " << mode << ":\n" << run.err << run.out;
     EXPECT_NE(run.out.find("put and get 262144 B: checked"), std::string::npos) << run.out;
     EXPECT_NE(run.out.find("atomics over " + std::to_string(ranks) + " ranks: checked"), std::string::npos) << run.out;
     EXPECT_EQ(run.err.find("softverbs check"), std::string::npos) << mode << ":\n" << run.err;
@@ -321,7 +321,7 @@ TEST_P(Middleware, OpenShmemOverUcx) {
     if (mode == "--check=error") launch.insert(launch.end(), under_checker.begin(), under_checker.end());
     const ProcessResult run = mpirun(pes, launch, each.run_options(), SHMEM_CHECK_PROGRAM, "oshrun");
     const std::string what = std::to_string(pes) + " PEs " + mode;
-    EXPECT_EQ(run.exit_code, 0) << what << ":\n" << run.out << run.err;
+    EXPECT_EQ(run.exit_code, 0) << what << ":\n" << run.err << run.out;
     EXPECT_NE(run.out.find("put and get 1048576 B: checked"), std::string::npos) << what << ":\n" << run.out;
     for (const char* part : {"atomics", "token ring", "reduce and broadcast"})
       EXPECT_NE(run.out.find(std::string(part) + " over " + std::to_string(pes) + " PEs: checked"), std::string::npos)
@@ -344,11 +344,11 @@ TEST_P(Middleware, MpichOverUcx) {
     const std::string what = std::to_string(ranks) + " ranks " + mode;
     const std::string over = " over " + std::to_string(ranks) + " ranks: checked";
     const ProcessResult two_sided = mpirun_mpich(ranks, MPICH_CHECK_PROGRAM, run_options);
-    EXPECT_EQ(two_sided.exit_code, 0) << what << ":\n" << two_sided.out << two_sided.err;
+    EXPECT_EQ(two_sided.exit_code, 0) << what << ":\n" << two_sided.err << two_sided.out;
     EXPECT_NE(two_sided.out.find("ping-pong 4194304 B: checked"), std::string::npos) << what << ":\n" << two_sided.out;
     EXPECT_NE(two_sided.out.find("allreduce" + over), std::string::npos) << what << ":\n" << two_sided.out;
     const ProcessResult one_sided = mpirun_mpich(ranks, MPICH_RMA_CHECK_PROGRAM, run_options);
-    EXPECT_EQ(one_sided.exit_code, 0) << what << ":\n" << one_sided.out << one_sided.err;
+    EXPECT_EQ(one_sided.exit_code, 0) << what << ":\n" << one_sided.err << one_sided.out;
     EXPECT_NE(one_sided.out.find("put and get 262144 B: checked"), std::string::npos) << what << ":\n" << one_sided.out;
     EXPECT_NE(one_sided.out.find("atomics" + over), std::string::npos) << what << ":\n" << one_sided.out;
     for (const ProcessResult* run : {&two_sided, &one_sided})
@@ -369,7 +369,7 @@ TEST_P(Middleware, OpenMpiRunsCleanUnderCheckAndAdversarial) {
   for (const auto& [stack, options] : stacks) {
     for (const char* mode : {"--check=error", "--adversarial=5"}) {
       const ProcessResult run = mpirun(2, options, {mode});
-      EXPECT_EQ(run.exit_code, 0) << stack << " " << mode << ":\n" << run.out << run.err;
+      EXPECT_EQ(run.exit_code, 0) << stack << " " << mode << ":\n" << run.err << run.out;
       EXPECT_NE(run.out.find("allreduce over 2 ranks: checked"), std::string::npos) << stack << " " << mode;
       EXPECT_EQ(run.err.find("softverbs check"), std::string::npos) << stack << " " << mode << ":\n" << run.err;
     }
@@ -411,10 +411,10 @@ TEST_P(Middleware, IserTargetServesLibiscsi) {
   auto pair = run_server_client(
       under_softverbs({"tgtd", "-f", "-C", control, "--iscsi", "portal=127.0.0.1:13260"}), {"sh", "-c", script}, env(),
       [] { return listening_on(13260); }, 120);
-  EXPECT_EQ(pair.client.exit_code, 0) << pair.client.out << pair.client.err << pair.server.err;
+  EXPECT_EQ(pair.client.exit_code, 0) << pair.client.err << pair.client.out << pair.server.err;
   EXPECT_NE(pair.client.out.find("Peripheral Device Type:DIRECT_ACCESS"), std::string::npos) << pair.client.out;
   EXPECT_NE(pair.client.out.find("Total size:16777216"), std::string::npos) << pair.client.out;
-  EXPECT_NE(pair.client.out.find("checked 2097152 bytes"), std::string::npos) << pair.client.out << pair.client.err;
+  EXPECT_NE(pair.client.out.find("checked 2097152 bytes"), std::string::npos) << pair.client.err << pair.client.out;
   EXPECT_EQ(pair.server.exit_code, 0) << pair.server.err;
 }
 

@@ -54,8 +54,8 @@ TEST_P(Pingpong, ServerAndClientExitZero) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ProcessResult served = server.get();
-  EXPECT_EQ(client.exit_code, 0) << client.out << client.err;
-  EXPECT_EQ(served.exit_code, 0) << served.out << served.err;
+  EXPECT_EQ(client.exit_code, 0) << client.err << client.out;
+  EXPECT_EQ(served.exit_code, 0) << served.err << served.out;
   for (const ProcessResult* r : {&client, &served}) {
     EXPECT_NE(r->out.find(c.finished), std::string::npos) << r->out << r->err;
     EXPECT_EQ(r->err.find("Failed status"), std::string::npos) << r->err;

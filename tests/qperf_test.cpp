@@ -70,10 +70,10 @@ TEST_P(Qperf, EveryTestReportsAResult) {
                              (c.use_cm ? " -cm1" : "") + " localhost" + tests + "; status=$?\n" + qperf +
                              " localhost quit >/dev/null 2>&1 || kill $server\nwait $server\nexit $status\n";
   const ProcessResult r = run_process({"sh", "-c", script}, env_, 180);
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_EQ(r.err.find("failed"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("error"), std::string::npos) << r.out;
-  for (const std::string& test : c.tests) EXPECT_GT(result_of(r.out, test), 0) << test << ":\n" << r.out << r.err;
+  for (const std::string& test : c.tests) EXPECT_GT(result_of(r.out, test), 0) << test << ":\n" << r.err << r.out;
 }
 
 const QperfCase kCases[] = {

@@ -143,7 +143,7 @@ TEST_F(RdmaTools, AsyncwatchSeesTheEventsThatTheCliRaises) {
   EXPECT_EQ(run_process({SOFTVERBS_CLI, "down"}, env).exit_code, 0) << "the device is removed";
   EXPECT_EQ(run_process({SOFTVERBS_CLI, "up"}, env).exit_code, 0) << "a new device of the same name";
   ProcessResult r = watcher.get();
-  EXPECT_NE(r.out.find("softverbs0: async event FD"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("softverbs0: async event FD"), std::string::npos) << r.err << r.out;
   size_t gid = r.out.find("event_type IBV_EVENT_GID_CHANGE (18), port 1");
   size_t fatal = r.out.find("event_type IBV_EVENT_DEVICE_FATAL (8)");
   EXPECT_NE(gid, std::string::npos) << r.out;

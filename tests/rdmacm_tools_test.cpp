@@ -60,13 +60,13 @@ TEST_P(RdmacmTools, ServerAndClientSucceed) {
   auto listening = [&] { return test::rdmacm_listening(runtime); };
   PairResult r = test::run_server_client(under_softverbs(server), under_softverbs(client), env, listening);
   EXPECT_EQ(r.client.exit_code, 0) << "client:\n"
-                                   << r.client.out << r.client.err << "\nserver:\n"
-                                   << r.server.out << r.server.err;
+                                   << r.client.err << r.client.out << "\nserver:\n"
+                                   << r.server.err << r.server.out;
   // A server stopped by the client's SIGTERM: the shell's status 128 + 15.
   if (pair.server_runs_until_killed && r.server.exit_code != 0)
-    EXPECT_EQ(r.server.exit_code, 143) << r.server.out << r.server.err;
+    EXPECT_EQ(r.server.exit_code, 143) << r.server.err << r.server.out;
   else
-    EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+    EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
 }
 
 const ToolPair kPairs[] = {
@@ -113,7 +113,7 @@ TEST(Mckey, EveryReceiverGetsEveryDatagram) {
   std::vector<std::string> env = {"SOFTVERBS_RUNTIME_DIR=" + dir.path() + "/rt"};
   ASSERT_EQ(run_process({SOFTVERBS_CLI, "up"}, env).exit_code, 0);
   test::McKeyGroup r = test::run_mckey_group(SOFTVERBS_CLI, env, dir.path(), "239.7.7.7", "127.0.0.1", {1, 2}, 100);
-  EXPECT_EQ(r.sender.exit_code, 0) << r.sender.out << r.sender.err;
+  EXPECT_EQ(r.sender.exit_code, 0) << r.sender.err << r.sender.out;
   for (size_t i = 0; i < r.receivers.size(); ++i) {
     EXPECT_EQ(r.receivers[i].exit_code, 0) << r.receivers[i].err;
     EXPECT_NE(r.receiver_outputs[i].find("data transfers complete"), std::string::npos) << r.receiver_outputs[i];

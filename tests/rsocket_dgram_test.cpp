@@ -483,11 +483,11 @@ TEST_P(Udpong, ClientCompletesItsRun) {
   const auto r = softverbs::test::run_process(client, env, 30);
   std::ofstream(stop).put('\n');
   const auto s = server.get();
-  EXPECT_EQ(r.exit_code, 0) << r.out << r.err << "\nserver:\n" << s.out << s.err;
-  EXPECT_TRUE(std::regex_search(r.out + r.err, std::regex(c.result))) << r.out << r.err << "\nserver:\n"
-                                                                      << s.out << s.err;
-  EXPECT_EQ(s.exit_code, 0) << s.out << s.err;
-  EXPECT_NE(s.out.find("client login from 127.0.0.1"), std::string::npos) << s.out << s.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err << r.out << "\nserver:\n" << s.err << s.out;
+  EXPECT_TRUE(std::regex_search(r.out + r.err, std::regex(c.result))) << r.err << r.out << "\nserver:\n"
+                                                                      << s.err << s.out;
+  EXPECT_EQ(s.exit_code, 0) << s.err << s.out;
+  EXPECT_NE(s.out.find("client login from 127.0.0.1"), std::string::npos) << s.err << s.out;
 }
 
 // name size xfers total time Gb/sec usec/xfer: an echo run counts both

@@ -77,9 +77,9 @@ TEST_P(RsocketTools, ServerAndClientSucceed) {
       under_softverbs(pair.server), under_softverbs(pair.client), device.env(), [&] { return device.listening(); },
       240);  // -S all: about a minute over UDP on 2 busy cores
   EXPECT_EQ(r.client.exit_code, 0) << "client:\n"
-                                   << r.client.out << r.client.err << "\nserver:\n"
-                                   << r.server.out << r.server.err;
-  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+                                   << r.client.err << r.client.out << "\nserver:\n"
+                                   << r.server.err << r.server.out;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
   EXPECT_EQ(r.client.err.find("failed"), std::string::npos) << r.client.err;
 }
 
@@ -154,9 +154,9 @@ TEST_P(Rcopy, CopiesA100MBFileExactly) {
   PairResult r = test::run_server_client(
       under_softverbs({"timeout", "40", "rcopy"}), under_softverbs({"rcopy", source, "127.0.0.1:" + target}),
       device.env(), [&] { return device.listening(); }, 180);
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out << "\nserver:\n" << r.server.err << r.server.out;
   auto cmp = run_process({"cmp", source, target});
-  EXPECT_EQ(cmp.exit_code, 0) << cmp.out << cmp.err;
+  EXPECT_EQ(cmp.exit_code, 0) << cmp.err << cmp.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Rcopy, ::testing::Values("shm", "udp"));
@@ -176,10 +176,10 @@ TEST_P(Preload, NetcatMovesAFileOverRsockets) {
       under_softverbs({"sh", "-c", "exec nc -l 127.0.0.1 7471 > " + target}, true),
       under_softverbs({"sh", "-c", "exec nc -N 127.0.0.1 7471 < " + source}, true), device.env(),
       [&] { return device.listening(); }, 120);
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
-  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out << "\nserver:\n" << r.server.err << r.server.out;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
   auto cmp = run_process({"cmp", source, target});
-  EXPECT_EQ(cmp.exit_code, 0) << cmp.out << cmp.err;
+  EXPECT_EQ(cmp.exit_code, 0) << cmp.err << cmp.out;
 }
 
 // Debian's iperf3, unmodified, both ends over rsockets: 50 MiB, and both
@@ -194,8 +194,8 @@ TEST_P(Preload, Iperf3CountsEveryByteOverRsockets) {
       under_softverbs({"iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", "7472"}, true),
       under_softverbs({"iperf3", "-c", "127.0.0.1", "-p", "7472", "-n", std::to_string(kBytes), "--json"}, true),
       device.env(), [&] { return device.listening(); }, 60);
-  ASSERT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
-  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  ASSERT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out << "\nserver:\n" << r.server.err << r.server.out;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
   auto bytes_of = [&](const std::string& section) -> long {
     std::smatch m;
     std::regex pattern("\"" + section + "\":\\s*\\{[^}]*?\"bytes\":\\s*(\\d+)");

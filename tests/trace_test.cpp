@@ -97,7 +97,7 @@ TEST_F(Trace, PingpongOnSharedMemoryAndUdpGivesTheSameTrace) {
     // Nothing per device or per run: no QP numbers, keys or addresses.
     EXPECT_EQ(trace.find("0x"), std::string::npos) << trace;
     auto result = diff(shm + side, udp + side);
-    EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+    EXPECT_EQ(result.exit_code, 0) << result.err << result.out;
     EXPECT_EQ(result.out, "");
   }
 }
@@ -157,7 +157,7 @@ TEST_F(Trace, OtherProcessesOfTheProgramWriteNumberedFiles) {
   EXPECT_EQ(read_file(file), "# softverbs-trace 1\n");
   EXPECT_NE(read_file(file + ".1").find("dev1 open_device = ok"), std::string::npos);
   auto result = diff(file + ".1", file + ".2");
-  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+  EXPECT_EQ(result.exit_code, 0) << result.err << result.out;
 }
 
 TEST_F(Trace, WorksWithoutAnySoftverbsDevice) {

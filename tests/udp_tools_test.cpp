@@ -126,8 +126,8 @@ TEST_P(UdpPingpong, RunsOverRoceV2) {
   std::vector<std::string> client = command;
   client.push_back("127.0.0.1");
   Pair r = run_pair(command, client);
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
-  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out << "\nserver:\n" << r.server.err << r.server.out;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
   EXPECT_NE(r.client.out.find(c.finished), std::string::npos) << r.client.out;
   for (const auto* end : {&r.client, &r.server})
     EXPECT_EQ(end->err.find("Couldn't prefetch"), std::string::npos) << end->err;  // -P goes on without it
@@ -182,8 +182,8 @@ TEST_P(UdpPerftest, ClientAndServerFinish) {
   std::vector<std::string> client = command;
   client.push_back("127.0.0.1");
   Pair r = run_pair(command, client);
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
-  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out << "\nserver:\n" << r.server.err << r.server.out;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
   // Both ends are processes of this device: every packet received was sent
   // (ACKs and retransmissions included), and the data packets all arrived.
   auto count = counters();
@@ -221,8 +221,8 @@ TEST_F(UdpOnLoopback, RcAndUdOverIpv6Gids) {
     std::vector<std::string> client = command;
     client.push_back("127.0.0.1");  // the tools' TCP exchange of QP numbers listens on IPv4
     Pair r = run_pair(command, client);
-    EXPECT_EQ(r.client.exit_code, 0) << tool << ": " << r.client.out << r.client.err;
-    EXPECT_EQ(r.server.exit_code, 0) << tool << ": " << r.server.out << r.server.err;
+    EXPECT_EQ(r.client.exit_code, 0) << tool << ": " << r.client.err << r.client.out;
+    EXPECT_EQ(r.server.exit_code, 0) << tool << ": " << r.server.err << r.server.out;
     EXPECT_NE(r.client.out.find("GID ::1"), std::string::npos) << r.client.out;
   }
   auto count = counters();
@@ -274,8 +274,8 @@ TEST_F(UdpOnLoopback, RpingThroughTheRdmacmShim) {
   for (int i = 0; i < 200 && !listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto client = run_process(under_softverbs({"rping", "-c", "-v", "-C", "200", "-S", "4000", "-a", "127.0.0.1"}), env_);
   auto server = background.get();
-  EXPECT_EQ(client.exit_code, 0) << client.out << client.err;
-  EXPECT_EQ(server.exit_code, 0) << server.out << server.err;
+  EXPECT_EQ(client.exit_code, 0) << client.err << client.out;
+  EXPECT_EQ(server.exit_code, 0) << server.err << server.out;
   EXPECT_NE(client.out.find("ping data: rdma-ping-199"), std::string::npos);
   EXPECT_GT(counters()["rx_packets"], 800u) << "rping's SENDs, READs and WRITEs as packets";
 }
@@ -292,8 +292,8 @@ TEST_F(UdpOnLoopback, RdmaXserverAndXclientConnectXrc) {
   for (int i = 0; i < 200 && !listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto client = run_process(under_softverbs({"rdma_xclient", "-s", "127.0.0.1", "-c", "x"}), env_, 60);
   auto server = background.get();
-  EXPECT_EQ(client.exit_code, 0) << client.out << client.err;
-  EXPECT_EQ(server.exit_code, 0) << server.out << server.err;
+  EXPECT_EQ(client.exit_code, 0) << client.err << client.out;
+  EXPECT_EQ(server.exit_code, 0) << server.err << server.out;
   EXPECT_NE(server.out.find("rdma_xserver: end 0"), std::string::npos) << server.out;
   // REQ, REP, RTU, the SEND and its ACK, DREQ and DREP at least.
   EXPECT_GE(counters()["rx_packets"], 7u);
@@ -318,8 +318,8 @@ TEST_F(UdpOnLoopback, RpingSurvivesAnRnrNakFollowedByTheAckOfADuplicate) {
   for (int i = 0; i < 200 && !listening(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto client = run_process(rping("-c"), env, 60);
   auto server = background.get();
-  EXPECT_EQ(client.exit_code, 0) << client.out << client.err;
-  EXPECT_EQ(server.exit_code, 0) << server.out << server.err;
+  EXPECT_EQ(client.exit_code, 0) << client.err << client.out;
+  EXPECT_EQ(server.exit_code, 0) << server.err << server.out;
   EXPECT_NE(client.out.find("ping data: rdma-ping-4"), std::string::npos) << client.out;
   auto count = counters();
   EXPECT_GE(count["rnr_naks_received"], 2u) << "each side's first SEND was turned back once";
@@ -332,7 +332,7 @@ TEST_F(UdpOnLoopback, UdDatagramsWithNoReceivePostedAreCounted) {
       run_process(under_softverbs({VERBS_DATAPATH_TEST,
                                    "--gtest_filter=DataPath.AUdDatagramThatFindsNoReceiveIsDroppedAndTheNextIsTaken"}),
                   env_, 60);
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_EQ(counters()["ud_no_receive_dropped"], 1u);
 }
 
@@ -353,7 +353,7 @@ TEST_F(UdpOnLoopback, CmtimeConnectsFiveHundredIdsAtOnceAndNoMadIsLost) {
   auto pair = test::run_server_client(
       under_softverbs(commands.server), under_softverbs(commands.client), env_,
       [&] { return test::rdmacm_listening(runtime); }, 120);
-  ASSERT_EQ(pair.client.exit_code, 0) << pair.client.out << pair.client.err << pair.server.out << pair.server.err;
+  ASSERT_EQ(pair.client.exit_code, 0) << pair.client.err << pair.client.out << pair.server.err << pair.server.out;
   EXPECT_NE(pair.client.out.find("connect"), std::string::npos) << pair.client.out;
   auto count = counters();
   EXPECT_EQ(count["icrc_errors"], 0u);
@@ -367,7 +367,7 @@ TEST_F(UdpOnLoopback, CmtimeConnectsFiveHundredIdsAtOnceAndNoMadIsLost) {
 // at least one packet per datagram and receiving process.
 TEST_F(UdpOnLoopback, MckeyGroupIsIpMulticast) {
   test::McKeyGroup r = test::run_mckey_group(SOFTVERBS_CLI, env_, dir_.path(), "239.7.7.7", "127.0.0.1", {1, 2}, 100);
-  EXPECT_EQ(r.sender.exit_code, 0) << r.sender.out << r.sender.err;
+  EXPECT_EQ(r.sender.exit_code, 0) << r.sender.err << r.sender.out;
   for (size_t i = 0; i < r.receivers.size(); ++i) {
     EXPECT_EQ(r.receivers[i].exit_code, 0) << r.receivers[i].err;
     EXPECT_NE(r.receiver_outputs[i].find("joined dgid: ::ffff:239.7.7.7"), std::string::npos)
@@ -393,8 +393,8 @@ TEST_F(UdpOnLoopback, LossDuplicationReorderingAndCorruptionAreSurvivedAndCounte
   std::vector<std::string> client = command;
   client.push_back("127.0.0.1");
   Pair r = run_pair(command, client);
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
-  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
   auto count = counters();
   EXPECT_GT(count["faults_dropped"], 0u);
   EXPECT_GT(count["faults_duplicated"], 0u);
@@ -424,8 +424,8 @@ TEST_F(UdpOnLoopback, SixtyFourQpsShareTheBytesInFlightAndOutliveTheirTimers) {
     std::vector<std::string> client = command;
     client.push_back("127.0.0.1");
     Pair r = run_pair(command, client);
-    ASSERT_EQ(r.client.exit_code, 0) << "run " << run << ":\n" << r.client.out << r.client.err;
-    ASSERT_EQ(r.server.exit_code, 0) << "run " << run << ":\n" << r.server.out << r.server.err;
+    ASSERT_EQ(r.client.exit_code, 0) << "run " << run << ":\n" << r.client.err << r.client.out;
+    ASSERT_EQ(r.server.exit_code, 0) << "run " << run << ":\n" << r.server.err << r.server.out;
   }
   auto count = counters();
   EXPECT_GE(count["rx_packets"], 3u * 64 * 300 * 16);  // 16 packets per WRITE at MTU 4096
@@ -434,8 +434,8 @@ TEST_F(UdpOnLoopback, SixtyFourQpsShareTheBytesInFlightAndOutliveTheirTimers) {
 
 TEST_F(UdpOnLoopback, EnvironmentFaultsOverrideTheDevicesForOneProgram) {
   Pair r = ib_write_bw("envfaults", "16384", "500", {"SOFTVERBS_FAULTS=loss=0.1,seed=5"});
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
-  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
   EXPECT_GT(counters()["faults_dropped"], 0u);
   auto bad = run_process(under_softverbs({"ibv_devinfo"}), {env_[0], "SOFTVERBS_FAULTS=loss=2"});
   EXPECT_EQ(bad.exit_code, 0) << "a bad setting does not stop programs that never send over UDP";
@@ -462,7 +462,7 @@ TEST_F(UdpOnLoopback, CaptureShowsMultiPacketWritesInTheFramingAsked) {
                          "sleep 0.2; done; status=$?\n" +
                          "wait $server || status=1\n" + "kill -INT $capture; wait $capture; exit $status\n";
     auto r = run_process({"bash", "-c", "cd " + dir_.path() + " || exit 1\n" + script}, env_, 120);
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
 
     auto decoded =
         run_process({"tshark", "-r", capture, "-T", "fields", "-E", "separator=,", "-e", "infiniband.bth.opcode", "-e",
@@ -518,8 +518,8 @@ TEST_F(UdpOnLoopback, CaptureShowsMultiPacketWritesInTheFramingAsked) {
 // the WRITEs still go (as WRITE ONLY packets).
 TEST_F(UdpOnLoopback, AnUnknownWriteFramingIsNamedAndTheDefaultUsed) {
   Pair r = ib_write_bw("bad_framing", "10000", "20", {"SOFTVERBS_UDP_WRITES=bytes"});
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
-  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
   EXPECT_NE(r.client.err.find("SOFTVERBS_UDP_WRITES=bytes is neither packets nor messages; using packets"),
             std::string::npos)
       << r.client.err;
@@ -545,7 +545,7 @@ TEST_F(UdpOnLoopback, CaptureOfXrcShowsXrcOpcodesAndTheXrcethsSrqNumber) {
                        "sleep 0.2; done; status=$?\n" +
                        "wait $server || status=1\n" + "kill -INT $capture; wait $capture; exit $status\n";
   auto r = run_process({"bash", "-c", "cd " + dir_.path() + " || exit 1\n" + script}, env_, 120);
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   std::ifstream client_file(dir_.path() + "/client.txt");
   std::string client_out((std::istreambuf_iterator<char>(client_file)), std::istreambuf_iterator<char>());
   const std::regex address("(local|remote): .*QPN RECV ([0-9a-f]+) SEND ([0-9a-f]+), PSN [0-9a-f]+, SRQN ([0-9a-f]+)");
@@ -591,7 +591,7 @@ TEST_F(UdpOnLoopback, CaptureShowsAtomicWriteAndItsEmptyReadResponse) {
                        " --gtest_filter='AtomicWrite.PlacesEight*:AtomicWrite.AMisaligned*'; status=$?\n" +
                        "kill -INT $capture; wait $capture; exit $status\n";
   auto r = run_process({"bash", "-c", script}, env_, 120);
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   auto decoded =
       run_process({"tshark", "-r", capture, "-T", "fields", "-E", "separator=,", "-e", "infiniband.bth.opcode", "-e",
                    "infiniband.bth.psn", "-e", "infiniband.aeth.syndrome", "-e", "udp.length", "-e", "udp.payload"});
@@ -664,7 +664,7 @@ TEST_F(UdpOnLoopback, CaptureDecodesInTsharkAndScapyAgreesWithEveryIcrc) {
                        gid + " -p 23457 -n 5 -s 5000 &&\n" + "pair ib_atomic_lat" + g + "-x " + gid +
                        " -p 23458 -n 5; status=$?\n" + "kill -INT $capture; wait $capture; exit $status\n";
   auto r = run_process({"bash", "-c", "cd " + dir_.path() + " || exit 1\n" + script}, env_, 120);
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_NE(r.err.find("packets captured"), std::string::npos) << r.err;
 
   // The client's QPN and first PSN, as ibv_rc_pingpong prints them.
@@ -710,7 +710,7 @@ TEST_F(UdpOnLoopback, CaptureDecodesInTsharkAndScapyAgreesWithEveryIcrc) {
   EXPECT_EQ(std::get<2>(*next), (client_psn + 1) & 0xffffff) << "SEND MIDDLE follows with the next PSN";
 
   auto scapy = run_process({CHECK_ICRC_SCRIPT, capture});
-  EXPECT_EQ(scapy.exit_code, 0) << scapy.out << scapy.err;
+  EXPECT_EQ(scapy.exit_code, 0) << scapy.err << scapy.out;
   EXPECT_NE(scapy.out.find(", 0 bad"), std::string::npos) << scapy.out;
 
   // A flipped byte in a packet is noticed by the independent check.
@@ -736,7 +736,7 @@ TEST_F(UdpOnLoopback, SendWithInvalidateCarriesItsIethInTshark) {
                              " --gtest_filter=MemoryWindow.Type2WindowInvalidatedBySendWithInvalidate; status=$?\n" +
                              "kill -INT $capture; wait $capture; exit $status\n";
   auto r = run_process({"bash", "-c", "cd " + dir_.path() + " || exit 1\n" + script}, env_, 120);
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   std::smatch printed;
   ASSERT_TRUE(std::regex_search(r.out, printed, std::regex("send with invalidate of rkey (0x[0-9a-f]+)"))) << r.out;
   const uint32_t rkey = std::stoul(printed[1].str(), nullptr, 16);
@@ -749,7 +749,7 @@ TEST_F(UdpOnLoopback, SendWithInvalidateCarriesItsIethInTshark) {
   EXPECT_NE(decoded.out.find(expected), std::string::npos) << "want " << expected << " in\n" << decoded.out;
 
   auto scapy = run_process({CHECK_ICRC_SCRIPT, capture});
-  EXPECT_EQ(scapy.exit_code, 0) << scapy.out << scapy.err;
+  EXPECT_EQ(scapy.exit_code, 0) << scapy.err << scapy.out;
   EXPECT_NE(scapy.out.find(", 0 bad"), std::string::npos) << scapy.out;
 }
 
