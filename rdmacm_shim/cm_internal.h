@@ -196,8 +196,6 @@ int finish_sync(CmId* id, std::unique_ptr<QueuedEvent> event, rdma_cm_event_type
 
 // The MAD that carries `message` on `id`'s connection, and the reverse.
 MadBytes mad_for(const CmId* id, const Message& message);
-// A DREQ, and the peer's QPN it names (that of the REQ or REP it sent).
-MadBytes dreq_mad(uint64_t transaction_id, uint32_t local_comm_id, uint32_t remote_comm_id, uint32_t remote_qpn);
 uint32_t remote_qpn_of(const CmId* id);
 Message message_of(const mad::Mad& in);
 bool carries_dreq(const MadBytes& bytes);

@@ -105,16 +105,6 @@ void fill_sidr_rep(const CmId* id, const SidrReply& rep, mad::SidrRep& m) {
 
 uint32_t remote_qpn_of(const CmId* id) { return id->request ? id->request->qp_num : id->reply ? id->reply->qp_num : 0; }
 
-MadBytes dreq_mad(uint64_t transaction_id, uint32_t local_comm_id, uint32_t remote_comm_id, uint32_t remote_qpn) {
-  mad::Mad out;
-  out.transaction_id = transaction_id;
-  out.attribute = mad::Attribute::Dreq;
-  out.dreq.local_comm_id = local_comm_id;
-  out.dreq.remote_comm_id = remote_comm_id;
-  out.dreq.remote_qpn = remote_qpn;
-  return mad::build_cm_mad(out);
-}
-
 MadBytes mad_for(const CmId* id, const Message& message) {
   mad::Mad out;
   out.transaction_id = id->transaction_id;
@@ -137,7 +127,7 @@ MadBytes mad_for(const CmId* id, const Message& message) {
       fill_rej(id, message.rej, out.rej);
       break;
     case MessageType::Dreq:
-      return dreq_mad(id->transaction_id, id->local_comm_id, id->remote_comm_id, remote_qpn_of(id));
+      return mad::build_dreq(id->transaction_id, id->local_comm_id, id->remote_comm_id, remote_qpn_of(id));
     case MessageType::Drep:
       out.attribute = mad::Attribute::Drep;
       out.drep.local_comm_id = id->local_comm_id;

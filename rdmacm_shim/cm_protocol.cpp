@@ -46,8 +46,7 @@ void set_state(CmId* id, IdState next) {
 void announce_orphaned_connections(CmAgent* agent) {
   for (const CmConnectionTable::Entry& orphan : agent->take_orphaned_connections()) {
     debug_log("rdma_cm: a DREQ for communication ID %#x, whose process died", orphan.local_comm_id);
-    agent->send(orphan.local_gid, orphan.peer_gid, orphan.traffic_class,
-                dreq_mad(orphan.transaction_id, orphan.local_comm_id, orphan.remote_comm_id, orphan.remote_qpn));
+    agent->send(orphan.local_gid, orphan.peer_gid, orphan.traffic_class, orphan_dreq(orphan));
   }
 }
 

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <chrono>
 #include <future>
+#include <thread>
 #include <vector>
 
 #include "host/device_config.h"
@@ -54,6 +56,32 @@ TEST_F(Cli, EveryVerbHasHelp) {
   EXPECT_NE(r.out.find("Subcommands:"), std::string::npos);
   for (const char* verb : {"up", "down", "status", "env", "run", "stat", "faults", "capture", "version"})
     EXPECT_NE(r.out.find(std::string("\n  ") + verb + " "), std::string::npos) << verb << " is listed: " << r.out;
+}
+
+// A UDP device has a CM watcher (it sends the DREQs of a killed rdma_cm
+// process): one per device however often `up` and `run` start it, shown by
+// `status`, gone after `down`. A shared-memory device has none.
+TEST_F(Cli, AUdpDeviceHasOneCmWatcherUntilItGoesDown) {
+  const auto watcher_of = [](const std::string& status) -> pid_t {
+    const size_t at = status.find("CM watcher: ");
+    return at == std::string::npos ? 0 : std::atoi(status.c_str() + at + 12);
+  };
+  const auto is_watcher = [](pid_t pid) {
+    return read_text_file("/proc/" + std::to_string(pid) + "/cmdline").value_or("").find("cm-watcher") !=
+           std::string::npos;
+  };
+  ASSERT_EQ(softverbs({"up", "--name", "shm0"}).exit_code, 0);
+  EXPECT_EQ(softverbs({"status", "shm0"}).out.find("CM watcher"), std::string::npos);
+  ASSERT_EQ(softverbs({"up", "--name", "udp0", "--transport", "udp"}).exit_code, 0);
+  const pid_t first = watcher_of(softverbs({"status", "udp0"}).out);
+  ASSERT_GT(first, 0) << softverbs({"status", "udp0"}).out;
+  EXPECT_TRUE(is_watcher(first));
+  ASSERT_EQ(softverbs({"up", "--name", "udp0", "--transport", "udp"}).exit_code, 0);
+  ASSERT_EQ(softverbs({"run", "--", "true"}).exit_code, 0);
+  EXPECT_EQ(watcher_of(softverbs({"status", "udp0"}).out), first) << "the same one";
+  ASSERT_EQ(softverbs({"down", "udp0"}).exit_code, 0);
+  for (int i = 0; i < 60 && is_watcher(first); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(is_watcher(first)) << "still running after `down`";
 }
 
 TEST_F(Cli, UpRejectsBadArguments) {

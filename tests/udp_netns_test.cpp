@@ -131,8 +131,8 @@ class TwoNamespaces : public ::testing::Test {
     b.insert(b.end(), args.begin(), args.end());
     b.push_back(address_a_);
     Pair r = run_pair(a, b);
-    EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
-    EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+    EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out << "\nserver:\n" << r.server.err << r.server.out;
+    EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
     EXPECT_NE(r.client.out.find("iters in"), std::string::npos);
     EXPECT_NE(r.client.out.find("GID ::ffff:" + address_a_), std::string::npos)
         << "the peer is named by its RoCE v2 GID";
@@ -172,8 +172,8 @@ TEST_F(TwoNamespaces, RpingThroughTheRdmacmShim) {
   std::vector<std::string> server = {"rping", "-s", "-v", "-V", "-C", "100", "-a", address_a_, "-p", "7199"};
   std::vector<std::string> client = {"rping", "-c", "-v", "-V", "-C", "100", "-a", address_a_, "-p", "7199"};
   Pair r = run_pair(server, client, [&] { return test::rdmacm_listening(runtime); });
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
-  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out << "\nserver:\n" << r.server.err << r.server.out;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
   EXPECT_NE(r.client.out.find("ping data: rdma-ping-99"), std::string::npos);
   EXPECT_GT(counter("svb", "rx_packets"), 0u);
 }
@@ -190,9 +190,9 @@ TEST_F(TwoNamespaces, IcrcsHoldForTheIdentificationsTheKernelGives) {
   const std::string capture = dir_.path() + "/wire.pcap";
   const std::string pid_file = dir_.path() + "/tshark.pid";
   auto capturing = std::async(std::launch::async, [&] {
-    return in_b(
-        {"bash", "-c",
-         "tshark -q -B 64 -i " + netdev_b_ + " -f 'udp port 4791' -w " + capture + " & echo $! > " + pid_file + "; wait"});
+    return in_b({"bash", "-c",
+                 "tshark -q -B 64 -i " + netdev_b_ + " -f 'udp port 4791' -w " + capture + " & echo $! > " + pid_file +
+                     "; wait"});
   });
   for (int i = 0; i < 1000 && !(std::filesystem::exists(capture) && std::filesystem::file_size(capture) > 0); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -203,12 +203,12 @@ TEST_F(TwoNamespaces, IcrcsHoldForTheIdentificationsTheKernelGives) {
   Pair r = run_pair({"rping", "-s", "-C", "3", "-a", address_a_, "-p", "7197"},
                     {"rping", "-c", "-C", "3", "-a", address_a_, "-p", "7197"},
                     [&] { return test::rdmacm_listening(runtime); });
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out;
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the last packets into the file
   run_process({"bash", "-c", "kill -INT $(cat " + pid_file + ")"});
   ASSERT_EQ(capturing.get().exit_code, 0);
   auto scapy = run_process({CHECK_ICRC_SCRIPT, capture});
-  EXPECT_EQ(scapy.exit_code, 0) << scapy.out << scapy.err;
+  EXPECT_EQ(scapy.exit_code, 0) << scapy.err << scapy.out;
   std::smatch counts;
   ASSERT_TRUE(std::regex_search(scapy.out, counts,
                                 std::regex(R"(checked (\d+) packets, (\d+) bad, \d+ IPv6 skipped, (\d+) nonzero)")))
@@ -233,7 +233,7 @@ TEST_F(TwoNamespaces, CmExchangeIsIbCmOnQp1AsTsharkDecodesIt) {
   Pair r = run_pair({"rping", "-s", "-C", "3", "-a", address_a_, "-p", "7198"},
                     {"rping", "-c", "-C", "3", "-a", address_a_, "-p", "7198"},
                     [&] { return test::rdmacm_listening(runtime); });
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out;
   ASSERT_EQ(capturing.get().exit_code, 0);
   auto decoded = run_process({"tshark", "-r", capture, "-Y", "infiniband.mad", "-T", "fields", "-E", "separator=,",
                               "-e", "ip.src", "-e", "infiniband.mad.attributeid", "-e", "infiniband.bth.destqp", "-e",
@@ -290,7 +290,7 @@ TEST_F(TwoNamespaces, CmSurvivesLoss) {
   Pair r = run_pair({"rping", "-s", "-V", "-C", "20", "-a", address_a_, "-p", "7197"},
                     {"rping", "-c", "-V", "-C", "20", "-a", address_a_, "-p", "7197"},
                     [&] { return test::rdmacm_listening(runtime); });
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out << "\nserver:\n" << r.server.err << r.server.out;
   // The client's last step is receiving the server's last SEND: if that
   // SEND's ACK is lost too and so is the client's first DREQ, the server's
   // resends meet a QP that is gone and run out of retries (IBV_WC_RETRY_EXC_ERR,
@@ -302,7 +302,7 @@ TEST_F(TwoNamespaces, CmSurvivesLoss) {
                                       server_text.find("cq completion failed status 12") != std::string::npos &&
                                       server_text.find("server DISCONNECT EVENT") != std::string::npos;
   if (!last_ack_and_dreq_lost) {
-    EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+    EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
   }
   EXPECT_GT(counter("sva", "faults_dropped") + counter("svb", "faults_dropped"), 0u);
 }
@@ -314,9 +314,9 @@ TEST_F(TwoNamespaces, PerftestOverRdmaCm) {
     Pair r = run_pair({tool, "-R", "-n", "200", "-p", "18600"}, {tool, "-R", "-n", "200", "-p", "18600", address_a_},
                       [&] { return test::rdmacm_listening(runtime); });
     EXPECT_EQ(r.client.exit_code, 0) << tool << ":\n"
-                                     << r.client.out << r.client.err << "\nserver:\n"
-                                     << r.server.out << r.server.err;
-    EXPECT_EQ(r.server.exit_code, 0) << tool << ":\n" << r.server.out << r.server.err;
+                                     << r.client.err << r.client.out << "\nserver:\n"
+                                     << r.server.err << r.server.out;
+    EXPECT_EQ(r.server.exit_code, 0) << tool << ":\n" << r.server.err << r.server.out;
     EXPECT_NE(r.client.out.find(" 200 "), std::string::npos) << tool << ": " << r.client.out;
   }
 }
@@ -325,8 +325,8 @@ TEST_F(TwoNamespaces, PerftestOverRdmaCm) {
 TEST_F(TwoNamespaces, UdaddyOverSidr) {
   const std::string runtime = dir_.path() + "/rt-a";
   Pair r = run_pair({"udaddy"}, {"udaddy", "-s", address_a_}, [&] { return test::rdmacm_listening(runtime); });
-  EXPECT_EQ(r.client.exit_code, 0) << r.client.out << r.client.err << "\nserver:\n" << r.server.out << r.server.err;
-  EXPECT_EQ(r.server.exit_code, 0) << r.server.out << r.server.err;
+  EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out << "\nserver:\n" << r.server.err << r.server.out;
+  EXPECT_EQ(r.server.exit_code, 0) << r.server.err << r.server.out;
   EXPECT_NE(r.client.out.find("test complete"), std::string::npos) << r.client.out;
 }
 
@@ -355,10 +355,10 @@ TEST_F(TwoNamespaces, MckeyOverIpMulticast) {
   EXPECT_TRUE(joined(ns_a_, netdev_a_)) << "A's host is a member of the group";
   auto sender =
       in_b({SOFTVERBS_CLI, "run", "--", "mckey", "-m", group, "-s", "-b", address_b_, "-C", count, "-S", "1000"});
-  EXPECT_EQ(sender.exit_code, 0) << sender.out << sender.err;
+  EXPECT_EQ(sender.exit_code, 0) << sender.err << sender.out;
   for (auto* receiving : {&in_a_receiving, &in_b_receiving}) {
     ProcessResult r = receiving->get();
-    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
     EXPECT_NE(r.out.find("joined dgid: ::ffff:" + group), std::string::npos) << "RoCE v2's group GID: " << r.out;
     EXPECT_NE(r.out.find("data transfers complete"), std::string::npos) << r.out;
   }
@@ -384,7 +384,7 @@ TEST_F(TwoNamespaces, NoListenerIsRejectedAndSilenceIsUnreachable) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(silent.exit_code, 0);
   EXPECT_NE((silent.out + silent.err).find("RDMA_CM_EVENT_UNREACHABLE, error -110"), std::string::npos)
-      << silent.out << silent.err;
+      << silent.err << silent.out;
   EXPECT_LT(seconds, 15.0) << "the MAD retry bound (5 tries of ~1.07 s)";
 
   // A listens on another port (and is stopped after a while).
@@ -392,7 +392,7 @@ TEST_F(TwoNamespaces, NoListenerIsRejectedAndSilenceIsUnreachable) {
   Pair r = run_pair({"timeout", "3", "rping", "-s", "-C", "1", "-a", address_a_, "-p", "7302"}, to_7301,
                     [&] { return test::rdmacm_listening(runtime); });
   EXPECT_NE((r.client.out + r.client.err).find("RDMA_CM_EVENT_REJECTED, error 8"), std::string::npos)
-      << r.client.out << r.client.err;
+      << r.client.err << r.client.out;
 }
 
 // Connections refused, rejected, accepted and ended across the hosts, as
@@ -423,13 +423,37 @@ TEST_F(TwoNamespaces, CmOutcomesMatchTheKernelsWithABystanderOnEachHost) {
     run_process({"bash", "-c", "kill $(cat " + pid_file + ")"});
     bystander.get();
   }
-  EXPECT_EQ(active.exit_code, 0) << active.out << active.err;
-  EXPECT_EQ(passive_result.exit_code, 0) << passive_result.out << passive_result.err;
+  EXPECT_EQ(active.exit_code, 0) << active.err << active.out;
+  EXPECT_EQ(passive_result.exit_code, 0) << passive_result.err << passive_result.out;
   EXPECT_NE(active.out.find("PASS accepted, then the active side's process is killed (active side)"), std::string::npos)
       << active.out;
   EXPECT_NE(active.out.find("PASS accepted, then the passive side's process is killed (active side)"),
             std::string::npos)
       << active.out;
+}
+
+// A process killed while connected, with no other rdma_cm process of its
+// device on its host: its device's CM watcher (started by `softverbs up`)
+// sends the DREQ that the kernel's CM sends as the process's file closes,
+// so the peer on the other host sees DISCONNECTED, whichever side died.
+TEST_F(TwoNamespaces, APeerOfAProcessKilledAloneOnItsHostIsDisconnected) {
+  int port = 7420;
+  for (const std::string side : {"active", "passive"}) {
+    const std::string name = "accepted, then the " + side + " side's process is killed";
+    port += 20;
+    auto passive = std::async(std::launch::async, [&] {
+      return in_a(
+          {SOFTVERBS_CLI, "run", "--", CM_SEMANTICS_PROBE, "-b", address_a_, "-c", name, "-p", std::to_string(port)});
+    });
+    auto active = in_b({SOFTVERBS_CLI, "run", "--", CM_SEMANTICS_PROBE, "-b", address_b_, "-c", name, "-p",
+                        std::to_string(port), address_a_});
+    auto passive_result = passive.get();
+    // The probe's other process on the dead one's host made no rdma_cm call.
+    EXPECT_NE(active.out.find("1 of 1 cases"), std::string::npos) << active.err << active.out;
+    EXPECT_NE(passive_result.out.find("1 of 1 cases"), std::string::npos) << passive_result.err << passive_result.out;
+    EXPECT_EQ(active.exit_code, 0) << active.err << active.out;
+    EXPECT_EQ(passive_result.exit_code, 0) << passive_result.err << passive_result.out;
+  }
 }
 
 }  // namespace

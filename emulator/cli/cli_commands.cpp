@@ -110,12 +110,12 @@ std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::
   // addresses), as rxe allows one device per netdev: refused here rather
   // than failing later in whichever program opens both (UCX opens all).
   const TransportChoice wanted = transport.value_or(existing ? existing->transport : TransportChoice::Auto);
-  const auto carries_udp = [&](TransportChoice choice) {
+  const auto udp_on_this_netdev = [&](TransportChoice choice) {
     return choice == TransportChoice::Udp || (choice == TransportChoice::Auto && !netdev->is_loopback);
   };
   for (const DeviceConfig& other : registry.list()) {
     if (other.name == name || other.netdev != netdev_name) continue;
-    if (carries_udp(wanted) && carries_udp(other.transport)) {
+    if (udp_on_this_netdev(wanted) && udp_on_this_netdev(other.transport)) {
       *error = netdev_name + " already carries " + other.name + " (transport " +
                std::string(transport_name(other.transport)) +
                "), and two devices on one netdev cannot share its RoCEv2 port (one per netdev, as with rxe): use " +
@@ -167,6 +167,7 @@ int command_up(const UpOptions& options) {
     report_error("up: " + error);
     return kExitFailure;
   }
+  start_cm_watcher(*config);
   std::cout << config->name << " is up on " << config->netdev << " (" << config->uverbs_name() << ", node GUID "
             << format_guid(config->node_guid) << ", transport " << transport_name(config->transport) << ")\n";
   return kExitOk;
@@ -191,7 +192,9 @@ int command_down(const DownOptions& options) {
   RegistryLock lock(registry);
   for (const auto& config : targets) {
     std::string error;
+    std::error_code ec;
     remove_device_memory(config);
+    fs::remove(config.runtime_dir / (config.name + ".cm-watcher"), ec);  // its watcher exits on its own
     announce_port_event(registry, config.name, AsyncEventType::DeviceFatal);
     remove_device_tree(registry.sysfs_root(), config);
     if (!registry.remove(config.name, &error)) {
@@ -246,6 +249,12 @@ int command_status(const std::string& only) {
       std::cout << "  processes:";
       for (const auto& user : users) std::cout << ' ' << user.pid << " (" << user.command << ')';
       std::cout << '\n';
+    }
+    if (carries_udp(config)) {
+      if (auto watcher = cm_watcher_pid(config))
+        std::cout << "  CM watcher: " << *watcher << '\n';
+      else
+        std::cout << "  CM watcher: none (`softverbs up " << config.name << "` starts one)\n";
     }
   }
   return kExitOk;

@@ -2,6 +2,8 @@
 // 0 success, 1 the operation failed, 2 bad usage.
 #pragma once
 
+#include <sys/types.h>
+
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -77,6 +79,16 @@ int command_stat(const StatOptions& options);
 bool prepare_trace(const std::string& file, const std::filesystem::path& library, std::string* error);
 int command_faults(const FaultsOptions& options);
 int command_capture(const CaptureOptions& options);
+
+// The device's CM watcher (cm_watcher.cpp), started detached where the
+// device carries UDP and none lives; and the watcher itself.
+void start_cm_watcher(const DeviceConfig& config);
+int command_cm_watcher(const std::string& name);
+// The watcher's process, if one lives.
+std::optional<pid_t> cm_watcher_pid(const DeviceConfig& config);
+// Whether the device's traffic goes over UDP (its transport, or Auto on a
+// netdev that is not loopback, as the provider decides).
+bool carries_udp(const DeviceConfig& config);
 
 // Creates or refreshes a device: registry record, sysfs tree and, for root,
 // the /dev/infiniband entry. nullopt and a message on failure.

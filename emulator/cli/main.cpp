@@ -56,6 +56,10 @@ class CommandLine {
     declare_trace();
     declare_diff();
     version_command = app_.add_subcommand("version", "print the version");
+    // Started by `up` and `run` (cm_watcher.cpp), not by users: no group, so not listed.
+    cm_watcher_command = app_.add_subcommand("cm-watcher", "");
+    cm_watcher_command->group("");
+    cm_watcher_command->add_option("name", cm_watcher_name)->required();
   }
 
   // nullopt once parsed; else the exit code (help or version printed, or a
@@ -121,7 +125,8 @@ class CommandLine {
   CLI::App *trace_command = nullptr, *diff_command = nullptr;
   CLI::App *up_command = nullptr, *down_command = nullptr, *status_command = nullptr, *env_command = nullptr,
            *run_command = nullptr, *stat_command = nullptr, *faults_command = nullptr, *capture_command = nullptr,
-           *version_command = nullptr;
+           *version_command = nullptr, *cm_watcher_command = nullptr;
+  std::string cm_watcher_name;
 
  private:
   void declare_up() {
@@ -347,6 +352,7 @@ int main(int argc, char** argv) {
     return command_trace(line.trace);
   }
   if (line.diff_command->parsed()) return command_diff(line.diff);
+  if (line.cm_watcher_command->parsed()) return command_cm_watcher(line.cm_watcher_name);
   std::cout << "softverbs " << SOFTVERBS_VERSION << '\n';  // version
   return kExitOk;
 }

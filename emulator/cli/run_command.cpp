@@ -86,6 +86,7 @@ int command_run(const RunOptions& options) {
     return kExitFailure;
   }
   link_real_devices(registry.sysfs_root(), "/sys");
+  for (const auto& config : *devices) start_cm_watcher(config);  // before the program's namespaces
   for (const auto& config : *devices) {
     std::string ignored;  // another user's device: its entry is not ours to write, and stays as it is
     write_uverbs_entry(registry.sysfs_root(), config, &ignored);

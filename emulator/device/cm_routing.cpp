@@ -115,6 +115,10 @@ std::vector<CmConnectionTable::Entry> take_orphaned_cm_connections(DeviceMemory&
   return orphans;
 }
 
+std::array<uint8_t, wire::cm::kMadBytes> orphan_dreq(const CmConnectionTable::Entry& orphan) {
+  return wire::cm::build_dreq(orphan.transaction_id, orphan.local_comm_id, orphan.remote_comm_id, orphan.remote_qpn);
+}
+
 bool cm_id_held(DeviceMemory& memory, uint32_t id) { return agent_of_id(memory, id) != 0; }
 
 uint32_t cm_local_id(uint32_t agent_qpn, uint32_t sequence) {

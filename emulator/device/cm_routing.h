@@ -76,6 +76,8 @@ void remove_cm_connection(DeviceMemory& memory, uint32_t agent_qpn, uint32_t loc
 bool cm_connections_recorded(DeviceMemory& memory);
 // The entries whose agent has died, taken out of the table.
 std::vector<CmConnectionTable::Entry> take_orphaned_cm_connections(DeviceMemory& memory);
+// The DREQ the kernel's CM would send for `orphan` as its process's file closed.
+std::array<uint8_t, wire::cm::kMadBytes> orphan_dreq(const CmConnectionTable::Entry& orphan);
 
 // 0; EADDRINUSE where a live agent listens on the service ID and address
 // already (for a wildcard: of an IP version it takes too); ENOMEM when the

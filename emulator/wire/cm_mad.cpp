@@ -183,6 +183,17 @@ std::optional<MessageRejected> message_code(uint8_t byte) {
 
 }  // namespace
 
+std::array<uint8_t, kMadBytes> build_dreq(uint64_t transaction_id, uint32_t local_comm_id, uint32_t remote_comm_id,
+                                          uint32_t remote_qpn) {
+  Mad out;
+  out.transaction_id = transaction_id;
+  out.attribute = Attribute::Dreq;
+  out.dreq.local_comm_id = local_comm_id;
+  out.dreq.remote_comm_id = remote_comm_id;
+  out.dreq.remote_qpn = remote_qpn;
+  return build_cm_mad(out);
+}
+
 std::array<uint8_t, kMadBytes> build_cm_mad(const Mad& mad) {
   std::array<uint8_t, kMadBytes> out{};
   Writer h(out);

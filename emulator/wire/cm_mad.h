@@ -205,6 +205,10 @@ struct Mad {
 
 // The 256 bytes of a CM MAD (method Send, status 0).
 std::array<uint8_t, kMadBytes> build_cm_mad(const Mad& mad);
+// A DREQ of the connection between two communication IDs, naming the
+// peer's QPN (that of the REQ or REP it sent).
+std::array<uint8_t, kMadBytes> build_dreq(uint64_t transaction_id, uint32_t local_comm_id, uint32_t remote_comm_id,
+                                          uint32_t remote_qpn);
 
 // A CM MAD of 256 bytes with base version 1, class 0x07 version 2, method
 // Send and one of the attributes above but LAP/APR; nullopt for anything
