@@ -439,7 +439,7 @@ TEST_F(TwoNamespaces, CmOutcomesMatchTheKernelsWithABystanderOnEachHost) {
 TEST_F(TwoNamespaces, APeerOfAProcessKilledAloneOnItsHostIsDisconnected) {
   int port = 7420;
   for (const std::string side : {"active", "passive"}) {
-    const std::string name = "accepted, then the " + side + " side's process is killed";
+    const std::string name = side + "-killed";
     port += 20;
     auto passive = std::async(std::launch::async, [&] {
       return in_a(
