@@ -19,15 +19,23 @@ constexpr std::string_view kCheck = "unacknowledged-events";
 // one that never does hangs on an HCA and is slowed here).
 constexpr long kAcknowledgeWaitMs = 1000;
 
-// The acknowledgement counter libibverbs keeps under the object's mutex,
-// once it reaches `delivered` or the wait ends: as ibv_destroy_* on an HCA,
-// which waits on the object's condition, signalled by each acknowledgement.
-template <typename Object, typename Read>
-uint32_t acknowledged(const Object* object, Read read, uint32_t delivered) {
-  auto* mutable_object = const_cast<Object*>(object);
+// When a destroy that starts now stops waiting: one deadline for all the
+// kinds of event an object has (a CQ's two wait together).
+timespec acknowledge_deadline() {
   timespec deadline{};
   clock_gettime(CLOCK_REALTIME, &deadline);  // the clock of the condition libibverbs makes
   deadline.tv_sec += kAcknowledgeWaitMs / 1000;
+  return deadline;
+}
+
+// The acknowledgement counter libibverbs keeps under the object's mutex,
+// once it reaches `delivered` or `deadline` passes: as ibv_destroy_* on an
+// HCA, which waits on the object's condition, signalled by each
+// acknowledgement.
+template <typename Object, typename Read>
+uint32_t acknowledged(const Object* object, Read read, uint32_t delivered,
+                      const timespec& deadline = acknowledge_deadline()) {
+  auto* mutable_object = const_cast<Object*>(object);
   pthread_mutex_lock(&mutable_object->mutex);
   uint32_t value = read(*object);
   while (value < delivered &&
@@ -60,10 +68,11 @@ void report_unacknowledged(std::string_view verb, std::string_view object, std::
 }
 
 void check_cq(std::string_view verb, const ibv_cq* cq, DeliveredEvents delivered) {
+  const timespec deadline = acknowledge_deadline();
   const uint32_t completion_acked = acknowledged(
-      cq, [](const ibv_cq& c) { return c.comp_events_completed; }, delivered.completion);
+      cq, [](const ibv_cq& c) { return c.comp_events_completed; }, delivered.completion, deadline);
   const uint32_t async_acked = acknowledged(
-      cq, [](const ibv_cq& c) { return c.async_events_completed; }, delivered.async);
+      cq, [](const ibv_cq& c) { return c.async_events_completed; }, delivered.async, deadline);
   if (delivered.completion > completion_acked)
     report_unacknowledged(verb, "CQ", "completion", delivered.completion - completion_acked, "ibv_ack_cq_events", 0);
   if (delivered.async > async_acked)
