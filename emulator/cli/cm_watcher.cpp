@@ -43,15 +43,11 @@ constexpr auto kLockPatience = std::chrono::seconds(3);
 fs::path lock_path(const DeviceConfig& config) { return config.runtime_dir / (config.name + ".cm-watcher"); }
 fs::path memory_path(const DeviceConfig& config) { return config.runtime_dir / (config.name + ".mem"); }
 
-// An exclusive lock on the watcher's lock file, held while it lives; -1 if
-// another holds it.
-int try_lock(const DeviceConfig& config) {
-  const int fd = ::open(lock_path(config).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return -1;
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    ::close(fd);
-    return -1;
-  }
+// An exclusive lock on the watcher's lock file, held while it lives; an
+// empty Fd if another holds it.
+udp::Fd try_lock(const DeviceConfig& config) {
+  udp::Fd fd(::open(lock_path(config).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (fd.get() >= 0 && ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) fd.reset();
   return fd;
 }
 
@@ -111,9 +107,7 @@ std::optional<pid_t> cm_watcher_pid(const DeviceConfig& config) {
 
 void start_cm_watcher(const DeviceConfig& config) {
   if (!carries_udp(config)) return;
-  const int held = try_lock(config);
-  if (held < 0) return;  // a watcher lives
-  ::close(held);
+  if (try_lock(config).get() < 0) return;  // a watcher lives
   char self[4096];
   const ssize_t length = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (length <= 0) return;
@@ -140,20 +134,21 @@ int command_cm_watcher(const std::string& name) {
   DeviceRegistry registry(default_runtime_dir());
   auto config = registry.find(name);
   if (!config) return kExitFailure;
-  int lock = -1;
-  for (const auto deadline = Clock::now() + kLockPatience; (lock = try_lock(*config)) < 0;) {
+  udp::Fd lock;
+  for (const auto deadline = Clock::now() + kLockPatience; (lock = try_lock(*config)).get() < 0;) {
     if (Clock::now() >= deadline) return kExitOk;  // another watcher has the device
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   // Its pid, for `softverbs status`.
   const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(lock, 0) != 0 || ::pwrite(lock, pid.data(), pid.size(), 0) < 0) return kExitFailure;
+  if (::ftruncate(lock.get(), 0) != 0 || ::pwrite(lock.get(), pid.data(), pid.size(), 0) < 0) return kExitFailure;
   const uint32_t scope_id = ::if_nametoindex(config->netdev.c_str());
   std::shared_ptr<DeviceMemory> memory;
   ino_t memory_inode = 0;
   for (;;) {
-    // Gone with `down`, or with its runtime directory.
-    if (!registry.find(name)) break;
+    // Gone with `down`, or with its runtime directory; or moved to shared
+    // memory, where its peers are on this host and see the death themselves.
+    if (auto current = registry.find(name); !current || !carries_udp(*current)) break;
     struct stat file {};
     const bool exists = ::stat(memory_path(*config).c_str(), &file) == 0;
     if (memory && (!exists || file.st_ino != memory_inode || memory->shared().removed.load())) memory.reset();
@@ -173,7 +168,6 @@ int command_cm_watcher(const std::string& name) {
     }
     std::this_thread::sleep_for(connected ? kSweepWhileConnected : kSweepOtherwise);
   }
-  ::close(lock);
   return kExitOk;
 }
 
