@@ -110,12 +110,9 @@ std::optional<DeviceConfig> bring_up(const DeviceRegistry& registry, const std::
   // addresses), as rxe allows one device per netdev: refused here rather
   // than failing later in whichever program opens both (UCX opens all).
   const TransportChoice wanted = transport.value_or(existing ? existing->transport : TransportChoice::Auto);
-  const auto udp_on_this_netdev = [&](TransportChoice choice) {
-    return choice == TransportChoice::Udp || (choice == TransportChoice::Auto && !netdev->is_loopback);
-  };
   for (const DeviceConfig& other : registry.list()) {
     if (other.name == name || other.netdev != netdev_name) continue;
-    if (udp_on_this_netdev(wanted) && udp_on_this_netdev(other.transport)) {
+    if (carries_udp(wanted, netdev->is_loopback) && carries_udp(other.transport, netdev->is_loopback)) {
       *error = netdev_name + " already carries " + other.name + " (transport " +
                std::string(transport_name(other.transport)) +
                "), and two devices on one netdev cannot share its RoCEv2 port (one per netdev, as with rxe): use " +

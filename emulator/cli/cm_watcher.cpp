@@ -88,20 +88,20 @@ void send_dreq(const CmConnectionTable::Entry& orphan, uint32_t scope_id) {
 }  // namespace
 
 bool carries_udp(const DeviceConfig& config) {
-  if (config.transport != TransportChoice::Auto) return config.transport == TransportChoice::Udp;
+  // Only `auto` asks the netdev; a netdev that is gone carries nothing.
+  if (config.transport != TransportChoice::Auto) return softverbs::carries_udp(config.transport, false);
   const auto netdev = query_netdev(config.netdev);
-  return netdev && !netdev->is_loopback;  // as the provider decides
+  return netdev && softverbs::carries_udp(config.transport, netdev->is_loopback);
 }
 
 std::optional<pid_t> cm_watcher_pid(const DeviceConfig& config) {
-  const int fd = ::open(lock_path(config).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
+  const udp::Fd fd(::open(lock_path(config).c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return std::nullopt;
   std::optional<pid_t> pid;
-  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {  // held: the watcher lives
+  if (::flock(fd.get(), LOCK_SH | LOCK_NB) != 0) {  // held: the watcher lives
     char text[16] = {};
-    if (::pread(fd, text, sizeof text - 1, 0) > 0) pid = static_cast<pid_t>(std::atoi(text));
+    if (::pread(fd.get(), text, sizeof text - 1, 0) > 0) pid = static_cast<pid_t>(std::atoi(text));
   }
-  ::close(fd);
   return pid;
 }
 

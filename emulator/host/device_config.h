@@ -16,6 +16,13 @@ enum class TransportChoice : uint8_t { Auto, SharedMemory, Udp };
 std::string_view transport_name(TransportChoice transport);
 std::optional<TransportChoice> parse_transport(std::string_view text);
 
+// Whether a device of this choice on a netdev carries UDP (binds its RoCEv2
+// port): `auto` does on any netdev but loopback, where shared memory reaches
+// every peer. The provider, `up` and the CM watcher decide alike.
+constexpr bool carries_udp(TransportChoice choice, bool netdev_is_loopback) {
+  return choice == TransportChoice::Udp || (choice == TransportChoice::Auto && !netdev_is_loopback);
+}
+
 struct DeviceConfig {
   std::string name = "softverbs0";
   std::string netdev = "lo";

@@ -69,10 +69,7 @@ UdpTransport* DeviceContext::udp_transport() {
   return udp_.get();
 }
 
-bool DeviceContext::ud_over_udp() const {
-  const TransportChoice choice = config.transport;
-  return choice == TransportChoice::Udp || (choice == TransportChoice::Auto && !netdev_is_loopback);
-}
+bool DeviceContext::ud_over_udp() const { return carries_udp(config.transport, netdev_is_loopback); }
 
 void DeviceContext::handle_removal() {
   if (!memory->removed() || removal_handled_.exchange(true)) return;
