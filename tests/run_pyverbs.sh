@@ -6,6 +6,8 @@
 # address (--gid), as a device on the UDP transport needs. With
 # PYVERBS_MIN_PASSED=N, fewer than N passing tests is a failure too: a
 # feature that starts to skip is a regression the suite itself would not report.
+# With PYVERBS_HUGE_PAGES=N, a machine with fewer than N free 2 MiB huge pages
+# skips the run (exit 77): the suite would skip those tests itself, silently.
 set -euo pipefail
 cli=$1
 work=$2
@@ -18,6 +20,14 @@ if [ -n "${PYVERBS_GID_OF_IPV4:-}" ]; then
     exit 1
   fi
   set -- --gid "$gid" "$@"
+fi
+if [ -n "${PYVERBS_HUGE_PAGES:-}" ]; then
+  free=$(awk '/^HugePages_Free:/ {print $2}' /proc/meminfo)
+  if [ "${free:-0}" -lt "$PYVERBS_HUGE_PAGES" ]; then
+    echo "run_pyverbs: ${free:-0} free 2 MiB huge pages, fewer than the $PYVERBS_HUGE_PAGES these tests need" \
+      "(as root: echo 128 > /proc/sys/vm/nr_hugepages); skipped" >&2
+    exit 77
+  fi
 fi
 source=/usr/share/doc/rdma-core/tests
 if [ ! -f "$source/run_tests.py" ]; then
