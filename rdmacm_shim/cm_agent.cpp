@@ -235,8 +235,8 @@ void CmAgent::forget_connection(uint32_t local_comm_id) { remove_cm_connection(*
 
 bool CmAgent::connections_recorded() { return cm_connections_recorded(*memory_); }
 
-std::vector<CmConnectionTable::Entry> CmAgent::take_orphaned_connections() {
-  return take_orphaned_cm_connections(*memory_);
+std::vector<CmConnectionTable::Entry> CmAgent::due_orphan_dreqs() {
+  return softverbs::due_orphan_dreqs(*memory_, std::chrono::steady_clock::now());
 }
 
 }  // namespace softverbs::cm

@@ -72,11 +72,12 @@ class CmAgent {
   bool peer_alive(uint32_t id);
 
   // The device's record of this agent's established connections (see
-  // CmConnectionTable), and the connections of agents whose process died.
+  // CmConnectionTable), and the connections of agents whose process died
+  // whose DREQ is due (see due_orphan_dreqs).
   void record_connection(const CmConnectionTable::Entry& entry);
   void forget_connection(uint32_t local_comm_id);
   bool connections_recorded();
-  std::vector<CmConnectionTable::Entry> take_orphaned_connections();
+  std::vector<CmConnectionTable::Entry> due_orphan_dreqs();
 
   // Listeners (0, or an errno); an all-zero address listens on all of the
   // device's addresses (see CmListenOn).

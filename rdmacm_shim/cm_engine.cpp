@@ -215,7 +215,7 @@ void Engine::sweep_orphans(Clock::time_point now) {
 Due step(Resending& resending, Clock::time_point now) {
   if (resending.at > now) return Due::Not;
   if (resending.left-- <= 0) return Due::Exhausted;
-  resending.at = now + kResendAfter;
+  resending.at = now + kCmResendAfter;
   return Due::Resend;
 }
 
@@ -263,7 +263,7 @@ void Engine::wait_for_lingering_at_exit() {
       if (id->awaiting_answer && carries_dreq(id->awaiting_answer->mad)) return true;
     return false;
   };
-  const auto deadline = Clock::now() + 2 * kResendAfter + std::chrono::milliseconds(100);
+  const auto deadline = Clock::now() + 2 * kCmResendAfter + std::chrono::milliseconds(100);
   while (unanswered() && engine.served() && Clock::now() < deadline)
     engine.lingering_drained.wait_for(guard, std::chrono::milliseconds(20));
 }

@@ -23,6 +23,7 @@
 #include "cm_agent.h"
 #include "cm_engine.h"
 #include "cm_protocol.h"
+#include "device/cm_routing.h"
 #include "host/device_registry.h"
 #include "listener_directory.h"
 #include "wire/cm_mad.h"
@@ -35,12 +36,9 @@ namespace mad = wire::cm;
 
 constexpr uint8_t kHopLimit = 64;
 
-// IB CM timing, as the MADs announce it: the peer answers within
-// 4.096 us * 2^18 (~1.07 s) or the message is resent, up to kMaxCmRetries
-// times; a REQ nobody answers ends in UNREACHABLE after ~5 s.
-constexpr uint8_t kCmResponseTimeout = 18;
-constexpr uint8_t kMaxCmRetries = 4;
-constexpr auto kResendAfter = std::chrono::nanoseconds(4096ull << kCmResponseTimeout);
+// IB CM timing (kCmResponseTimeout, kMaxCmRetries, kCmResendAfter): in
+// device/cm_routing.h, which the device's announcements of dead processes'
+// connections follow too.
 // A connection's time wait after its disconnect, ended by TIMEWAIT_EXIT: the
 // kernel's IB CM waits 2^(lifetime - 8) ms, the path's packet lifetime on
 // RoCE being 17 (rdma_cm's 16, plus one).
@@ -209,8 +207,8 @@ void set_state(CmId* id, IdState next);
 // exit): a DREQ for a connection (it lingers after the id: see
 // Engine::lingering), a REJ mid-handshake, as the kernel's IB CM sends them.
 void end_connection(Engine& engine, CmId* id);
-// DREQs, once each as the kernel's CM sends them, for the connections of
-// the device's processes that died.
+// DREQs, as the kernel's CM sends them (resent until a DREP ends them: see
+// due_orphan_dreqs), for the connections of the device's processes that died.
 void announce_orphaned_connections(CmAgent* agent);
 // Nothing more is resent on the id: the peer answered, or the connection ends.
 inline void stop_resending(CmId* id) { id->awaiting_answer.reset(); }

@@ -44,8 +44,9 @@ void set_state(CmId* id, IdState next) {
 }
 
 void announce_orphaned_connections(CmAgent* agent) {
-  for (const CmConnectionTable::Entry& orphan : agent->take_orphaned_connections()) {
-    debug_log("rdma_cm: a DREQ for communication ID %#x, whose process died", orphan.local_comm_id);
+  for (const CmConnectionTable::Entry& orphan : agent->due_orphan_dreqs()) {
+    debug_log("rdma_cm: a DREQ for communication ID %#x, whose process died (%u more if unanswered)",
+              orphan.local_comm_id, orphan.dreqs_left);
     agent->send(orphan.local_gid, orphan.peer_gid, orphan.traffic_class, orphan_dreq(orphan));
   }
 }
@@ -59,7 +60,7 @@ bool send_to_peer(CmId* id, const Message& message) {
   const bool expects_answer = message.type == MessageType::Req || message.type == MessageType::Rep ||
                               message.type == MessageType::Dreq || message.type == MessageType::SidrReq;
   if (expects_answer) {
-    id->awaiting_answer = Resending{bytes, Clock::now() + kResendAfter, kMaxCmRetries};
+    id->awaiting_answer = Resending{bytes, Clock::now() + kCmResendAfter, kMaxCmRetries};
   } else {
     id->last_answer = bytes;
   }
@@ -311,7 +312,7 @@ bool settle_resending(CmId* id, CmAgent* agent, const mad::Mad& in) {
     case mad::Attribute::Mra:
       // The peer's application has yet to accept: wait as long as it asks.
       if (id->awaiting_answer) {
-        id->awaiting_answer->at = now + kMraWait + kResendAfter;
+        id->awaiting_answer->at = now + kMraWait + kCmResendAfter;
         id->awaiting_answer->left = kMaxCmRetries;
       }
       return false;

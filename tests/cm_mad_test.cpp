@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -597,6 +598,55 @@ TEST_F(CmRouting, CommunicationIdsNameTheirAgentAndDeadOnesAreAnswered) {
   EXPECT_EQ(to_rtu.agent_qpn, 0u);
   EXPECT_FALSE(to_rtu.answer) << "an RTU needs no answer";
   EXPECT_FALSE(route_cm_mad(*memory_, std::array<uint8_t, kMadBytes>{}).answer) << "not a CM MAD";
+}
+
+// A connection of a process that died is announced as the kernel's CM
+// announces it: a DREQ at once, resent every ~1.07 s until the peer's DREP
+// (which reaches whichever process of the device receives it) or until the
+// retries run out.
+TEST_F(CmRouting, ADeadAgentsConnectionsAreAnnouncedUntilTheirDrepComes) {
+  using std::chrono::milliseconds;
+  const auto start = std::chrono::steady_clock::now();
+  const auto at = [&](int ms) { return start + milliseconds(ms); };
+  CmConnectionTable::Entry answered;
+  answered.agent_qpn = exact_;
+  answered.local_comm_id = cm_local_id(exact_, 5);
+  answered.remote_comm_id = 0x0def0001;
+  CmConnectionTable::Entry unanswered = answered;
+  unanswered.local_comm_id = cm_local_id(exact_, 6);
+  unanswered.remote_comm_id = 0x0def0002;
+  ASSERT_TRUE(add_cm_connection(*memory_, answered));
+  ASSERT_TRUE(add_cm_connection(*memory_, unanswered));
+  EXPECT_TRUE(due_orphan_dreqs(*memory_, at(0)).empty()) << "its agent lives";
+
+  memory_->shared().qps[exact_ & ((1u << kQpnIndexBits) - 1)].live = 0;  // its process died
+  auto due = due_orphan_dreqs(*memory_, at(0));
+  ASSERT_EQ(due.size(), 2u) << "both announced at once";
+  EXPECT_EQ(due[0].dreqs_left, kMaxCmRetries);
+  const auto dreq = parse_cm_mad(orphan_dreq(due[0]));
+  ASSERT_TRUE(dreq);
+  EXPECT_EQ(dreq->attribute, Attribute::Dreq);
+  EXPECT_EQ(dreq->dreq.local_comm_id, answered.local_comm_id);
+  EXPECT_EQ(dreq->dreq.remote_comm_id, answered.remote_comm_id);
+  EXPECT_TRUE(due_orphan_dreqs(*memory_, at(500)).empty()) << "not before the response timeout";
+
+  // The peer's DREP for the first: nobody holds its ID, and the device takes it.
+  Mad drep = sample(Attribute::Drep);
+  drep.drep.local_comm_id = answered.remote_comm_id;
+  drep.drep.remote_comm_id = answered.local_comm_id;
+  const CmDelivery to_drep = route_cm_mad(*memory_, build_cm_mad(drep));
+  EXPECT_EQ(to_drep.agent_qpn, 0u);
+  EXPECT_FALSE(to_drep.answer);
+
+  int sends = 1;
+  for (int ms = 1100; ms <= 11000; ms += 1100) {
+    for (const auto& entry : due_orphan_dreqs(*memory_, at(ms))) {
+      EXPECT_EQ(entry.local_comm_id, unanswered.local_comm_id) << "the answered one is not resent";
+      ++sends;
+    }
+  }
+  EXPECT_EQ(sends, 1 + kMaxCmRetries) << "the unanswered one, until its retries ran out";
+  EXPECT_FALSE(cm_connections_recorded(*memory_)) << "both entries freed";
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "device_status.h"
 #include "process_runner.h"
@@ -453,6 +454,50 @@ TEST_F(TwoNamespaces, APeerOfAProcessKilledAloneOnItsHostIsDisconnected) {
     EXPECT_NE(passive_result.out.find("1 of 1 cases"), std::string::npos) << passive_result.err << passive_result.out;
     EXPECT_EQ(active.exit_code, 0) << active.err << active.out;
     EXPECT_EQ(passive_result.exit_code, 0) << passive_result.err << passive_result.out;
+  }
+}
+
+// As the kernel's CM, which resends a DREQ until the peer's DREP comes:
+// a process killed alone on its host has nobody there to take its peer's
+// DREP, so the watcher's DREQ goes out 1 + 4 times, ~1.07 s apart, as a
+// capture on the peer's end shows.
+TEST_F(TwoNamespaces, AKilledProcesssDreqIsResentUntilItsRetriesRunOut) {
+  const std::string capture = dir_.path() + "/dreq.pcap";
+  const std::string pid_file = dir_.path() + "/tshark.pid";
+  auto capturing = std::async(std::launch::async, [&] {
+    return in_a({"bash", "-c",
+                 "tshark -q -B 64 -i " + netdev_a_ + " -f 'udp port 4791' -w " + capture + " & echo $! > " + pid_file +
+                     "; wait"});
+  });
+  for (int i = 0; i < 1000 && !(std::filesystem::exists(capture) && std::filesystem::file_size(capture) > 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(std::filesystem::exists(capture)) << "tshark did not start";
+  const std::string port = "7490";
+  auto passive = std::async(std::launch::async, [&] {
+    return in_a({SOFTVERBS_CLI, "run", "--", CM_SEMANTICS_PROBE, "-b", address_a_, "-c", "active-killed", "-p", port});
+  });
+  auto active = in_b({SOFTVERBS_CLI, "run", "--", CM_SEMANTICS_PROBE, "-b", address_b_, "-c", "active-killed", "-p",
+                      port, address_a_});
+  auto passive_result = passive.get();
+  EXPECT_EQ(active.exit_code, 0) << active.err << active.out;
+  EXPECT_EQ(passive_result.exit_code, 0) << passive_result.err << passive_result.out;
+  // The first DREQ ended the case; four resends follow within ~4.6 s.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5500));
+  run_process({"bash", "-c", "kill -INT $(cat " + pid_file + ")"});
+  ASSERT_EQ(capturing.get().exit_code, 0);
+  auto dreqs = run_process({"tshark", "-r", capture, "-Y", "infiniband.mad.attributeid == 0x0015", "-T", "fields", "-e",
+                            "ip.src", "-e", "frame.time_relative"});
+  ASSERT_EQ(dreqs.exit_code, 0) << dreqs.err;
+  std::istringstream lines(dreqs.out);
+  std::vector<double> times;
+  for (std::string source, time; lines >> source >> time;) {
+    EXPECT_EQ(source, address_b_) << dreqs.out;
+    times.push_back(std::stod(time));
+  }
+  ASSERT_EQ(times.size(), 5u) << "the DREQ and its 4 resends:\n" << dreqs.out;
+  for (size_t i = 1; i < times.size(); ++i) {
+    EXPECT_GT(times[i] - times[i - 1], 0.9) << dreqs.out;
+    EXPECT_LT(times[i] - times[i - 1], 1.6) << dreqs.out;
   }
 }
 

@@ -4,6 +4,8 @@
 // agent sends them for one that died (CmConnectionTable); this watcher,
 // one per UDP device, sends them when no such process is left on the host,
 // so that a peer on another host never sees a killed process as connected.
+// It receives nothing: its DREQs are resent until their retries run out,
+// unless a process of the device takes the DREP in the meantime.
 #include <fcntl.h>
 #include <net/if.h>
 #include <signal.h>
@@ -160,8 +162,9 @@ int command_cm_watcher(const std::string& name) {
     }
     bool connected = false;
     if (memory) {
-      for (const CmConnectionTable::Entry& orphan : take_orphaned_cm_connections(*memory)) {
-        debug_log("cm watcher: a DREQ for communication ID %#x, whose process died", orphan.local_comm_id);
+      for (const CmConnectionTable::Entry& orphan : due_orphan_dreqs(*memory, Clock::now())) {
+        debug_log("cm watcher: a DREQ for communication ID %#x, whose process died (%u more if unanswered)",
+                  orphan.local_comm_id, orphan.dreqs_left);
         send_dreq(orphan, scope_id);
       }
       connected = cm_connections_recorded(*memory);

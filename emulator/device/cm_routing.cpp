@@ -100,20 +100,52 @@ bool cm_connections_recorded(DeviceMemory& memory) {
   return memory.shared().cm_connections.in_use.load(std::memory_order_relaxed) != 0;
 }
 
-std::vector<CmConnectionTable::Entry> take_orphaned_cm_connections(DeviceMemory& memory) {
-  std::vector<CmConnectionTable::Entry> orphans;
-  if (!cm_connections_recorded(memory)) return orphans;
+std::vector<CmConnectionTable::Entry> due_orphan_dreqs(DeviceMemory& memory,
+                                                       std::chrono::steady_clock::time_point now) {
+  std::vector<CmConnectionTable::Entry> due;
+  if (!cm_connections_recorded(memory)) return due;
+  const int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  const int64_t resend_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(kCmResendAfter).count();
   CmConnectionTable& table = memory.shared().cm_connections;
   SharedLock lock(table.lock);
   for (uint32_t i = 0; i < table.high_water; ++i) {
     CmConnectionTable::Entry& entry = table.entries[i];
-    if (entry.agent_qpn == 0 || agent_alive(memory, entry.agent_qpn)) continue;
-    orphans.push_back(entry);
+    if (entry.agent_qpn == 0) continue;
+    if (!entry.announcing) {
+      if (agent_alive(memory, entry.agent_qpn)) continue;
+      entry.announcing = true;
+      entry.dreqs_left = kMaxCmRetries;
+    } else if (now_ns < entry.next_dreq_ns) {
+      continue;
+    } else if (entry.dreqs_left-- == 0) {
+      entry = {};  // no DREP came: the kernel's CM gives up too
+      table.in_use.fetch_sub(1, std::memory_order_relaxed);
+      continue;
+    }
+    entry.next_dreq_ns = now_ns + resend_ns;
+    due.push_back(entry);
+  }
+  return due;
+}
+
+namespace {
+
+// A DREP for the DREQ of a connection whose process died: it is answered.
+void settle_orphan_dreq(DeviceMemory& memory, uint32_t local_comm_id, uint32_t remote_comm_id) {
+  CmConnectionTable& table = memory.shared().cm_connections;
+  if (!cm_connections_recorded(memory)) return;
+  SharedLock lock(table.lock);
+  for (uint32_t i = 0; i < table.high_water; ++i) {
+    CmConnectionTable::Entry& entry = table.entries[i];
+    if (entry.agent_qpn == 0 || !entry.announcing || entry.local_comm_id != local_comm_id ||
+        entry.remote_comm_id != remote_comm_id)
+      continue;
     entry = {};
     table.in_use.fetch_sub(1, std::memory_order_relaxed);
   }
-  return orphans;
 }
+
+}  // namespace
 
 std::array<uint8_t, wire::cm::kMadBytes> orphan_dreq(const CmConnectionTable::Entry& orphan) {
   return wire::cm::build_dreq(orphan.transaction_id, orphan.local_comm_id, orphan.remote_comm_id, orphan.remote_qpn);
@@ -194,7 +226,10 @@ CmDelivery route_cm_mad(DeviceMemory& memory, std::span<const uint8_t> bytes) {
   delivery.agent_qpn = agent_of_id(memory, route->receiver_id);
   if (delivery.agent_qpn != 0) return delivery;
   // Nobody holds the communication ID: its process ended.
-  if (const auto mad = wire::cm::parse_cm_mad(bytes)) delivery.answer = unclaimed_answer(*mad);
+  const auto mad = wire::cm::parse_cm_mad(bytes);
+  if (!mad) return delivery;
+  if (mad->attribute == Attribute::Drep) settle_orphan_dreq(memory, mad->drep.remote_comm_id, mad->drep.local_comm_id);
+  delivery.answer = unclaimed_answer(*mad);
   return delivery;
 }
 

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -22,6 +23,13 @@ namespace softverbs {
 class DeviceMemory;
 
 inline constexpr uint32_t kGsiQpn = 1;
+
+// IB CM timing, as softverbs's MADs announce it: the peer answers within
+// 4.096 us * 2^18 (~1.07 s) or the message is resent, up to kMaxCmRetries
+// times; a REQ nobody answers ends in UNREACHABLE after ~5 s.
+inline constexpr uint8_t kCmResponseTimeout = 18;
+inline constexpr uint8_t kMaxCmRetries = 4;
+inline constexpr auto kCmResendAfter = std::chrono::nanoseconds(4096ull << kCmResponseTimeout);
 
 // What a listener takes: the REQs for one address, or with an all-zero
 // address those for any of the device's, of IP version 4 or 6 or of both
@@ -48,9 +56,12 @@ struct CmListenerTable {
 
 // The device's established rdma_cm connections. The kernel's CM sends a
 // DREQ for each connection of a process whose rdma_cm file closes, however
-// it ended; here another process of the device sends it for one that died,
-// taking its entries out (a peer on another host has no other way to learn
-// of the death). Its lock is a leaf.
+// it ended, and resends it until the peer's DREP comes or its retries run
+// out. Here another process of the device (or the device's CM watcher)
+// sends them for one that died: a peer on another host has no other way to
+// learn of the death. The entry stays, announcing, until then: whichever
+// process sweeps next resends its DREQ, and whichever receives the DREP
+// ends it. Its lock is a leaf.
 struct CmConnectionTable {
   SharedMutex lock;
   struct Entry {
@@ -62,6 +73,11 @@ struct CmConnectionTable {
     std::array<uint8_t, 16> local_gid{};
     std::array<uint8_t, 16> peer_gid{};
     uint8_t traffic_class = 0;
+    // Its agent died and its DREQ was sent: resent at next_dreq (steady
+    // clock, the same in every process of the host) while dreqs_left.
+    bool announcing = false;
+    uint8_t dreqs_left = 0;
+    int64_t next_dreq_ns = 0;
   };
   static constexpr int kCapacity = 4096;
   std::atomic<uint32_t> in_use{0};  // read unlocked: whether a sweep has anything to look at
@@ -74,8 +90,10 @@ struct CmConnectionTable {
 bool add_cm_connection(DeviceMemory& memory, const CmConnectionTable::Entry& entry);
 void remove_cm_connection(DeviceMemory& memory, uint32_t agent_qpn, uint32_t local_comm_id);
 bool cm_connections_recorded(DeviceMemory& memory);
-// The entries whose agent has died, taken out of the table.
-std::vector<CmConnectionTable::Entry> take_orphaned_cm_connections(DeviceMemory& memory);
+// The entries whose agent has died and whose DREQ is due at `now`: newly
+// orphaned ones, and those announced kCmResendAfter ago with no DREP since
+// (1 + kMaxCmRetries sends in all; an entry is freed after its last).
+std::vector<CmConnectionTable::Entry> due_orphan_dreqs(DeviceMemory& memory, std::chrono::steady_clock::time_point now);
 // The DREQ the kernel's CM would send for `orphan` as its process's file closed.
 std::array<uint8_t, wire::cm::kMadBytes> orphan_dreq(const CmConnectionTable::Entry& orphan);
 

@@ -22,7 +22,7 @@ namespace softverbs {
 namespace {
 
 constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 21;
+constexpr uint32_t kVersion = 22;
 // Sparse: pages are committed only as rings and queues use them, so the
 // heap can hold rings as large as the device allows (a 4 Mi-entry CQ is
 // 256 MiB of address space).
