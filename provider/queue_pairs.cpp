@@ -232,6 +232,7 @@ int modify_qp(ibv_qp* ibv, ibv_qp_attr* attr, int mask) {
   // the process that made it, whose transport carries it.
   if (!qp->device) return EOPNOTSUPP;
   std::lock_guard guard(qp->device->mutex());
+  mask &= ~static_cast<int>(ignored_attributes(record.xrc));
   QpState current, target;
   QpAttributes next;
   {

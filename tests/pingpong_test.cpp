@@ -104,6 +104,11 @@ const PingpongCase kCases[] = {
     {"rc_odp_agent_copies", "ibv_rc_pingpong", {"-o", "-c", "-s", "65536", "-n", "50"}, "agent"},
     {"rc_device_memory_validated", "ibv_rc_pingpong", {"-j", "-c", "-n", "200"}},
     {"ib_send_bw_odp", "ib_send_bw", {"--odp", "-n", "1000"}, "auto", "BW average"},
+    // perftest's XRC mode: XRC_SEND QPs into the peer's XRC SRQ (and, both
+    // ways or for latency, XRC_RECV QPs on each side too).
+    {"ib_send_bw_xrc", "ib_send_bw", {"-c", "XRC", "-n", "1000"}, "auto", "BW average"},
+    {"ib_write_bw_xrc_bidirectional", "ib_write_bw", {"-c", "XRC", "-b", "-n", "1000"}, "auto", "BW average"},
+    {"ib_send_lat_xrc", "ib_send_lat", {"-c", "XRC", "-n", "500"}, "auto", "t_typical"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Tools, Pingpong, ::testing::ValuesIn(kCases),

@@ -203,6 +203,9 @@ const PerftestCase kPerftests[] = {
     {"ib_read_lat", {"ib_read_lat", "-n", "1000", "-s", "8192"}},
     {"ib_send_lat", {"ib_send_lat", "-n", "1000"}},
     {"ib_atomic_lat", {"ib_atomic_lat", "-n", "1000"}},
+    {"ib_send_bw_xrc", {"ib_send_bw", "-c", "XRC", "-n", "2000"}},
+    {"ib_atomic_bw_xrc", {"ib_atomic_bw", "-c", "XRC", "-n", "2000"}},
+    {"ib_write_bw_xrc_bidirectional", {"ib_write_bw", "-c", "XRC", "-b", "-n", "1000"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Tools, UdpPerftest, ::testing::ValuesIn(kPerftests),

@@ -70,6 +70,25 @@ TEST(QpStateMachine, AttributesOutsideTheTransition) {
             TransitionVerdict::AttributeNotAllowed);
 }
 
+// The kernel's uverbs drops these from an XRC QP's Modify QP before checking
+// it; what is left is checked against the role's rules.
+TEST(QpStateMachine, XrcRolesIgnoreTheAttributesOfTheHalfTheyLack) {
+  EXPECT_EQ(ignored_attributes(XrcRole::Send), kMaxDestRdAtomic | kMinRnrTimer);
+  EXPECT_EQ(ignored_attributes(XrcRole::Recv), kMaxQpRdAtomic | kRetryCount | kRnrRetry);
+  EXPECT_EQ(ignored_attributes(XrcRole::None), 0u);
+  EXPECT_EQ(check_transition(QpState::Init, QpState::Rtr, XrcRole::Send, kUcRtr), TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Init, QpState::Rtr, XrcRole::Send, kRcRtr),
+            TransitionVerdict::AttributeNotAllowed)
+      << "left in the mask, they are not the role's";
+  EXPECT_EQ(check_transition(QpState::Init, QpState::Rtr, XrcRole::Send, kRcRtr & ~ignored_attributes(XrcRole::Send)),
+            TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Rtr, QpState::Rts, XrcRole::Recv, kRcRts & ~ignored_attributes(XrcRole::Recv)),
+            TransitionVerdict::Allowed);
+  EXPECT_EQ(check_transition(QpState::Init, QpState::Rtr, XrcRole::Recv, kUcRtr),
+            TransitionVerdict::MissingRequiredAttribute)
+      << "XRC_RECV's responder needs its READ depth and RNR timer";
+}
+
 TEST(QpStateMachine, NoSuchTransitions) {
   EXPECT_EQ(check_transition(QpState::Reset, QpState::Rtr, QpType::Rc, kRcRtr), TransitionVerdict::NoSuchTransition);
   EXPECT_EQ(check_transition(QpState::Reset, QpState::Rts, QpType::Rc, kRcRts), TransitionVerdict::NoSuchTransition);

@@ -440,19 +440,27 @@ TEST_F(Xrc, TransitionsFollowTheXrcRules) {
   ASSERT_TRUE(recv_qp_ && send_qp_);
   ASSERT_EQ(to_init(recv_qp_, IBV_QPT_RC, kAllAccess), 0);
   ASSERT_EQ(to_init(send_qp_, IBV_QPT_RC, 0), 0);
-  // XRC_SEND has no responder: no incoming READ depth or RNR timer at RTR.
-  EXPECT_EQ(xrc_to_rtr(send_qp_, recv_qp_->qp_num, IBV_QP_MAX_DEST_RD_ATOMIC), EINVAL);
-  ASSERT_EQ(xrc_to_rtr(send_qp_, recv_qp_->qp_num), 0);
+  // XRC_SEND has no responder and needs no incoming READ depth or RNR timer
+  // at RTR; given (perftest -c XRC gives them), they are ignored, as the
+  // kernel's uverbs takes them out of the mask. Others are still refused.
+  EXPECT_EQ(xrc_to_rtr(send_qp_, recv_qp_->qp_num, IBV_QP_QKEY), EINVAL);
+  ASSERT_EQ(xrc_to_rtr(send_qp_, recv_qp_->qp_num, IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), 0);
   ASSERT_EQ(xrc_to_rtr(recv_qp_, send_qp_->qp_num), 0);
-  // XRC_RECV has no requester: no retry counts at RTS, and needs none.
-  EXPECT_EQ(xrc_to_rts(recv_qp_, IBV_QP_RETRY_CNT), EINVAL);
-  ASSERT_EQ(xrc_to_rts(recv_qp_), 0);
+  // XRC_RECV has no requester: it needs no retry counts or READ depth at
+  // RTS, and those given are ignored.
+  EXPECT_EQ(xrc_to_rts(recv_qp_, IBV_QP_DEST_QPN), EINVAL);
+  ASSERT_EQ(xrc_to_rts(recv_qp_, IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC), 0);
   EXPECT_EQ(state_of(recv_qp_), IBV_QPS_RTS);
   ibv_qp_attr attr{};
   ibv_qp_init_attr init{};
   ASSERT_EQ(ibv_query_qp(recv_qp_, &attr, IBV_QP_STATE, &init), 0);
   EXPECT_EQ(init.qp_type, IBV_QPT_XRC_RECV);
   EXPECT_EQ(attr.dest_qp_num, send_qp_->qp_num);
+  EXPECT_EQ(attr.retry_cnt, 0) << "ignored";
+  EXPECT_EQ(attr.max_rd_atomic, 0) << "ignored";
+  ASSERT_EQ(ibv_query_qp(send_qp_, &attr, IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(attr.max_dest_rd_atomic, 0) << "ignored";
+  EXPECT_EQ(attr.min_rnr_timer, 0) << "ignored";
 }
 
 TEST_F(Xrc, OpenedRecvQpOutlivesItsCreatingHandle) {

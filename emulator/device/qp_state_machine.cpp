@@ -115,6 +115,18 @@ TransitionVerdict check_transition(QpState from, QpState to, XrcRole role, uint3
   return check_masks(mask, required, optional);
 }
 
+uint32_t ignored_attributes(XrcRole role) {
+  switch (role) {
+    case XrcRole::Send:
+      return kMaxDestRdAtomic | kMinRnrTimer;
+    case XrcRole::Recv:
+      return kMaxQpRdAtomic | kRetryCount | kRnrRetry;
+    case XrcRole::None:
+      break;
+  }
+  return 0;
+}
+
 const char* qp_state_name(QpState state) {
   constexpr const char* kNames[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
   return kNames[index(state)];
