@@ -109,6 +109,11 @@ const PingpongCase kCases[] = {
     {"ib_send_bw_xrc", "ib_send_bw", {"-c", "XRC", "-n", "1000"}, "auto", "BW average"},
     {"ib_write_bw_xrc_bidirectional", "ib_write_bw", {"-c", "XRC", "-b", "-n", "1000"}, "auto", "BW average"},
     {"ib_send_lat_xrc", "ib_send_lat", {"-c", "XRC", "-n", "500"}, "auto", "t_typical"},
+    // perftest's other modes: UD with events, UC both ways, an SRQ, an MR per QP.
+    {"ib_send_bw_ud_events_4qps", "ib_send_bw", {"-c", "UD", "-e", "-q", "4", "-n", "500"}, "auto", "BW average"},
+    {"ib_write_bw_uc_bidirectional", "ib_write_bw", {"-c", "UC", "-b", "-n", "1000"}, "auto", "BW average"},
+    {"ib_send_bw_srq_4qps", "ib_send_bw", {"--use-srq", "-q", "4", "-n", "500"}, "auto", "BW average"},
+    {"ib_write_bw_mr_per_qp", "ib_write_bw", {"--mr_per_qp", "-q", "4", "-Q", "8", "-n", "500"}, "auto", "BW average"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Tools, Pingpong, ::testing::ValuesIn(kCases),

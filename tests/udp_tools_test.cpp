@@ -206,6 +206,10 @@ const PerftestCase kPerftests[] = {
     {"ib_send_bw_xrc", {"ib_send_bw", "-c", "XRC", "-n", "2000"}},
     {"ib_atomic_bw_xrc", {"ib_atomic_bw", "-c", "XRC", "-n", "2000"}},
     {"ib_write_bw_xrc_bidirectional", {"ib_write_bw", "-c", "XRC", "-b", "-n", "1000"}},
+    {"ib_send_bw_ud_events_4qps", {"ib_send_bw", "-c", "UD", "-e", "-q", "4", "-n", "500"}},
+    {"ib_write_bw_uc_bidirectional", {"ib_write_bw", "-c", "UC", "-b", "-n", "1000"}},
+    {"ib_send_bw_srq_4qps", {"ib_send_bw", "--use-srq", "-q", "4", "-n", "500"}},
+    {"ib_write_bw_mr_per_qp", {"ib_write_bw", "--mr_per_qp", "-q", "4", "-Q", "8", "-n", "500"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Tools, UdpPerftest, ::testing::ValuesIn(kPerftests),
