@@ -248,9 +248,12 @@ TEST_P(Middleware, UcxIoDemoConnectsThroughTheRdmaCmAndChecksEveryByte) {
   }
 }
 
-TEST_P(Middleware, FiPingpongOverVerbsMsgDgramAndRxm) {
-  for (const auto& [provider, endpoint] :
-       {std::pair<const char*, const char*>{"verbs", "msg"}, {"verbs", "dgram"}, {"verbs;ofi_rxm", "rdm"}}) {
+// ofi_rxd: libfabric's reliable datagrams, its own protocol over verbs UD.
+TEST_P(Middleware, FiPingpongOverVerbsMsgDgramRxmAndRxd) {
+  for (const auto& [provider, endpoint] : {std::pair<const char*, const char*>{"verbs", "msg"},
+                                           {"verbs", "dgram"},
+                                           {"verbs;ofi_rxm", "rdm"},
+                                           {"verbs;ofi_rxd", "rdm"}}) {
     const ProcessResult client = fi_pingpong(provider, endpoint);
     EXPECT_EQ(client.exit_code, 0) << provider << " " << endpoint << ":\n" << client.err << client.out;
     // Every size up to 1 MiB; datagrams up to the path MTU.
