@@ -86,6 +86,39 @@ class TwoNamespaces : public ::testing::Test {
   ProcessResult in_b(std::vector<std::string> command) { return in_namespace(ns_b_, std::move(command)); }
   const std::vector<std::string>& env_of(const std::string& device) { return device == "sva" ? env_a_ : env_b_; }
 
+  // tshark capturing RoCEv2 (UDP port 4791) on `netdev` of namespace `ns`
+  // into `capture`, until stop(); started once its file has its header.
+  class Tshark {
+   public:
+    Tshark(TwoNamespaces& test, const std::string& ns, const std::string& netdev, const std::string& capture)
+        : pid_file_(capture + ".pid") {
+      running_ = std::async(std::launch::async, [&test, ns, netdev, capture, pid_file = pid_file_] {
+        return test.in_namespace(ns, {"bash", "-c",
+                                      "tshark -q -B 64 -i " + netdev + " -f 'udp port 4791' -w " + capture +
+                                          " & echo $! > " + pid_file + "; wait"});
+      });
+      for (int i = 0; i < 1000 && !(std::filesystem::exists(capture) && std::filesystem::file_size(capture) > 0); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      started_ = std::filesystem::exists(capture);
+    }
+    ~Tshark() {
+      if (running_.valid()) stop();  // a test that failed on the way
+    }
+    Tshark(const Tshark&) = delete;
+    Tshark& operator=(const Tshark&) = delete;
+    bool started() const { return started_; }
+    // Its exit status.
+    int stop() {
+      run_process({"bash", "-c", "kill -INT $(cat " + pid_file_ + ")"});
+      return running_.get().exit_code;
+    }
+
+   private:
+    std::string pid_file_;
+    std::future<ProcessResult> running_;
+    bool started_ = false;
+  };
+
   // The RoCE v2 GID index of `address` (a.b.c.d) on `device`.
   std::string ipv4_gid_index(const std::string& device, const std::string& address) {
     return roce_v2_gid_index(run_process({SOFTVERBS_CLI, "status", device}, env_of(device)).out,
@@ -189,15 +222,8 @@ TEST_F(TwoNamespaces, IcrcsHoldForTheIdentificationsTheKernelGives) {
   ASSERT_EQ(in_a({"ethtool", "-K", netdev_a_, "tx-udp-segmentation", "off"}).exit_code, 0);
   ASSERT_EQ(in_b({"ethtool", "-K", netdev_b_, "tx-udp-segmentation", "off"}).exit_code, 0);
   const std::string capture = dir_.path() + "/wire.pcap";
-  const std::string pid_file = dir_.path() + "/tshark.pid";
-  auto capturing = std::async(std::launch::async, [&] {
-    return in_b({"bash", "-c",
-                 "tshark -q -B 64 -i " + netdev_b_ + " -f 'udp port 4791' -w " + capture + " & echo $! > " + pid_file +
-                     "; wait"});
-  });
-  for (int i = 0; i < 1000 && !(std::filesystem::exists(capture) && std::filesystem::file_size(capture) > 0); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_TRUE(std::filesystem::exists(capture)) << "tshark did not start";
+  Tshark tshark(*this, ns_b_, netdev_b_, capture);
+  ASSERT_TRUE(tshark.started()) << "tshark did not start";
   // 64 KiB SENDs each way: 64 packets of path MTU 1024, GSO sends of many.
   expect_pingpong("ibv_rc_pingpong", {"-s", "65536", "-c", "-n", "20"});
   const std::string runtime = dir_.path() + "/rt-a";
@@ -206,8 +232,7 @@ TEST_F(TwoNamespaces, IcrcsHoldForTheIdentificationsTheKernelGives) {
                     [&] { return test::rdmacm_listening(runtime); });
   EXPECT_EQ(r.client.exit_code, 0) << r.client.err << r.client.out;
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the last packets into the file
-  run_process({"bash", "-c", "kill -INT $(cat " + pid_file + ")"});
-  ASSERT_EQ(capturing.get().exit_code, 0);
+  ASSERT_EQ(tshark.stop(), 0);
   auto scapy = run_process({CHECK_ICRC_SCRIPT, capture});
   EXPECT_EQ(scapy.exit_code, 0) << scapy.err << scapy.out;
   std::smatch counts;
@@ -463,15 +488,8 @@ TEST_F(TwoNamespaces, APeerOfAProcessKilledAloneOnItsHostIsDisconnected) {
 // capture on the peer's end shows.
 TEST_F(TwoNamespaces, AKilledProcesssDreqIsResentUntilItsRetriesRunOut) {
   const std::string capture = dir_.path() + "/dreq.pcap";
-  const std::string pid_file = dir_.path() + "/tshark.pid";
-  auto capturing = std::async(std::launch::async, [&] {
-    return in_a({"bash", "-c",
-                 "tshark -q -B 64 -i " + netdev_a_ + " -f 'udp port 4791' -w " + capture + " & echo $! > " + pid_file +
-                     "; wait"});
-  });
-  for (int i = 0; i < 1000 && !(std::filesystem::exists(capture) && std::filesystem::file_size(capture) > 0); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_TRUE(std::filesystem::exists(capture)) << "tshark did not start";
+  Tshark tshark(*this, ns_a_, netdev_a_, capture);
+  ASSERT_TRUE(tshark.started()) << "tshark did not start";
   const std::string port = "7490";
   auto passive = std::async(std::launch::async, [&] {
     return in_a({SOFTVERBS_CLI, "run", "--", CM_SEMANTICS_PROBE, "-b", address_a_, "-c", "active-killed", "-p", port});
@@ -483,8 +501,7 @@ TEST_F(TwoNamespaces, AKilledProcesssDreqIsResentUntilItsRetriesRunOut) {
   EXPECT_EQ(passive_result.exit_code, 0) << passive_result.err << passive_result.out;
   // The first DREQ ended the case; four resends follow within ~4.6 s.
   std::this_thread::sleep_for(std::chrono::milliseconds(5500));
-  run_process({"bash", "-c", "kill -INT $(cat " + pid_file + ")"});
-  ASSERT_EQ(capturing.get().exit_code, 0);
+  ASSERT_EQ(tshark.stop(), 0);
   auto dreqs = run_process({"tshark", "-r", capture, "-Y", "infiniband.mad.attributeid == 0x0015", "-T", "fields", "-e",
                             "ip.src", "-e", "frame.time_relative"});
   ASSERT_EQ(dreqs.exit_code, 0) << dreqs.err;
