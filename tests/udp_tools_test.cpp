@@ -215,6 +215,43 @@ const PerftestCase kPerftests[] = {
 INSTANTIATE_TEST_SUITE_P(Tools, UdpPerftest, ::testing::ValuesIn(kPerftests),
                          [](const ::testing::TestParamInfo<PerftestCase>& info) { return info.param.name; });
 
+// ibv_xsrq_pingpong's server with two clients: every process opens the
+// XRC domain of /tmp/xrc_domain's inode, and the server sends round robin,
+// through the QP connected to one client into the SRQ of the other. Over UDP
+// the XRC_RECV QP's process places the SEND into the other process's
+// receive buffer (process_vm_writev, or the copy agent).
+TEST_F(UdpOnLoopback, XsrqPingpongServesTwoClientsThroughEachOthersSrqs) {
+  const std::string gid = ipv4_gid_index();
+  ASSERT_FALSE(gid.empty());
+  for (const std::string method : {"auto", "agent"}) {
+    std::vector<std::string> env = env_;
+    env.push_back("SOFTVERBS_COPY=" + method);
+    const std::string port = port_for("xsrq_two_clients_" + method);
+    const std::vector<std::string> common = {
+        "ibv_xsrq_pingpong", "-d", "softverbs0", "-g", gid, "-p", port, "-n", "50"};
+    std::vector<std::string> server = common;
+    server.insert(server.end(), {"-c", "2"});
+    std::vector<std::string> client = common;
+    client.push_back("127.0.0.1");
+    auto served = std::async(std::launch::async, [&] { return run_process(under_softverbs(server), env, 60); });
+    auto run_client = [&] {
+      ProcessResult r;
+      for (int attempt = 0; attempt < 100; ++attempt) {
+        r = run_process(under_softverbs(client), env, 60);
+        if (r.err.find("Couldn't connect") == std::string::npos) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      return r;
+    };
+    auto first = std::async(std::launch::async, run_client);
+    auto second = std::async(std::launch::async, run_client);
+    for (const ProcessResult& r : {first.get(), second.get(), served.get()}) {
+      EXPECT_EQ(r.exit_code, 0) << method << ": " << r.err << r.out;
+      EXPECT_NE(r.out.find("success"), std::string::npos) << method << ": " << r.out;
+    }
+  }
+}
+
 TEST_F(UdpOnLoopback, RcAndUdOverIpv6Gids) {
   // ::1's RoCE v2 GID: the packets travel as IPv6/UDP, the ICRC over the
   // masked IPv6 header. Both ends name that GID index, so the address each

@@ -14,6 +14,7 @@
 #include "device/memory_window.h"
 #include "device/queues.h"
 #include "device/receive_queue.h"
+#include "shm/memory_copy.h"
 #include "support/debug_log.h"
 #include "support/payload_copy.h"
 #include "support/process_id.h"
@@ -410,10 +411,18 @@ bool place_send_payload(TransportPort& port, UdpQp& qp, std::span<const uint8_t>
     uint64_t take = std::min<uint64_t>(sge.length - skip, payload.size() - at);
     ResolvedRange where;
     if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address + skip, take, access::kLocalWrite, &where,
-                                        MemoryRegionTable::Lock::NotHeld) != KeyCheck::Ok ||
-        where.owner_pid != current_pid())
+                                        MemoryRegionTable::Lock::NotHeld) != KeyCheck::Ok)
       return false;
-    copy_payload(reinterpret_cast<void*>(where.address), payload.data() + at, take);
+    if (where.owner_pid != current_pid()) {
+      // Only an XRC SRQ of another process of the domain lends its receives
+      // to this process's XRC_RECV QP (xsrq_pingpong's clients do so).
+      if (qp.xrc != XrcRole::Recv) return false;
+      const iovec piece{const_cast<uint8_t*>(payload.data() + at), take};
+      const RemoteRange target{sge.address + skip, take, sge.lkey, access::kLocalWrite};
+      if (copy_to_process(memory, where.owner_pid, std::span(&piece, 1), std::span(&target, 1)) != 0) return false;
+    } else {
+      copy_payload(reinterpret_cast<void*>(where.address), payload.data() + at, take);
+    }
     at += take;
     skip = 0;
     if (at == payload.size()) break;
