@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <chrono>
+#include <filesystem>
 #include <future>
 #include <thread>
 #include <vector>
@@ -73,7 +73,12 @@ TEST_F(Cli, AUdpDeviceHasOneCmWatcherUntilItGoesDown) {
   ASSERT_EQ(softverbs({"up", "--name", "shm0"}).exit_code, 0);
   EXPECT_EQ(softverbs({"status", "shm0"}).out.find("CM watcher"), std::string::npos);
   ASSERT_EQ(softverbs({"up", "--name", "udp0", "--transport", "udp"}).exit_code, 0);
-  const pid_t first = watcher_of(softverbs({"status", "udp0"}).out);
+  // `up` starts it detached: it holds its lock and writes its pid soon after.
+  pid_t first = 0;
+  for (int i = 0; i < 60 && first == 0; ++i) {
+    first = watcher_of(softverbs({"status", "udp0"}).out);
+    if (first == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   ASSERT_GT(first, 0) << softverbs({"status", "udp0"}).out;
   EXPECT_TRUE(is_watcher(first));
   ASSERT_EQ(softverbs({"up", "--name", "udp0", "--transport", "udp"}).exit_code, 0);
