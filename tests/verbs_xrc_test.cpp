@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -561,6 +562,152 @@ TEST_F(Xrc, DomainsOfOneInodeAreOneDomain) {
   EXPECT_EQ(ibv_close_xrcd(second), 0);
   EXPECT_EQ(ibv_close_xrcd(first), 0);
   close(again);
+}
+
+// The SRQ and the memory its PD's keys name may belong to another process
+// of the domain than the XRC_RECV QP: WRITE, READ, atomics, ATOMIC WRITE
+// and WRITE with immediate reach that process's memory (over UDP the
+// XRC_RECV QP's process places them, by process_vm_writev or the other
+// process's copy agent: SOFTVERBS_COPY=agent runs this test again).
+TEST_F(Xrc, RdmaAndAtomicsReachAnotherProcessOfTheDomain) {
+  DomainFile file;
+  ASSERT_GE(file.fd(), 0);
+  ibv_xrcd* shared = open_domain(context_, file.fd());
+  ASSERT_NE(shared, nullptr);
+  connect(shared);
+
+  struct Target {
+    uint32_t srqn, rkey;
+    uint64_t address;
+  };
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(pipe(to_parent), 0);
+  ASSERT_EQ(pipe(to_child), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Its own context, PD, CQ, XRC SRQ and memory; it checks what landed.
+    ibv_context* context = open_softverbs0();
+    if (context == nullptr) _exit(10);
+    ibv_xrcd* xrcd = open_domain(context, file.fd(), 0);
+    ibv_pd* pd = ibv_alloc_pd(context);
+    ibv_cq* cq = ibv_create_cq(context, 16, nullptr, nullptr, 0);
+    if (xrcd == nullptr || pd == nullptr || cq == nullptr) _exit(11);
+    ibv_srq_init_attr_ex attr{};
+    attr.attr.max_wr = 16;
+    attr.attr.max_sge = 1;
+    attr.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+    attr.srq_type = IBV_SRQT_XRC;
+    attr.pd = pd;
+    attr.xrcd = xrcd;
+    attr.cq = cq;
+    ibv_srq* srq = ibv_create_srq_ex(context, &attr);
+    std::vector<uint8_t> memory(16384, 0);
+    for (int i = 0; i < 3000; ++i) memory[8192 + i] = static_cast<uint8_t>(i * 7);
+    const uint64_t start = 0x1111;
+    std::memcpy(memory.data() + 12000, &start, 8);
+    ibv_mr* mr = ibv_reg_mr(pd, memory.data(), memory.size(), kAllAccess);
+    if (srq == nullptr || mr == nullptr) _exit(12);
+    ibv_sge sge{reinterpret_cast<uint64_t>(memory.data() + 14000), 64, mr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = 77;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    if (ibv_post_srq_recv(srq, &wr, &bad) != 0) _exit(13);
+    Target target{0, mr->rkey, reinterpret_cast<uint64_t>(memory.data())};
+    if (ibv_get_srq_num(srq, &target.srqn) != 0) _exit(14);
+    if (write(to_parent[1], &target, sizeof target) != sizeof target) _exit(15);
+    char done = 0;
+    if (read(to_child[0], &done, 1) != 1) _exit(16);
+    // The WRITE of 5000 bytes (over five 1024-byte packets), the atomics'
+    // result, the ATOMIC WRITE, and the WRITE with immediate's completion.
+    for (int i = 0; i < 5000; ++i)
+      if (memory[i] != static_cast<uint8_t>(i * 3 + 1)) _exit(20);
+    uint64_t word = 0;
+    std::memcpy(&word, memory.data() + 12000, 8);
+    if (word != 0x2227) _exit(21);
+    std::memcpy(&word, memory.data() + 12008, 8);
+    if (word != 0x0123456789abcdefull) _exit(22);
+    if (std::memcmp(memory.data() + 13000, memory.data(), 32) != 0) _exit(23);
+    ibv_wc wc{};
+    for (int tries = 0; tries < 5000 && ibv_poll_cq(cq, 1, &wc) == 0; ++tries) usleep(1000);
+    if (wc.wr_id != 77 || wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM) _exit(24);
+    ibv_dereg_mr(mr);
+    ibv_destroy_srq(srq);
+    ibv_destroy_cq(cq);
+    ibv_dealloc_pd(pd);
+    ibv_close_xrcd(xrcd);
+    ibv_close_device(context);
+    _exit(0);
+  }
+  close(to_parent[1]);
+  close(to_child[0]);
+  // A failed assertion returns early: the child must not wait for ever.
+  struct Reaper {
+    pid_t child;
+    int fds[2];
+    ~Reaper() {
+      for (int fd : fds) close(fd);
+      if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, nullptr, 0);
+      }
+    }
+  } reaper{child, {to_parent[0], to_child[1]}};
+  Target target{};
+  ASSERT_EQ(read(to_parent[0], &target, sizeof target), static_cast<ssize_t>(sizeof target));
+
+  auto post_to = [&](ibv_wr_opcode opcode, uint32_t offset, uint32_t length, uint64_t remote_offset) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(local_.data() + offset), length, local_mr_->lkey};
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = opcode;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.imm_data = htonl(7);
+    wr.qp_type.xrc.remote_srqn = target.srqn;
+    if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+      wr.wr.atomic.remote_addr = target.address + remote_offset;
+      wr.wr.atomic.rkey = target.rkey;
+      wr.wr.atomic.compare_add = opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? 5 : 0x1111;
+      wr.wr.atomic.swap = 0x2222;
+    } else {
+      wr.wr.rdma.remote_addr = target.address + remote_offset;
+      wr.wr.rdma.rkey = target.rkey;
+    }
+    ibv_send_wr* bad = nullptr;
+    EXPECT_EQ(ibv_post_send(send_qp_, &wr, &bad), 0);
+    ibv_wc done = send_completion();
+    EXPECT_EQ(done.status, IBV_WC_SUCCESS) << "opcode " << opcode << ": " << ibv_wc_status_str(done.status);
+  };
+  for (int i = 0; i < 5000; ++i) local_[i] = static_cast<uint8_t>(i * 3 + 1);
+  post_to(IBV_WR_RDMA_WRITE, 0, 5000, 0);
+  post_to(IBV_WR_RDMA_READ, 5000, 3000, 8192);
+  int read_mismatches = 0;
+  for (int i = 0; i < 3000; ++i) read_mismatches += local_[5000 + i] != static_cast<uint8_t>(i * 7);
+  EXPECT_EQ(read_mismatches, 0);
+  post_to(IBV_WR_ATOMIC_CMP_AND_SWP, 8000, 8, 12000);
+  post_to(IBV_WR_ATOMIC_FETCH_AND_ADD, 8008, 8, 12000);
+  uint64_t swapped_from = 0, added_to = 0;
+  std::memcpy(&swapped_from, local_.data() + 8000, 8);
+  std::memcpy(&added_to, local_.data() + 8008, 8);
+  EXPECT_EQ(swapped_from, 0x1111u);
+  EXPECT_EQ(added_to, 0x2222u);
+  const uint64_t value = 0x0123456789abcdefull;
+  std::memcpy(local_.data() + 8016, &value, 8);
+  post_to(IBV_WR_ATOMIC_WRITE, 8016, 8, 12008);
+  post_to(IBV_WR_RDMA_WRITE_WITH_IMM, 0, 32, 13000);
+
+  const char done = 1;
+  ASSERT_EQ(write(to_child[1], &done, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  reaper.child = 0;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  ASSERT_EQ(ibv_destroy_qp(recv_qp_), 0);
+  recv_qp_ = nullptr;
+  EXPECT_EQ(ibv_close_xrcd(shared), 0);
 }
 
 }  // namespace

@@ -335,16 +335,83 @@ Verdict check_length(TransportPort& port, UdpQp& qp, const TransportPacket& pack
   return Verdict::Done;
 }
 
-// Only this process's own regions: by default looked up without the
-// device's memory_lock, as the range found stays good while the engine's
-// mutex is held (see gather_local).
+// A range of registered memory that a request names by key: an rkey's
+// (WRITE, READ, atomics) or an lkey's (the receive buffer a SEND fills).
+struct KeyedRange {
+  uint32_t key = 0;
+  uint64_t address = 0;  // as the key names it (its region's iova space)
+  uint64_t length = 0;
+  uint32_t needed = 0;  // the right exercised (access::k*)
+  bool local_key = false;
+};
+
+// Whether a request through `qp` may reach the memory `where` names. Only
+// an XRC_RECV QP reaches another process's: its SRQs, and the regions of
+// their PDs, may belong to any process of the XRC domain (the clients of
+// ibv_xsrq_pingpong share one).
+bool reaches(const UdpQp& qp, const ResolvedRange& where) {
+  return where.owner_pid == current_pid() || qp.xrc == XrcRole::Recv;
+}
+
+// This process's own regions are looked up without the device's memory_lock
+// by default, as the range found stays good while the engine's mutex is
+// held (see gather_local); an XRC_RECV QP's, which may be another
+// process's, under it.
+KeyCheck check_key(TransportPort& port, const UdpQp& qp, const KeyedRange& range, ResolvedRange& where,
+                   MemoryRegionTable::Lock lock = MemoryRegionTable::Lock::NotHeld) {
+  if (qp.xrc == XrcRole::Recv && lock == MemoryRegionTable::Lock::NotHeld) {
+    MemoryReadLock memory_lock(port.memory());
+    return check_key(port, qp, range, where, MemoryRegionTable::Lock::Held);
+  }
+  MemoryRegionTable& mrs = port.memory().shared().mrs;
+  KeyCheck verdict =
+      range.local_key
+          ? mrs.check_local(range.key, qp.pd_handle, range.address, range.length, range.needed, &where, lock)
+          : mrs.check_remote(range.key, qp.pd_handle, qp.qpn, range.address, range.length, range.needed, &where, lock);
+  if (verdict == KeyCheck::Ok && !reaches(qp, where)) verdict = KeyCheck::InvalidKey;
+  return verdict;
+}
+
 KeyCheck check_remote(TransportPort& port, const UdpQp& qp, uint32_t rkey, uint64_t iova, uint64_t length,
                       uint32_t needed, ResolvedRange& where,
                       MemoryRegionTable::Lock lock = MemoryRegionTable::Lock::NotHeld) {
-  KeyCheck verdict =
-      port.memory().shared().mrs.check_remote(rkey, qp.pd_handle, qp.qpn, iova, length, needed, &where, lock);
-  if (verdict == KeyCheck::Ok && where.owner_pid != current_pid()) verdict = KeyCheck::InvalidKey;
-  return verdict;
+  return check_key(port, qp, KeyedRange{rkey, iova, length, needed, false}, where, lock);
+}
+
+// Moves `range.length` bytes between `local` and the memory `range` names
+// (into it when `into_memory`); false if the key no longer allows it (the
+// region was deregistered under the message) or the copy failed. Another
+// process's memory is reached by copy_to_process / copy_from_process
+// under memory_lock, which keeps its key valid while the bytes move.
+bool move_bytes(TransportPort& port, const UdpQp& qp, const KeyedRange& range, void* local, bool into_memory) {
+  if (range.length == 0) return true;
+  DeviceMemory& memory = port.memory();
+  std::optional<MemoryReadLock> memory_lock;
+  if (qp.xrc == XrcRole::Recv) memory_lock.emplace(memory);
+  ResolvedRange where;
+  if (check_key(port, qp, range, where,
+                memory_lock ? MemoryRegionTable::Lock::Held : MemoryRegionTable::Lock::NotHeld) != KeyCheck::Ok)
+    return false;
+  if (where.owner_pid == current_pid()) {
+    auto* mine = reinterpret_cast<void*>(where.address);
+    if (into_memory)
+      copy_payload(mine, local, range.length);
+    else
+      copy_payload(local, mine, range.length);
+    return true;
+  }
+  const iovec piece{local, range.length};
+  const RemoteRange remote{where.address, range.length, range.key, range.needed};
+  return (into_memory ? copy_to_process(memory, where.owner_pid, std::span(&piece, 1), std::span(&remote, 1))
+                      : copy_from_process(memory, where.owner_pid, std::span(&piece, 1), std::span(&remote, 1))) == 0;
+}
+
+bool store(TransportPort& port, const UdpQp& qp, const KeyedRange& range, const uint8_t* bytes) {
+  return move_bytes(port, qp, range, const_cast<uint8_t*>(bytes), true);
+}
+
+bool load(TransportPort& port, const UdpQp& qp, const KeyedRange& range, uint8_t* into) {
+  return move_bytes(port, qp, range, into, false);
 }
 
 Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet, Classified& what) {
@@ -373,7 +440,7 @@ Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet
   ResolvedRange where;
   KeyCheck verdict = check_remote(port, qp, rkey, iova, length, needed, where);
   if (verdict == KeyCheck::Ok) {
-    if (what.kind == Kind::Write) what.write_checked_address = where.address;
+    if (what.kind == Kind::Write && where.owner_pid == current_pid()) what.write_checked_address = where.address;
     // An ATOMIC WRITE's alignment is checked after its key, as rxe does.
     if (what.kind == Kind::AtomicWrite && iova % 8 != 0) {
       debug_log("QP %#x: ATOMIC WRITE at unaligned address %#llx", qp.qpn, static_cast<unsigned long long>(iova));
@@ -400,7 +467,6 @@ Verdict check_rkey(TransportPort& port, UdpQp& qp, const TransportPacket& packet
 bool place_send_payload(TransportPort& port, UdpQp& qp, std::span<const uint8_t> payload) {
   ResponderState& s = qp.responder;
   if (payload.empty()) return true;
-  DeviceMemory& memory = port.memory();
   uint64_t skip = s.received;
   size_t at = 0;
   for (const Sge& sge : s.receive_sges) {
@@ -409,20 +475,9 @@ bool place_send_payload(TransportPort& port, UdpQp& qp, std::span<const uint8_t>
       continue;
     }
     uint64_t take = std::min<uint64_t>(sge.length - skip, payload.size() - at);
-    ResolvedRange where;
-    if (memory.shared().mrs.check_local(sge.lkey, qp.pd_handle, sge.address + skip, take, access::kLocalWrite, &where,
-                                        MemoryRegionTable::Lock::NotHeld) != KeyCheck::Ok)
+    if (!store(port, qp, KeyedRange{sge.lkey, sge.address + skip, take, access::kLocalWrite, true},
+               payload.data() + at))
       return false;
-    if (where.owner_pid != current_pid()) {
-      // Only an XRC SRQ of another process of the domain lends its receives
-      // to this process's XRC_RECV QP (xsrq_pingpong's clients do so).
-      if (qp.xrc != XrcRole::Recv) return false;
-      const iovec piece{const_cast<uint8_t*>(payload.data() + at), take};
-      const RemoteRange target{sge.address + skip, take, sge.lkey, access::kLocalWrite};
-      if (copy_to_process(memory, where.owner_pid, std::span(&piece, 1), std::span(&target, 1)) != 0) return false;
-    } else {
-      copy_payload(reinterpret_cast<void*>(where.address), payload.data() + at, take);
-    }
     at += take;
     skip = 0;
     if (at == payload.size()) break;
@@ -474,18 +529,13 @@ void execute_write(TransportPort& port, UdpQp& qp, const TransportPacket& packet
   // the first one (which check_rkey checked just now).
   auto place = [&]() {
     if (packet.payload.empty()) return true;
-    uint64_t address;
-    if (what.write_checked_address) {
-      address = *what.write_checked_address;  // the first packet, whose range check_rkey found
-    } else {
-      ResolvedRange where;
-      if (check_remote(port, qp, s.write_rkey, s.write_iova + s.written, packet.payload.size(), access::kRemoteWrite,
-                       where) != KeyCheck::Ok)
-        return false;
-      address = where.address;
+    if (what.write_checked_address) {  // the first packet, whose range in this process check_rkey found
+      copy_payload(reinterpret_cast<void*>(*what.write_checked_address), packet.payload.data(), packet.payload.size());
+      return true;
     }
-    copy_payload(reinterpret_cast<void*>(address), packet.payload.data(), packet.payload.size());
-    return true;
+    return store(port, qp,
+                 KeyedRange{s.write_rkey, s.write_iova + s.written, packet.payload.size(), access::kRemoteWrite, false},
+                 packet.payload.data());
   };
   if (!place()) {
     if (qp.type == QpType::Uc) {
@@ -536,47 +586,77 @@ void execute_read(UdpQp& qp, const TransportPacket& packet) {
   s.expected_psn = psn_add(packet.bth.psn, count);
 }
 
+// The 8 bytes at `where` (checked for `rkey` under memory_lock and the
+// atomics lock, which the caller holds) replaced by update(original), as one
+// atomic operation where they are this process's and aligned, else under the
+// locks only; the original, or nullopt if another process's copy failed.
+template <typename Update>
+std::optional<uint64_t> update_word(DeviceMemory& memory, const ResolvedRange& where, uint32_t rkey, uint32_t needed,
+                                    Update update) {
+  if (where.owner_pid != current_pid()) {
+    // Another process's, through an XRC_RECV QP: read and written by copy.
+    uint64_t original = 0;
+    iovec value{&original, 8};
+    const RemoteRange remote{where.address, 8, rkey, needed};
+    if (needed != access::kRemoteWrite &&
+        copy_from_process(memory, where.owner_pid, std::span(&value, 1), std::span(&remote, 1)) != 0)
+      return std::nullopt;
+    uint64_t updated = update(original);
+    iovec next{&updated, 8};
+    if (updated != original || needed == access::kRemoteWrite)
+      if (copy_to_process(memory, where.owner_pid, std::span(&next, 1), std::span(&remote, 1)) != 0)
+        return std::nullopt;
+    return original;
+  }
+  uint64_t original;
+  if (where.address % 8 == 0) {
+    auto* target = reinterpret_cast<uint64_t*>(where.address);
+    original = __atomic_load_n(target, __ATOMIC_SEQ_CST);
+    while (
+        !__atomic_compare_exchange_n(target, &original, update(original), false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    }
+    return original;
+  }
+  // Aligned as an iova but not in the process (a registration whose iova
+  // and address differ in alignment): atomic under the locks only.
+  auto* target = reinterpret_cast<uint8_t*>(where.address);
+  std::memcpy(&original, target, 8);
+  const uint64_t updated = update(original);
+  std::memcpy(target, &updated, 8);
+  return original;
+}
+
 void execute_atomic(TransportPort& port, UdpQp& qp, const TransportPacket& packet) {
   ResponderState& s = qp.responder;
   DeviceMemory& memory = port.memory();
-  uint64_t original;
+  std::optional<uint64_t> original;
   {
     MemoryReadLock memory_lock(memory);
     SharedLock atomics(memory.shared().atomics_lock);
     ResolvedRange where;
+    const bool fetch_add = (packet.bth.opcode & 0x1f) == op::kFetchAdd;
+    const uint64_t operand = packet.atomic.swap_add, compare = packet.atomic.compare;
     if (check_remote(port, qp, packet.atomic.rkey, packet.atomic.virtual_address, 8, access::kRemoteAtomic, where,
                      MemoryRegionTable::Lock::Held) != KeyCheck::Ok) {
       original = 0;  // checked in check_rkey; cannot change under memory_lock
-    } else if (where.address % 8 == 0) {
-      auto* target = reinterpret_cast<uint64_t*>(where.address);
-      if ((packet.bth.opcode & 0x1f) == op::kFetchAdd) {
-        original = __atomic_fetch_add(target, packet.atomic.swap_add, __ATOMIC_SEQ_CST);
-      } else {
-        original = packet.atomic.compare;
-        __atomic_compare_exchange_n(target, &original, packet.atomic.swap_add, false, __ATOMIC_SEQ_CST,
-                                    __ATOMIC_SEQ_CST);
-      }
     } else {
-      // Aligned as an iova but not in the process (a registration whose
-      // iova and address differ in alignment): atomic under the lock only.
-      auto* target = reinterpret_cast<uint8_t*>(where.address);
-      std::memcpy(&original, target, 8);
-      uint64_t updated = original;
-      if ((packet.bth.opcode & 0x1f) == op::kFetchAdd)
-        updated = original + packet.atomic.swap_add;
-      else if (original == packet.atomic.compare)
-        updated = packet.atomic.swap_add;
-      std::memcpy(target, &updated, 8);
+      original = update_word(memory, where, packet.atomic.rkey, access::kRemoteAtomic, [&](uint64_t value) {
+        return fetch_add ? value + operand : value == compare ? operand : value;
+      });
     }
+  }
+  if (!original) {  // the other process's memory could not be reached
+    fail_request(port, qp, packet.bth.psn, aeth::kNakRemoteAccessError, WcStatus::RemoteAccessError);
+    return;
   }
   s.msn = psn_add(s.msn, 1);
   Response ack;
   ack.kind = Response::Kind::AtomicAck;
   ack.psn = packet.bth.psn;
   ack.msn = s.msn;
-  ack.original = original;
+  ack.original = *original;
   s.outbox.push_back(ack);
-  remember(qp, {packet.bth.psn, 1, true, original});
+  remember(qp, {packet.bth.psn, 1, true, *original});
   s.expected_psn = psn_add(packet.bth.psn, 1);
 }
 
@@ -586,6 +666,7 @@ void execute_atomic(TransportPort& port, UdpQp& qp, const TransportPacket& packe
 void execute_atomic_write(TransportPort& port, UdpQp& qp, const TransportPacket& packet) {
   ResponderState& s = qp.responder;
   DeviceMemory& memory = port.memory();
+  bool stored = true;
   {
     MemoryReadLock memory_lock(memory);
     SharedLock atomics(memory.shared().atomics_lock);
@@ -595,11 +676,17 @@ void execute_atomic_write(TransportPort& port, UdpQp& qp, const TransportPacket&
     // Checked in check_rkey; cannot change under memory_lock.
     if (check_remote(port, qp, packet.reth.rkey, packet.reth.virtual_address, 8, access::kRemoteWrite, where,
                      MemoryRegionTable::Lock::Held) == KeyCheck::Ok) {
-      if (where.address % 8 == 0)
+      if (where.owner_pid == current_pid() && where.address % 8 == 0)
         __atomic_store_n(reinterpret_cast<uint64_t*>(where.address), value, __ATOMIC_RELEASE);
-      else  // an iova aligned where the address is not: atomic under the lock only
-        std::memcpy(reinterpret_cast<void*>(where.address), &value, 8);
+      else
+        stored = update_word(memory, where, packet.reth.rkey, access::kRemoteWrite, [&](uint64_t) {
+                   return value;
+                 }).has_value();
     }
+  }
+  if (!stored) {
+    fail_request(port, qp, packet.bth.psn, aeth::kNakRemoteAccessError, WcStatus::RemoteAccessError);
+    return;
   }
   s.msn = psn_add(s.msn, 1);
   queue_read_response(qp, packet.bth.psn, Reth{packet.reth.virtual_address, packet.reth.rkey, 0});
@@ -675,6 +762,7 @@ void send_control(TransportPort& port, UdpQp& qp, const Response& r) {
 // Sends read response packets of `r`; false if its region went away (the
 // rest becomes a remote access NAK).
 bool send_read_data(TransportPort& port, UdpQp& qp, Response& r, uint32_t& budget) {
+  std::array<uint8_t, 4096> bounce;  // the largest path MTU
   while (r.packets_sent < r.packets && budget > 0) {
     const uint32_t index = r.packets_sent;
     const uint64_t length = std::min<uint64_t>(qp.mtu, r.length - r.sent);
@@ -697,7 +785,13 @@ bool send_read_data(TransportPort& port, UdpQp& qp, Response& r, uint32_t& budge
       ResolvedRange where;
       if (check_remote(port, qp, r.rkey, r.iova + r.sent, length, access::kRemoteRead, where) != KeyCheck::Ok)
         return false;
-      piece = {reinterpret_cast<void*>(where.address), length};
+      if (where.owner_pid == current_pid()) {
+        piece = {reinterpret_cast<void*>(where.address), length};
+      } else {  // another process's (XRC): copied out first, as transmit copies it anyway
+        if (!load(port, qp, KeyedRange{r.rkey, r.iova + r.sent, length, access::kRemoteRead, false}, bounce.data()))
+          return false;
+        piece = {bounce.data(), length};
+      }
     }
     port.transmit(qp, qp.path, qp.dest_qpn, packet, std::span(&piece, length != 0 ? 1 : 0));
     r.sent += length;
