@@ -85,15 +85,29 @@ bool add_cm_connection(DeviceMemory& memory, const CmConnectionTable::Entry& ent
   return false;
 }
 
-void remove_cm_connection(DeviceMemory& memory, uint32_t agent_qpn, uint32_t local_comm_id) {
-  CmConnectionTable& table = memory.shared().cm_connections;
+namespace {
+
+void free_connection(CmConnectionTable& table, CmConnectionTable::Entry& entry) {
+  entry = {};
+  table.in_use.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// Frees every recorded connection that `ends` picks.
+template <typename Predicate>
+void free_connections_where(CmConnectionTable& table, Predicate ends) {
   SharedLock lock(table.lock);
   for (uint32_t i = 0; i < table.high_water; ++i) {
     CmConnectionTable::Entry& entry = table.entries[i];
-    if (entry.agent_qpn != agent_qpn || entry.local_comm_id != local_comm_id) continue;
-    entry = {};
-    table.in_use.fetch_sub(1, std::memory_order_relaxed);
+    if (entry.agent_qpn != 0 && ends(entry)) free_connection(table, entry);
   }
+}
+
+}  // namespace
+
+void remove_cm_connection(DeviceMemory& memory, uint32_t agent_qpn, uint32_t local_comm_id) {
+  free_connections_where(memory.shared().cm_connections, [&](const CmConnectionTable::Entry& entry) {
+    return entry.agent_qpn == agent_qpn && entry.local_comm_id == local_comm_id;
+  });
 }
 
 bool cm_connections_recorded(DeviceMemory& memory) {
@@ -118,8 +132,7 @@ std::vector<CmConnectionTable::Entry> due_orphan_dreqs(DeviceMemory& memory,
     } else if (now_ns < entry.next_dreq_ns) {
       continue;
     } else if (entry.dreqs_left-- == 0) {
-      entry = {};  // no DREP came: the kernel's CM gives up too
-      table.in_use.fetch_sub(1, std::memory_order_relaxed);
+      free_connection(table, entry);  // no DREP came: the kernel's CM gives up too
       continue;
     }
     entry.next_dreq_ns = now_ns + resend_ns;
@@ -132,17 +145,10 @@ namespace {
 
 // A DREP for the DREQ of a connection whose process died: it is answered.
 void settle_orphan_dreq(DeviceMemory& memory, uint32_t local_comm_id, uint32_t remote_comm_id) {
-  CmConnectionTable& table = memory.shared().cm_connections;
   if (!cm_connections_recorded(memory)) return;
-  SharedLock lock(table.lock);
-  for (uint32_t i = 0; i < table.high_water; ++i) {
-    CmConnectionTable::Entry& entry = table.entries[i];
-    if (entry.agent_qpn == 0 || !entry.announcing || entry.local_comm_id != local_comm_id ||
-        entry.remote_comm_id != remote_comm_id)
-      continue;
-    entry = {};
-    table.in_use.fetch_sub(1, std::memory_order_relaxed);
-  }
+  free_connections_where(memory.shared().cm_connections, [&](const CmConnectionTable::Entry& entry) {
+    return entry.announcing && entry.local_comm_id == local_comm_id && entry.remote_comm_id == remote_comm_id;
+  });
 }
 
 }  // namespace
