@@ -19,8 +19,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
+
+#include "device/device_snapshot.h"
 
 namespace softverbs::preload {
 
@@ -68,6 +72,7 @@ struct Device {
   std::string firmware;
   uint8_t node_type = 0;
   std::vector<Port> ports;
+  std::string memory_file;  // a softverbs device's memory; empty for a real device
 };
 
 std::string first_line(const std::string& path) {
@@ -102,6 +107,23 @@ uint64_t guid_of(const std::string& text) {
 // "4: ACTIVE" -> 4
 uint8_t leading_number(const std::string& text) { return static_cast<uint8_t>(std::atoi(text.c_str())); }
 
+// A softverbs device's sysfs directory holds its record (softverbs.conf),
+// whose runtime_dir holds its memory; a real device's holds no record.
+std::string memory_file_of(const std::string& device_dir) {
+  std::string name, runtime_dir;
+  if (FILE* file = std::fopen((device_dir + "/softverbs.conf").c_str(), "re")) {
+    char buffer[4096];
+    while (std::fgets(buffer, sizeof buffer, file) != nullptr) {
+      std::string line = buffer;
+      while (!line.empty() && line.back() == '\n') line.pop_back();
+      if (line.starts_with("name=")) name = line.substr(5);
+      if (line.starts_with("runtime_dir=")) runtime_dir = line.substr(12);
+    }
+    std::fclose(file);
+  }
+  return name.empty() || runtime_dir.empty() ? std::string() : runtime_dir + "/" + name + ".mem";
+}
+
 // Indexes follow the names' order, so they stay the same between the
 // program's requests.
 std::vector<Device> read_devices() {
@@ -117,6 +139,7 @@ std::vector<Device> read_devices() {
     device.system_image_guid = guid_of(first_line(dir + "/sys_image_guid"));
     device.firmware = first_line(dir + "/fw_ver");
     device.node_type = leading_number(first_line(dir + "/node_type"));
+    device.memory_file = memory_file_of(dir);
     for (const std::string& number : names_in(dir + "/ports")) {
       Port port;
       port.number = static_cast<uint32_t>(std::strtoul(number.c_str(), nullptr, 10));
@@ -157,6 +180,16 @@ class Message {
   void put_u32(uint16_t type, uint32_t value) { put(type, &value, sizeof value); }
   void put_u64(uint16_t type, uint64_t value) { put(type, &value, sizeof value); }
   void put_string(uint16_t type, const std::string& value) { put(type, value.c_str(), value.size() + 1); }
+  // A nested attribute: its members follow, then end_nest closes it.
+  size_t begin_nest(uint16_t type) {
+    const size_t at = bytes_.size();
+    put(static_cast<uint16_t>(type | NLA_F_NESTED), nullptr, 0);
+    return at;
+  }
+  void end_nest(size_t at) {
+    const auto length = static_cast<uint16_t>(bytes_.size() - at);
+    std::memcpy(bytes_.data() + at + offsetof(nlattr, nla_len), &length, sizeof length);
+  }
   void append(const void* data, size_t length) {
     const auto* first = static_cast<const uint8_t*>(data);
     bytes_.insert(bytes_.end(), first, first + length);
@@ -208,6 +241,103 @@ std::vector<uint8_t> port_message(const Device& device, const Port& port, uint16
   return message.finish();
 }
 
+// ---- what the device holds and counts (its memory, read-only) ----------------
+
+// The kernel's enum ib_qp_type, as RDMA_NLDEV_ATTR_RES_TYPE carries it.
+uint8_t kernel_qp_type(const QpSnapshot& qp) {
+  constexpr uint8_t kGsi = 1, kRc = 2, kUc = 3, kUd = 4, kXrcInitiator = 9, kXrcTarget = 10;
+  if (qp.cm_agent) return kGsi;
+  if (qp.xrc == XrcRole::Send) return kXrcInitiator;
+  if (qp.xrc == XrcRole::Recv) return kXrcTarget;
+  switch (qp.type) {
+    case QpType::Rc:
+      return kRc;
+    case QpType::Uc:
+      return kUc;
+    case QpType::Ud:
+      return kUd;
+  }
+  return kUd;
+}
+
+void put_device(Message& message, const Device& device) {
+  message.put_u32(RDMA_NLDEV_ATTR_DEV_INDEX, device.index);
+  message.put_string(RDMA_NLDEV_ATTR_DEV_NAME, device.name);
+}
+
+// RDMA_NLDEV_CMD_RES_GET: how many objects of each kind the device holds.
+std::vector<uint8_t> summary_message(const Device& device, const DeviceSnapshot& snapshot, const nlmsghdr& request) {
+  Message message(request.nlmsg_type, 0, request.nlmsg_seq, request.nlmsg_pid);
+  put_device(message, device);
+  const size_t table = message.begin_nest(RDMA_NLDEV_ATTR_RES_SUMMARY);
+  for (const auto& [name, count] : {std::pair<const char*, uint64_t>{"cq", snapshot.cqs},
+                                    {"qp", snapshot.qps.size()},
+                                    {"mr", snapshot.mrs},
+                                    {"srq", snapshot.srqs},
+                                    {"ctx", snapshot.processes}}) {
+    const size_t entry = message.begin_nest(RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY);
+    message.put_string(RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY_NAME, name);
+    message.put_u64(RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY_CURR, count);
+    message.end_nest(entry);
+  }
+  message.end_nest(table);
+  return message.finish();
+}
+
+// RDMA_NLDEV_CMD_RES_QP_GET, a dump: the QPs, a few dozen to a message so
+// that each fits the tool's receive buffer.
+std::vector<std::vector<uint8_t>> qp_messages(const Device& device, const DeviceSnapshot& snapshot,
+                                              const nlmsghdr& request) {
+  constexpr size_t kQpsPerMessage = 32;
+  std::vector<std::vector<uint8_t>> messages;
+  for (size_t first = 0; first < snapshot.qps.size(); first += kQpsPerMessage) {
+    Message message(request.nlmsg_type, NLM_F_MULTI, request.nlmsg_seq, request.nlmsg_pid);
+    put_device(message, device);
+    const size_t table = message.begin_nest(RDMA_NLDEV_ATTR_RES_QP);
+    for (size_t i = first; i < std::min(snapshot.qps.size(), first + kQpsPerMessage); ++i) {
+      const QpSnapshot& qp = snapshot.qps[i];
+      const uint8_t type = kernel_qp_type(qp);
+      const size_t entry = message.begin_nest(RDMA_NLDEV_ATTR_RES_QP_ENTRY);
+      message.put_u32(RDMA_NLDEV_ATTR_PORT_INDEX, 1);
+      message.put_u32(RDMA_NLDEV_ATTR_RES_LQPN, qp.qpn);
+      // As the kernel: a connected QP's remote QPN, receive PSN and path
+      // migration state (always migrated: no alternate paths).
+      if (qp.type != QpType::Ud && !qp.cm_agent) {
+        message.put_u32(RDMA_NLDEV_ATTR_RES_RQPN, qp.dest_qpn);
+        message.put_u32(RDMA_NLDEV_ATTR_RES_RQ_PSN, qp.rq_psn);
+        message.put_u8(RDMA_NLDEV_ATTR_RES_PATH_MIG_STATE, 0);
+      }
+      message.put_u32(RDMA_NLDEV_ATTR_RES_SQ_PSN, qp.sq_psn);
+      message.put_u8(RDMA_NLDEV_ATTR_RES_TYPE, type);
+      message.put_u8(RDMA_NLDEV_ATTR_RES_STATE, static_cast<uint8_t>(qp.state));
+      message.put_u32(RDMA_NLDEV_ATTR_RES_PID, static_cast<uint32_t>(qp.pid));
+      message.put_u32(RDMA_NLDEV_ATTR_RES_PDN, qp.pd_handle);
+      message.end_nest(entry);
+    }
+    message.end_nest(table);
+    messages.push_back(message.finish());
+  }
+  return messages;
+}
+
+// RDMA_NLDEV_CMD_STAT_GET of a port: the device's counters, as an HCA's
+// port hardware counters.
+std::vector<uint8_t> counters_message(const Device& device, uint32_t port, const DeviceSnapshot& snapshot,
+                                      const nlmsghdr& request) {
+  Message message(request.nlmsg_type, 0, request.nlmsg_seq, request.nlmsg_pid);
+  put_device(message, device);
+  message.put_u32(RDMA_NLDEV_ATTR_PORT_INDEX, port);
+  const size_t table = message.begin_nest(RDMA_NLDEV_ATTR_STAT_HWCOUNTERS);
+  for (const auto& [name, value] : snapshot.counters) {
+    const size_t entry = message.begin_nest(RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY);
+    message.put_string(RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_NAME, name);
+    message.put_u64(RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_VALUE, value);
+    message.end_nest(entry);
+  }
+  message.end_nest(table);
+  return message.finish();
+}
+
 std::vector<uint8_t> error_message(int error, const nlmsghdr& request) {
   Message message(NLMSG_ERROR, 0, request.nlmsg_seq, request.nlmsg_pid);
   const int32_t code = -error;
@@ -223,25 +353,67 @@ std::vector<uint8_t> done_message(const nlmsghdr& request) {
   return message.finish();
 }
 
-// The u32 attribute `type` of a request, if it has it.
-bool u32_attribute(const nlmsghdr& request, uint16_t type, uint32_t* value) {
+// The payload of a request's attribute `type`, if it has it.
+std::optional<std::span<const uint8_t>> find_attribute(const nlmsghdr& request, uint16_t type) {
   const auto* bytes = reinterpret_cast<const uint8_t*>(&request);
   size_t at = NLMSG_HDRLEN;
   while (at + NLA_HDRLEN <= request.nlmsg_len) {
     nlattr attribute;
     std::memcpy(&attribute, bytes + at, sizeof attribute);
-    if (attribute.nla_len < NLA_HDRLEN || at + attribute.nla_len > request.nlmsg_len) return false;
-    if ((attribute.nla_type & NLA_TYPE_MASK) == type && attribute.nla_len == NLA_HDRLEN + sizeof(uint32_t)) {
-      std::memcpy(value, bytes + at + NLA_HDRLEN, sizeof *value);
-      return true;
-    }
+    if (attribute.nla_len < NLA_HDRLEN || at + attribute.nla_len > request.nlmsg_len) return std::nullopt;
+    if ((attribute.nla_type & NLA_TYPE_MASK) == type)
+      return std::span<const uint8_t>(bytes + at + NLA_HDRLEN, attribute.nla_len - NLA_HDRLEN);
     at += NLA_ALIGN(attribute.nla_len);
   }
-  return false;
+  return std::nullopt;
+}
+
+bool has_attribute(const nlmsghdr& request, uint16_t type) { return find_attribute(request, type).has_value(); }
+
+// The u32 attribute `type` of a request, if it has it.
+bool u32_attribute(const nlmsghdr& request, uint16_t type, uint32_t* value) {
+  const auto payload = find_attribute(request, type);
+  if (!payload || payload->size() != sizeof *value) return false;
+  std::memcpy(value, payload->data(), sizeof *value);
+  return true;
+}
+
+// The answers to RES_GET, RES_QP_GET and STAT_GET about a softverbs device,
+// from its memory; nullopt where softverbs does not answer the request (a
+// real device, per-QP counters, counter modes).
+std::optional<std::vector<std::vector<uint8_t>>> resource_answers(const nlmsghdr& request, const Device& device,
+                                                                  bool dump, bool acknowledge) {
+  const uint16_t type = request.nlmsg_type;
+  const bool summary = type == nldev_type(RDMA_NLDEV_CMD_RES_GET) && !dump;
+  const bool qps = type == nldev_type(RDMA_NLDEV_CMD_RES_QP_GET) && dump;
+  const bool counters =
+      type == nldev_type(RDMA_NLDEV_CMD_STAT_GET) && !dump && !has_attribute(request, RDMA_NLDEV_ATTR_STAT_MODE) &&
+      !has_attribute(request, RDMA_NLDEV_ATTR_STAT_RES) && !has_attribute(request, RDMA_NLDEV_ATTR_STAT_COUNTER_ID);
+  if ((!summary && !qps && !counters) || device.memory_file.empty()) return std::nullopt;
+  std::string error;
+  const std::optional<DeviceSnapshot> snapshot = read_device_snapshot(device.memory_file, &error);
+  if (!snapshot) return std::vector<std::vector<uint8_t>>{error_message(ENODEV, request)};
+  std::vector<std::vector<uint8_t>> answers;
+  if (summary) answers.push_back(summary_message(device, *snapshot, request));
+  if (counters) {
+    uint32_t port = 0;
+    u32_attribute(request, RDMA_NLDEV_ATTR_PORT_INDEX, &port);
+    if (std::none_of(device.ports.begin(), device.ports.end(), [&](const Port& p) { return p.number == port; }))
+      return std::vector<std::vector<uint8_t>>{error_message(EINVAL, request)};
+    answers.push_back(counters_message(device, port, *snapshot, request));
+  }
+  if (qps) {
+    answers = qp_messages(device, *snapshot, request);
+    answers.push_back(done_message(request));
+  } else if (acknowledge) {
+    answers.push_back(error_message(0, request));
+  }
+  return answers;
 }
 
 // The kernel's answers to one request: GET and PORT_GET, one object or a
-// dump; anything else is not supported.
+// dump; a softverbs device's resources and counters; anything else is not
+// supported.
 std::vector<std::vector<uint8_t>> answers_to(const nlmsghdr& request) {
   std::vector<std::vector<uint8_t>> answers;
   const bool dump = (request.nlmsg_flags & NLM_F_DUMP) == NLM_F_DUMP;
@@ -272,6 +444,9 @@ std::vector<std::vector<uint8_t>> answers_to(const nlmsghdr& request) {
       answers.push_back(port_message(*device, *port, 0, request));
       if (acknowledge) answers.push_back(error_message(0, request));
     }
+  } else if (auto resources =
+                 device != devices.end() ? resource_answers(request, *device, dump, acknowledge) : std::nullopt) {
+    answers = std::move(*resources);
   } else {
     answers.push_back(error_message(EOPNOTSUPP, request));
   }

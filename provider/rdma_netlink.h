@@ -1,9 +1,10 @@
 // RDMA netlink for the tools that ask it about devices: iproute2's `rdma dev`
 // and `rdma link` (which rdma-core 56's pyverbs tests run to find a port's
-// network device). Where the kernel has no RDMA netlink (no ib_core), the
-// preload gives such a program a netlink socket of the user-socket family and
-// answers its device and port queries itself, from the sysfs tree the program
-// sees. libibverbs' own queries, which go through libnl, are still refused,
+// network device), `rdma resource` and `rdma statistic`. Where the kernel has
+// no RDMA netlink (no ib_core), the preload gives such a program a netlink
+// socket of the user-socket family and answers its device and port queries
+// itself, from the sysfs tree the program sees, and a softverbs device's
+// resources and counters from its memory (device_snapshot.h). libibverbs' own queries, which go through libnl, are still refused,
 // so that it scans that tree (see preload.cpp).
 #pragma once
 

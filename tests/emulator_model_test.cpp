@@ -6,10 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "device/device_attributes.h"
 #include "device/device_limits.h"
+#include "device/device_memory.h"
+#include "device/device_snapshot.h"
 #include "device/transport_counters.h"
 #include "host/device_config.h"
 #include "host/device_registry.h"
@@ -50,6 +54,66 @@ TEST(TransportCounters, EachProcessAddsToItsOwnSlotAndTheDeviceSumsThem) {
   counters->reset();
   EXPECT_EQ(counters->get(Counter::RxPackets), 0u);
   EXPECT_EQ(counters->get(Counter::TxBytes), 0u);
+}
+
+// What `rdma resource` and `rdma statistic` are answered from: a read-only
+// look that sees the live QPs and the counters, and refuses a file that is
+// no device memory of this version with a reason.
+TEST(DeviceSnapshot, SeesLiveQpsAndCountersAndRefusesOtherFiles) {
+  TemporaryDirectory dir;
+  const fs::path file = dir.path() + "/softverbs0.mem";
+  std::string error;
+  auto memory = DeviceMemory::open(file, &error);
+  ASSERT_TRUE(memory) << error;
+  memory->shared().counters.claim(getpid()).add(Counter::RxPackets, 7);
+  const int index = memory->allocate_qp();
+  ASSERT_GE(index, 0);
+  QpRecord& qp = memory->shared().qps[index];
+  qp.type = QpType::Uc;
+  qp.attributes.dest_qpn = 0x1234;
+  qp.attributes.sq_psn = 99;
+  set_state(qp, QpState::Rts);
+
+  auto snapshot = read_device_snapshot(file, &error);
+  ASSERT_TRUE(snapshot) << error;
+  ASSERT_EQ(snapshot->qps.size(), 1u);
+  EXPECT_EQ(snapshot->qps[0].qpn, qp.qpn);
+  EXPECT_EQ(snapshot->qps[0].type, QpType::Uc);
+  EXPECT_EQ(snapshot->qps[0].state, QpState::Rts);
+  EXPECT_EQ(snapshot->qps[0].dest_qpn, 0x1234u);
+  EXPECT_EQ(snapshot->qps[0].sq_psn, 99u);
+  EXPECT_EQ(snapshot->qps[0].pid, getpid());
+  EXPECT_EQ(snapshot->processes, 1u);
+  ASSERT_EQ(snapshot->counters.size(), kCounterCount);
+  const auto rx = std::find_if(snapshot->counters.begin(), snapshot->counters.end(),
+                               [](const auto& counter) { return counter.first == "rx_packets"; });
+  ASSERT_NE(rx, snapshot->counters.end());
+  EXPECT_EQ(rx->second, 7u);
+
+  qp.live = 0;  // destroyed: no longer listed
+  snapshot = read_device_snapshot(file, &error);
+  ASSERT_TRUE(snapshot) << error;
+  EXPECT_TRUE(snapshot->qps.empty());
+
+  EXPECT_FALSE(read_device_snapshot(dir.path() + "/nosuchdevice.mem", &error));
+  EXPECT_NE(error.find("No such file or directory"), std::string::npos) << error;
+  // A device memory file of another layout version (sparse: only its header written).
+  const fs::path other = dir.path() + "/other.mem";
+  {
+    FILE* f = std::fopen(other.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    const uint64_t magic = kDeviceMemoryMagic;
+    const uint32_t wrong_version = kDeviceMemoryVersion + 1;
+    std::fwrite(&magic, sizeof magic, 1, f);
+    std::fwrite(&wrong_version, sizeof wrong_version, 1, f);
+    std::fclose(f);
+    fs::resize_file(other, sizeof(DeviceShared));
+  }
+  EXPECT_FALSE(read_device_snapshot(other, &error));
+  EXPECT_NE(error.find("not a softverbs device memory file of this version"), std::string::npos) << error;
+  fs::resize_file(other, 4096);
+  EXPECT_FALSE(read_device_snapshot(other, &error));
+  EXPECT_NE(error.find("too short"), std::string::npos) << error;
 }
 
 TEST(TransportCounters, ProcessesPastTheSlotsShareTheLastOne) {

@@ -797,5 +797,71 @@ TEST_F(UdpOnLoopback, SendWithInvalidateCarriesItsIethInTshark) {
   EXPECT_NE(scapy.out.find(", 0 bad"), std::string::npos) << scapy.out;
 }
 
+// iproute2's `rdma` where the kernel has no RDMA netlink: the preload answers
+// `rdma resource show [qp]` and `rdma statistic show` from the device's
+// memory. A pingpong server's QP is listed while it waits for its client;
+// once both are done no QP is, and the port's counters are the device's.
+TEST_F(UdpOnLoopback, IproutesRdmaToolShowsLiveQpsAndTheDevicesCounters) {
+  if (run_process({"sh", "-c", "command -v rdma"}).exit_code != 0) GTEST_SKIP() << "iproute2's rdma is not installed";
+  if (run_process({NETLINK_PROBE}).out.find("\nNETLINK_RDMA: ok") != std::string::npos)
+    GTEST_SKIP() << "this kernel has RDMA netlink (ib_core): `rdma` shows its devices, not softverbs'";
+  const std::string gid = ipv4_gid_index();
+  ASSERT_FALSE(gid.empty());
+  const std::vector<std::string> server = {"ibv_rc_pingpong",     "-d", "softverbs0", "-g", gid, "-p",
+                                           port_for("rdma_tool"), "-n", "500"};
+  std::vector<std::string> client = server;
+  client.push_back("127.0.0.1");
+  auto rdma = [&](std::vector<std::string> words) { return run_process(under_softverbs(std::move(words)), env_); };
+  auto background = std::async(std::launch::async, [&] { return run_process(under_softverbs(server), env_, 120); });
+
+  const std::regex server_qp(
+      R"re(\{"ifindex":1,"ifname":"softverbs0","port":1,"lqpn":\d+,"rqpn":\d+,"type":"RC","state":"INIT",.*"pid":\d+,"comm":"ibv_rc_pingpong"\})re");
+  ProcessResult qps;
+  for (int i = 0; i < 200 && !std::regex_search(qps.out, server_qp); ++i) {
+    qps = rdma({"rdma", "resource", "show", "qp", "-j"});
+    if (!std::regex_search(qps.out, server_qp)) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(std::regex_search(qps.out, server_qp)) << qps.out << qps.err;
+  ProcessResult summary = rdma({"rdma", "resource", "show"});
+  EXPECT_EQ(summary.exit_code, 0) << summary.err;
+  EXPECT_TRUE(std::regex_search(summary.out, std::regex(R"(^1: softverbs0: cq \d+ qp 1 mr \d+ srq 0 ctx 1)")))
+      << summary.out;
+
+  ProcessResult finished;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    finished = run_process(under_softverbs(client), env_, 120);
+    if (finished.exit_code == 0 || finished.err.find("Couldn't connect") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(finished.exit_code, 0) << finished.err;
+  EXPECT_EQ(background.get().exit_code, 0);
+
+  qps = rdma({"rdma", "resource", "show", "qp"});
+  EXPECT_EQ(qps.exit_code, 0) << qps.err;
+  EXPECT_EQ(qps.out, "") << "no process holds a QP any more";
+  summary = rdma({"rdma", "resource", "show"});
+  EXPECT_NE(summary.out.find("softverbs0: cq 0 qp 0 mr 0 srq 0 ctx 0"), std::string::npos) << summary.out;
+
+  // Every counter as `softverbs stat` shows it, in the kernel's hardware
+  // counter format; the 500 SENDs each way among them.
+  ProcessResult statistic = rdma({"rdma", "statistic", "show", "link", "softverbs0/1"});
+  ASSERT_EQ(statistic.exit_code, 0) << statistic.err;
+  const std::map<std::string, uint64_t> expected = counters();
+  ASSERT_FALSE(expected.empty());
+  EXPECT_GE(expected.at("tx_packets"), 2u * 500);
+  for (const auto& [name, value] : expected) {
+    if (name == "processes" || name == "qps" || name == "cqs" || name == "srqs" || name == "mrs" ||
+        name == "heap_bytes")
+      continue;  // what the device holds: `rdma resource show`
+    EXPECT_NE(statistic.out.find(" " + name + " " + std::to_string(value) + " "), std::string::npos)
+        << name << " " << value << " in: " << statistic.out;
+  }
+  EXPECT_TRUE(statistic.out.starts_with("link softverbs0/1 tx_packets ")) << statistic.out;
+  // Per-QP counters and counter modes are not emulated: refused, not made up.
+  ProcessResult per_qp = rdma({"rdma", "statistic", "qp", "show"});
+  EXPECT_NE(per_qp.exit_code, 0) << per_qp.out;
+  EXPECT_NE(per_qp.err.find("Operation not supported"), std::string::npos) << per_qp.err;
+}
+
 }  // namespace
 }  // namespace softverbs

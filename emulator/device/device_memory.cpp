@@ -21,8 +21,6 @@ namespace softverbs {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x736f667476726273ull;  // "softvrbs"
-constexpr uint32_t kVersion = 22;
 // Sparse: pages are committed only as rings and queues use them, so the
 // heap can hold rings as large as the device allows (a 4 Mi-entry CQ is
 // 256 MiB of address space).
@@ -67,9 +65,9 @@ void initialize(DeviceShared* shared, uint64_t total_size) {
   shared->heap_start = round_up(sizeof(DeviceShared), 4096);
   shared->heap_next = shared->heap_start;
   shared->heap_end = total_size;
-  shared->version = kVersion;
+  shared->version = kDeviceMemoryVersion;
   std::atomic_thread_fence(std::memory_order_release);
-  shared->magic = kMagic;
+  shared->magic = kDeviceMemoryMagic;
 }
 
 }  // namespace
@@ -121,7 +119,7 @@ std::shared_ptr<DeviceMemory> DeviceMemory::open_or_recreate(const std::filesyst
   }
   auto* shared = static_cast<DeviceShared*>(base);
   if (fresh) initialize(shared, total);
-  bool valid = shared->magic == kMagic && shared->version == kVersion;
+  bool valid = shared->magic == kDeviceMemoryMagic && shared->version == kDeviceMemoryVersion;
   flock(fd, LOCK_UN);
   close(fd);
   if (!valid) {

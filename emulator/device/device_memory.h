@@ -189,6 +189,11 @@ inline void set_state(QpRecord& qp, QpState state) {
   std::atomic_ref<QpState>(qp.state).store(state, std::memory_order_release);
 }
 
+// What a device memory file begins with: a file of another layout is
+// refused (or replaced when no process uses it).
+inline constexpr uint64_t kDeviceMemoryMagic = 0x736f667476726273ull;  // "softvrbs"
+inline constexpr uint32_t kDeviceMemoryVersion = 22;
+
 struct DeviceShared {
   uint64_t magic = 0;
   uint32_t version = 0;

@@ -1,0 +1,105 @@
+#include "device/device_snapshot.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "device/device_memory.h"
+
+namespace softverbs {
+
+namespace {
+
+// The file's DeviceShared, mapped read-only for as long as it lives.
+class ReadOnlyMapping {
+ public:
+  explicit ReadOnlyMapping(const std::filesystem::path& path, std::string* error) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      *error = path.string() + ": " + std::strerror(errno);
+      return;
+    }
+    struct stat status {};
+    if (fstat(fd, &status) != 0 || static_cast<size_t>(status.st_size) < sizeof(DeviceShared)) {
+      *error = path.string() + " is too short for a softverbs device memory file";
+    } else {
+      void* base = mmap(nullptr, sizeof(DeviceShared), PROT_READ, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED)
+        *error = path.string() + ": " + std::strerror(errno);
+      else
+        shared_ = static_cast<const DeviceShared*>(base);
+    }
+    ::close(fd);
+  }
+  ~ReadOnlyMapping() {
+    if (shared_ != nullptr) munmap(const_cast<DeviceShared*>(shared_), sizeof(DeviceShared));
+  }
+  ReadOnlyMapping(const ReadOnlyMapping&) = delete;
+  ReadOnlyMapping& operator=(const ReadOnlyMapping&) = delete;
+
+  const DeviceShared* shared() const { return shared_; }
+
+ private:
+  const DeviceShared* shared_ = nullptr;
+};
+
+template <typename T>
+T load(const T& field) {
+  return std::atomic_ref<T>(const_cast<T&>(field)).load(std::memory_order_acquire);
+}
+
+}  // namespace
+
+std::optional<DeviceSnapshot> read_device_snapshot(const std::filesystem::path& memory_file, std::string* error) {
+  ReadOnlyMapping mapping(memory_file, error);
+  const DeviceShared* shared = mapping.shared();
+  if (shared == nullptr) return std::nullopt;
+  if (load(shared->magic) != kDeviceMemoryMagic || load(shared->version) != kDeviceMemoryVersion) {
+    *error = memory_file.string() + " is not a softverbs device memory file of this version";
+    return std::nullopt;
+  }
+  DeviceSnapshot snapshot;
+  for (size_t i = 0; i < kCounterCount; ++i)
+    snapshot.counters.emplace_back(kCounterNames[i], shared->counters.get(static_cast<Counter>(i)));
+  const ProcessTable& processes = shared->processes;
+  for (int slot = 0; slot < ProcessTable::kCapacity; ++slot) {
+    if (!processes.alive(slot)) continue;
+    ++snapshot.processes;
+    snapshot.mrs += shared->mrs.owned_by(slot);
+  }
+  auto owner_lives = [&](uint32_t live, int32_t owner_process) { return live != 0 && processes.alive(owner_process); };
+  const uint32_t cq_marks = std::min<uint32_t>(load(shared->cq_high_water), limits::kMaxCq);
+  for (uint32_t i = 0; i < cq_marks; ++i)
+    snapshot.cqs += owner_lives(load(shared->cqs[i].live), load(shared->cqs[i].owner_process));
+  const uint32_t srq_marks = std::min<uint32_t>(load(shared->srq_high_water), limits::kMaxSrq);
+  for (uint32_t i = 0; i < srq_marks; ++i)
+    snapshot.srqs += owner_lives(load(shared->srqs[i].live), load(shared->srqs[i].owner_process));
+  const uint32_t qp_marks = std::min<uint32_t>(load(shared->qp_high_water), limits::kMaxQp);
+  for (uint32_t i = 0; i < qp_marks; ++i) {
+    const QpRecord& record = shared->qps[i];
+    if (!owner_lives(load(record.live), load(record.owner_process))) continue;
+    QpSnapshot qp;
+    qp.qpn = load(record.qpn);
+    qp.dest_qpn = load(record.attributes.dest_qpn);
+    qp.sq_psn = load(record.attributes.sq_psn);
+    qp.rq_psn = load(record.attributes.rq_psn);
+    qp.pd_handle = load(record.pd_handle);
+    qp.pid = load(record.owner_pid);
+    qp.state = load(record.state);
+    qp.type = load(record.type);
+    qp.xrc = load(record.xrc);
+    qp.cm_agent = load(record.gsi_agent) != 0;
+    snapshot.qps.push_back(qp);
+  }
+  std::sort(snapshot.qps.begin(), snapshot.qps.end(),
+            [](const QpSnapshot& a, const QpSnapshot& b) { return a.qpn < b.qpn; });
+  return snapshot;
+}
+
+}  // namespace softverbs

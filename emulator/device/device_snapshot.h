@@ -1,0 +1,45 @@
+// A read-only look at a device's memory for a program that does not use the
+// device: the preload answers iproute2's `rdma statistic` and `rdma
+// resource` from it (provider/rdma_netlink.cpp). Nothing is written or
+// locked, so a program that only looks cannot disturb the device; what it
+// sees may be a moment old, as the kernel's answers are.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "device/qp_state_machine.h"
+
+namespace softverbs {
+
+struct QpSnapshot {
+  uint32_t qpn = 0;
+  uint32_t dest_qpn = 0;
+  uint32_t sq_psn = 0;
+  uint32_t rq_psn = 0;
+  uint32_t pd_handle = 0;
+  int32_t pid = 0;
+  QpState state = QpState::Reset;
+  QpType type = QpType::Rc;
+  XrcRole xrc = XrcRole::None;
+  bool cm_agent = false;  // the rdma_cm shim's QP1 stand-in (a UD QP)
+};
+
+struct DeviceSnapshot {
+  // Every transport counter, summed over the processes that used the device.
+  std::vector<std::pair<std::string, uint64_t>> counters;
+  // The objects of live processes: an exited process's are not counted,
+  // whether or not they were reclaimed yet.
+  uint64_t processes = 0, cqs = 0, srqs = 0, mrs = 0;
+  std::vector<QpSnapshot> qps;  // by QPN
+};
+
+// nullopt, with the reason in `error`, when `memory_file` cannot be read or
+// is no device memory of this softverbs version.
+std::optional<DeviceSnapshot> read_device_snapshot(const std::filesystem::path& memory_file, std::string* error);
+
+}  // namespace softverbs
