@@ -3,8 +3,8 @@
 // through the rdma_cm), libfabric's verbs provider (fi_pingpong, with data
 // checks), Open MPI over each and MPICH over UCX (MPI programs of ours: a
 // ping-pong from 8 B to 4 MiB checked byte by byte and an allreduce;
-// one-sided puts, gets and atomics), OpenSHMEM over UCX, and iSER storage
-// (tgtd serving libiscsi). Each test
+// one-sided puts, gets and atomics), OpenSHMEM over UCX, iSER storage
+// (tgtd serving libiscsi) and QEMU's RDMA live migration. Each test
 // brings up a device of its own, shared memory (softverbs0 on lo) or RoCEv2
 // over UDP, and starts every program through `softverbs run`, as a user
 // would; the transport is chosen with the libraries' own settings (UCX_TLS,
@@ -419,6 +419,34 @@ TEST_P(Middleware, IserTargetServesLibiscsi) {
   EXPECT_NE(pair.client.out.find("Total size:16777216"), std::string::npos) << pair.client.out;
   EXPECT_NE(pair.client.out.find("checked 2097152 bytes"), std::string::npos) << pair.client.err << pair.client.out;
   EXPECT_EQ(pair.server.exit_code, 0) << pair.server.err;
+}
+
+// QEMU's RDMA live migration, unmodified: a running guest moves to a QEMU
+// waiting with -incoming rdma:127.0.0.1:PORT, its pages chunk by chunk and
+// then all of its memory registered up front (rdma-pin-all), and the two
+// guests' memory is compared byte by byte (scripts/qemu_rdma_migration.py).
+TEST_P(Middleware, QemuLiveMigrationOverRdmaMovesTheGuestByteExact) {
+  if (!in_path("qemu-system-x86_64"))
+    GTEST_SKIP() << "qemu-system-x86 is not installed (scripts/install-deps installs it)";
+  int round = 0;
+  for (const std::string mode : {"", "pin-all"}) {
+    const std::string work = dir_.path() + "/qemu" + std::to_string(round);
+    ASSERT_EQ(run_process({"mkdir", "-p", work}).exit_code, 0);
+    // Apart from the other tests' ports, and from the last run's, which may linger.
+    const std::string port = std::to_string(21000 + (getpid() * 2 + round++) % 8000);
+    std::vector<std::string> command = {"python3", QEMU_MIGRATION_SCRIPT, SOFTVERBS_CLI, work, port};
+    if (!mode.empty()) command.push_back(mode);
+    const ProcessResult r = run_process(command, env(), 120);
+    const std::string logs = test::read_file(work + "/source.log") + test::read_file(work + "/destination.log");
+    EXPECT_EQ(r.exit_code, 0) << mode << ": " << r.out << r.err << logs;
+    EXPECT_NE(r.out.find("migrated 134217728 bytes of guest memory byte-exact"), std::string::npos) << r.out;
+    EXPECT_NE(logs.find("RDMA Device opened: kernel name softverbs0"), std::string::npos) << logs;
+  }
+  if (std::string(GetParam().name) == "udp") {
+    // The random 16 MiB went twice as RoCEv2 (once in each mode).
+    const auto counters = test::parse_counters(run_process({SOFTVERBS_CLI, "stat", "softverbs0"}, env()).out);
+    EXPECT_GE(counters.at("rx_bytes"), uint64_t{2} * (16 << 20));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Middleware, ::testing::Values(Transport{"shm", "auto"}, Transport{"udp", "udp"}),
