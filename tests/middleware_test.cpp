@@ -4,7 +4,8 @@
 // checks), Open MPI over each and MPICH over UCX (MPI programs of ours: a
 // ping-pong from 8 B to 4 MiB checked byte by byte and an allreduce;
 // one-sided puts, gets and atomics), OpenSHMEM over UCX, iSER storage
-// (tgtd serving libiscsi) and QEMU's RDMA live migration. Each test
+// (tgtd serving libiscsi), uDAPL's tests and QEMU's RDMA live migration.
+// Each test
 // brings up a device of its own, shared memory (softverbs0 on lo) or RoCEv2
 // over UDP, and starts every program through `softverbs run`, as a user
 // would; the transport is chosen with the libraries' own settings (UCX_TLS,
@@ -419,6 +420,53 @@ TEST_P(Middleware, IserTargetServesLibiscsi) {
   EXPECT_NE(pair.client.out.find("Total size:16777216"), std::string::npos) << pair.client.out;
   EXPECT_NE(pair.client.out.find("checked 2097152 bytes"), std::string::npos) << pair.client.err << pair.client.out;
   EXPECT_EQ(pair.server.exit_code, 0) << pair.server.err;
+}
+
+// uDAPL (libdapl2's rdma_cm provider, libdaplofa) and its test programs from
+// dapl2-utils: dtest (SENDs and RDMA WRITEs and READs, checked), dtestx (the
+// IB extensions: immediate data, atomics), dtestsrq (an SRQ), and dapltest's
+// transaction test with data validation (-V) and its RDMA WRITE performance
+// test, all through the rdma_cm on lo's address.
+TEST_P(Middleware, UdaplTestsOverTheRdmaCm) {
+  if (!in_path("dtest") || !in_path("dapltest"))
+    GTEST_SKIP() << "dapl2-utils is not installed (scripts/install-deps installs it)";
+  const std::string conf = dir_.path() + "/dat.conf";
+  {
+    std::ofstream out(conf);
+    out << "ofa-v2-softverbs u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"lo 0\" \"\"\n";
+  }
+  std::vector<std::string> environment = env();
+  environment.push_back("DAT_OVERRIDE=" + conf);
+  const std::string runtime = dir_.path() + "/rt";
+  for (const char* program : {"dtest", "dtestx", "dtestsrq"}) {
+    // dtest's and dtestx's servers send the client their parameters over
+    // TCP (port 15828) before they listen on the rdma_cm; dtestsrq's only listen.
+    const bool over_tcp_first = std::string(program) != "dtestsrq";
+    auto pair = run_server_client(
+        under_softverbs({program, "-P", "ofa-v2-softverbs", "-s"}),
+        under_softverbs({program, "-P", "ofa-v2-softverbs", "-h", "127.0.0.1"}), environment,
+        [&] { return over_tcp_first ? listening_on(15828) : test::rdmacm_listening(runtime); }, 120);
+    EXPECT_EQ(pair.client.exit_code, 0) << program << ":\n" << pair.client.out << pair.client.err;
+    EXPECT_EQ(pair.server.exit_code, 0) << program << ":\n" << pair.server.out << pair.server.err;
+    const std::string text = pair.client.out + pair.server.out;
+    EXPECT_EQ(text.find("FAILED"), std::string::npos) << program << ":\n" << text;
+    EXPECT_NE(text.find(std::string(program) == "dtestsrq" ? "SRQ Test Complete" : "PASSED"), std::string::npos)
+        << program << ":\n"
+        << text;
+  }
+  // -T comes first; the quit test stops the server whatever the others did.
+  auto dapltest = [](const std::string& test) { return "dapltest -T " + test + " -D ofa-v2-softverbs -s 127.0.0.1 "; };
+  const std::string client = dapltest("T") +
+                             "-i 500 -t 2 -w 4 -V client SR 4096 2 server SR 4096 2 client RW 8192 1 server RR 4096 1 "
+                             "&& " +
+                             dapltest("P") + "-i 1000 RW 4096 4; status=$?; " + dapltest("Q") + "; exit $status";
+  auto pair = run_server_client(
+      under_softverbs({"dapltest", "-T", "S", "-D", "ofa-v2-softverbs"}), under_softverbs({"sh", "-c", client}),
+      environment, [&] { return test::rdmacm_listening(runtime); }, 120);
+  EXPECT_EQ(pair.client.exit_code, 0) << pair.client.out << pair.client.err;
+  EXPECT_EQ(pair.server.exit_code, 0) << pair.server.out << pair.server.err;
+  EXPECT_NE(pair.client.out.find("Total RDMA Write"), std::string::npos) << pair.client.out;
+  EXPECT_NE(pair.client.out.find("raw: RW, 1000, 4096, 4,"), std::string::npos) << pair.client.out;
 }
 
 // QEMU's RDMA live migration, unmodified: a running guest moves to a QEMU
