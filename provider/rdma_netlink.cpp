@@ -265,22 +265,36 @@ void put_device(Message& message, const Device& device) {
   message.put_string(RDMA_NLDEV_ATTR_DEV_NAME, device.name);
 }
 
+// A nested table of named u64 values, the shape of both the resource
+// summary and the hardware counters.
+struct NamedValueAttributes {
+  uint16_t table, entry, name, value;
+};
+void put_named_values(Message& message, const NamedValueAttributes& types,
+                      std::span<const std::pair<std::string, uint64_t>> values) {
+  const size_t table = message.begin_nest(types.table);
+  for (const auto& [name, value] : values) {
+    const size_t entry = message.begin_nest(types.entry);
+    message.put_string(types.name, name);
+    message.put_u64(types.value, value);
+    message.end_nest(entry);
+  }
+  message.end_nest(table);
+}
+
 // RDMA_NLDEV_CMD_RES_GET: how many objects of each kind the device holds.
 std::vector<uint8_t> summary_message(const Device& device, const DeviceSnapshot& snapshot, const nlmsghdr& request) {
   Message message(request.nlmsg_type, 0, request.nlmsg_seq, request.nlmsg_pid);
   put_device(message, device);
-  const size_t table = message.begin_nest(RDMA_NLDEV_ATTR_RES_SUMMARY);
-  for (const auto& [name, count] : {std::pair<const char*, uint64_t>{"cq", snapshot.cqs},
-                                    {"qp", snapshot.qps.size()},
-                                    {"mr", snapshot.mrs},
-                                    {"srq", snapshot.srqs},
-                                    {"ctx", snapshot.processes}}) {
-    const size_t entry = message.begin_nest(RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY);
-    message.put_string(RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY_NAME, name);
-    message.put_u64(RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY_CURR, count);
-    message.end_nest(entry);
-  }
-  message.end_nest(table);
+  const std::pair<std::string, uint64_t> counts[] = {{"cq", snapshot.cqs},
+                                                     {"qp", snapshot.qps.size()},
+                                                     {"mr", snapshot.mrs},
+                                                     {"srq", snapshot.srqs},
+                                                     {"ctx", snapshot.processes}};
+  put_named_values(message,
+                   {RDMA_NLDEV_ATTR_RES_SUMMARY, RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY,
+                    RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY_NAME, RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY_CURR},
+                   counts);
   return message.finish();
 }
 
@@ -327,14 +341,10 @@ std::vector<uint8_t> counters_message(const Device& device, uint32_t port, const
   Message message(request.nlmsg_type, 0, request.nlmsg_seq, request.nlmsg_pid);
   put_device(message, device);
   message.put_u32(RDMA_NLDEV_ATTR_PORT_INDEX, port);
-  const size_t table = message.begin_nest(RDMA_NLDEV_ATTR_STAT_HWCOUNTERS);
-  for (const auto& [name, value] : snapshot.counters) {
-    const size_t entry = message.begin_nest(RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY);
-    message.put_string(RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_NAME, name);
-    message.put_u64(RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_VALUE, value);
-    message.end_nest(entry);
-  }
-  message.end_nest(table);
+  put_named_values(message,
+                   {RDMA_NLDEV_ATTR_STAT_HWCOUNTERS, RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY,
+                    RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_NAME, RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_VALUE},
+                   snapshot.counters);
   return message.finish();
 }
 
