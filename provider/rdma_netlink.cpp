@@ -241,6 +241,21 @@ std::vector<uint8_t> port_message(const Device& device, const Port& port, uint16
   return message.finish();
 }
 
+std::vector<uint8_t> error_message(int error, const nlmsghdr& request) {
+  Message message(NLMSG_ERROR, 0, request.nlmsg_seq, request.nlmsg_pid);
+  const int32_t code = -error;
+  message.append(&code, sizeof code);
+  message.append(&request, sizeof request);  // the request's header only, as with NETLINK_CAP_ACK
+  return message.finish();
+}
+
+std::vector<uint8_t> done_message(const nlmsghdr& request) {
+  Message message(NLMSG_DONE, NLM_F_MULTI, request.nlmsg_seq, request.nlmsg_pid);
+  const int32_t status = 0;
+  message.append(&status, sizeof status);
+  return message.finish();
+}
+
 // ---- what the device holds and counts (its memory, read-only) ----------------
 
 // The kernel's enum ib_qp_type, as RDMA_NLDEV_ATTR_RES_TYPE carries it.
@@ -286,7 +301,7 @@ void put_named_values(Message& message, const NamedValueAttributes& types,
 std::vector<uint8_t> summary_message(const Device& device, const DeviceSnapshot& snapshot, const nlmsghdr& request) {
   Message message(request.nlmsg_type, 0, request.nlmsg_seq, request.nlmsg_pid);
   put_device(message, device);
-  const std::pair<std::string, uint64_t> counts[] = {{"cq", snapshot.cqs},
+  const std::pair<std::string, uint64_t> counts[] = {{"cq", snapshot.cqs.size()},
                                                      {"qp", snapshot.qps.size()},
                                                      {"mr", snapshot.mrs},
                                                      {"srq", snapshot.srqs},
@@ -298,40 +313,52 @@ std::vector<uint8_t> summary_message(const Device& device, const DeviceSnapshot&
   return message.finish();
 }
 
-// RDMA_NLDEV_CMD_RES_QP_GET, a dump: the QPs, a few dozen to a message so
-// that each fits the tool's receive buffer.
-std::vector<std::vector<uint8_t>> qp_messages(const Device& device, const DeviceSnapshot& snapshot,
-                                              const nlmsghdr& request) {
-  constexpr size_t kQpsPerMessage = 32;
+// A resource dump (RES_QP_GET, RES_CQ_GET): `items` as entries of nested
+// table `table`, 32 to a message so that each fits the tool's receive buffer.
+template <typename Item, typename PutEntry>
+std::vector<std::vector<uint8_t>> dump_messages(const Device& device, const std::vector<Item>& items,
+                                                uint16_t table_type, uint16_t entry_type, const nlmsghdr& request,
+                                                PutEntry put_entry) {
+  constexpr size_t kEntriesPerMessage = 32;
   std::vector<std::vector<uint8_t>> messages;
-  for (size_t first = 0; first < snapshot.qps.size(); first += kQpsPerMessage) {
+  for (size_t first = 0; first < items.size(); first += kEntriesPerMessage) {
     Message message(request.nlmsg_type, NLM_F_MULTI, request.nlmsg_seq, request.nlmsg_pid);
     put_device(message, device);
-    const size_t table = message.begin_nest(RDMA_NLDEV_ATTR_RES_QP);
-    for (size_t i = first; i < std::min(snapshot.qps.size(), first + kQpsPerMessage); ++i) {
-      const QpSnapshot& qp = snapshot.qps[i];
-      const uint8_t type = kernel_qp_type(qp);
-      const size_t entry = message.begin_nest(RDMA_NLDEV_ATTR_RES_QP_ENTRY);
-      message.put_u32(RDMA_NLDEV_ATTR_PORT_INDEX, 1);
-      message.put_u32(RDMA_NLDEV_ATTR_RES_LQPN, qp.qpn);
-      // As the kernel: a connected QP's remote QPN, receive PSN and path
-      // migration state (always migrated: no alternate paths).
-      if (qp.type != QpType::Ud && !qp.cm_agent) {
-        message.put_u32(RDMA_NLDEV_ATTR_RES_RQPN, qp.dest_qpn);
-        message.put_u32(RDMA_NLDEV_ATTR_RES_RQ_PSN, qp.rq_psn);
-        message.put_u8(RDMA_NLDEV_ATTR_RES_PATH_MIG_STATE, 0);
-      }
-      message.put_u32(RDMA_NLDEV_ATTR_RES_SQ_PSN, qp.sq_psn);
-      message.put_u8(RDMA_NLDEV_ATTR_RES_TYPE, type);
-      message.put_u8(RDMA_NLDEV_ATTR_RES_STATE, static_cast<uint8_t>(qp.state));
-      message.put_u32(RDMA_NLDEV_ATTR_RES_PID, static_cast<uint32_t>(qp.pid));
-      message.put_u32(RDMA_NLDEV_ATTR_RES_PDN, qp.pd_handle);
+    const size_t table = message.begin_nest(table_type);
+    for (size_t i = first; i < std::min(items.size(), first + kEntriesPerMessage); ++i) {
+      const size_t entry = message.begin_nest(entry_type);
+      put_entry(message, items[i]);
       message.end_nest(entry);
     }
     message.end_nest(table);
     messages.push_back(message.finish());
   }
+  messages.push_back(done_message(request));
   return messages;
+}
+
+void put_qp(Message& message, const QpSnapshot& qp) {
+  message.put_u32(RDMA_NLDEV_ATTR_PORT_INDEX, 1);
+  message.put_u32(RDMA_NLDEV_ATTR_RES_LQPN, qp.qpn);
+  // As the kernel: a connected QP's remote QPN, receive PSN and path
+  // migration state (always migrated: no alternate paths).
+  if (qp.type != QpType::Ud && !qp.cm_agent) {
+    message.put_u32(RDMA_NLDEV_ATTR_RES_RQPN, qp.dest_qpn);
+    message.put_u32(RDMA_NLDEV_ATTR_RES_RQ_PSN, qp.rq_psn);
+    message.put_u8(RDMA_NLDEV_ATTR_RES_PATH_MIG_STATE, 0);
+  }
+  message.put_u32(RDMA_NLDEV_ATTR_RES_SQ_PSN, qp.sq_psn);
+  message.put_u8(RDMA_NLDEV_ATTR_RES_TYPE, kernel_qp_type(qp));
+  message.put_u8(RDMA_NLDEV_ATTR_RES_STATE, static_cast<uint8_t>(qp.state));
+  message.put_u32(RDMA_NLDEV_ATTR_RES_PID, static_cast<uint32_t>(qp.pid));
+  message.put_u32(RDMA_NLDEV_ATTR_RES_PDN, qp.pd_handle);
+}
+
+void put_cq(Message& message, const CqSnapshot& cq) {
+  message.put_u32(RDMA_NLDEV_ATTR_RES_CQE, cq.cqe);
+  message.put_u64(RDMA_NLDEV_ATTR_RES_USECNT, cq.users);
+  message.put_u32(RDMA_NLDEV_ATTR_RES_PID, static_cast<uint32_t>(cq.pid));
+  message.put_u32(RDMA_NLDEV_ATTR_RES_CQN, cq.cqn);
 }
 
 // RDMA_NLDEV_CMD_STAT_GET of a port: the device's counters, as an HCA's
@@ -345,21 +372,6 @@ std::vector<uint8_t> counters_message(const Device& device, uint32_t port, const
                    {RDMA_NLDEV_ATTR_STAT_HWCOUNTERS, RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY,
                     RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_NAME, RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_VALUE},
                    snapshot.counters);
-  return message.finish();
-}
-
-std::vector<uint8_t> error_message(int error, const nlmsghdr& request) {
-  Message message(NLMSG_ERROR, 0, request.nlmsg_seq, request.nlmsg_pid);
-  const int32_t code = -error;
-  message.append(&code, sizeof code);
-  message.append(&request, sizeof request);  // the request's header only, as with NETLINK_CAP_ACK
-  return message.finish();
-}
-
-std::vector<uint8_t> done_message(const nlmsghdr& request) {
-  Message message(NLMSG_DONE, NLM_F_MULTI, request.nlmsg_seq, request.nlmsg_pid);
-  const int32_t status = 0;
-  message.append(&status, sizeof status);
   return message.finish();
 }
 
@@ -388,7 +400,7 @@ bool u32_attribute(const nlmsghdr& request, uint16_t type, uint32_t* value) {
   return true;
 }
 
-// The answers to RES_GET, RES_QP_GET and STAT_GET about a softverbs device,
+// The answers to RES_GET, RES_QP_GET, RES_CQ_GET and STAT_GET about a softverbs device,
 // from its memory; nullopt where softverbs does not answer the request (a
 // real device, per-QP counters, counter modes).
 std::optional<std::vector<std::vector<uint8_t>>> resource_answers(const nlmsghdr& request, const Device& device,
@@ -396,10 +408,11 @@ std::optional<std::vector<std::vector<uint8_t>>> resource_answers(const nlmsghdr
   const uint16_t type = request.nlmsg_type;
   const bool summary = type == nldev_type(RDMA_NLDEV_CMD_RES_GET) && !dump;
   const bool qps = type == nldev_type(RDMA_NLDEV_CMD_RES_QP_GET) && dump;
+  const bool cqs = type == nldev_type(RDMA_NLDEV_CMD_RES_CQ_GET) && dump;
   const bool counters =
       type == nldev_type(RDMA_NLDEV_CMD_STAT_GET) && !dump && !has_attribute(request, RDMA_NLDEV_ATTR_STAT_MODE) &&
       !has_attribute(request, RDMA_NLDEV_ATTR_STAT_RES) && !has_attribute(request, RDMA_NLDEV_ATTR_STAT_COUNTER_ID);
-  if ((!summary && !qps && !counters) || device.memory_file.empty()) return std::nullopt;
+  if ((!summary && !qps && !cqs && !counters) || device.memory_file.empty()) return std::nullopt;
   std::string error;
   const std::optional<DeviceSnapshot> snapshot = read_device_snapshot(device.memory_file, &error);
   if (!snapshot) return std::vector<std::vector<uint8_t>>{error_message(ENODEV, request)};
@@ -413,8 +426,11 @@ std::optional<std::vector<std::vector<uint8_t>>> resource_answers(const nlmsghdr
     answers.push_back(counters_message(device, port, *snapshot, request));
   }
   if (qps) {
-    answers = qp_messages(device, *snapshot, request);
-    answers.push_back(done_message(request));
+    answers =
+        dump_messages(device, snapshot->qps, RDMA_NLDEV_ATTR_RES_QP, RDMA_NLDEV_ATTR_RES_QP_ENTRY, request, put_qp);
+  } else if (cqs) {
+    answers =
+        dump_messages(device, snapshot->cqs, RDMA_NLDEV_ATTR_RES_CQ, RDMA_NLDEV_ATTR_RES_CQ_ENTRY, request, put_cq);
   } else if (acknowledge) {
     answers.push_back(error_message(0, request));
   }

@@ -69,6 +69,10 @@ TEST(DeviceSnapshot, SeesLiveQpsAndCountersAndRefusesOtherFiles) {
   const int index = memory->allocate_qp();
   ASSERT_GE(index, 0);
   QpRecord& qp = memory->shared().qps[index];
+  const int cq_index = memory->allocate_cq();
+  ASSERT_GE(cq_index, 0);
+  memory->shared().cqs[cq_index].ring.producer.capacity = 64;
+  qp.send_cq = qp.recv_cq = cq_index;
   qp.type = QpType::Uc;
   qp.attributes.dest_qpn = 0x1234;
   qp.attributes.sq_psn = 99;
@@ -84,6 +88,11 @@ TEST(DeviceSnapshot, SeesLiveQpsAndCountersAndRefusesOtherFiles) {
   EXPECT_EQ(snapshot->qps[0].sq_psn, 99u);
   EXPECT_EQ(snapshot->qps[0].pid, getpid());
   EXPECT_EQ(snapshot->processes, 1u);
+  ASSERT_EQ(snapshot->cqs.size(), 1u);
+  EXPECT_EQ(snapshot->cqs[0].cqn, static_cast<uint32_t>(cq_index));
+  EXPECT_EQ(snapshot->cqs[0].cqe, 64u);
+  EXPECT_EQ(snapshot->cqs[0].users, 2u) << "the QP's send and receive CQ";
+  EXPECT_EQ(snapshot->cqs[0].pid, getpid());
   ASSERT_EQ(snapshot->counters.size(), kCounterCount);
   const auto rx = std::find_if(snapshot->counters.begin(), snapshot->counters.end(),
                                [](const auto& counter) { return counter.first == "rx_packets"; });
@@ -94,6 +103,8 @@ TEST(DeviceSnapshot, SeesLiveQpsAndCountersAndRefusesOtherFiles) {
   snapshot = read_device_snapshot(file, &error);
   ASSERT_TRUE(snapshot) << error;
   EXPECT_TRUE(snapshot->qps.empty());
+  ASSERT_EQ(snapshot->cqs.size(), 1u);
+  EXPECT_EQ(snapshot->cqs[0].users, 0u);
 
   EXPECT_FALSE(read_device_snapshot(dir.path() + "/nosuchdevice.mem", &error));
   EXPECT_NE(error.find("No such file or directory"), std::string::npos) << error;

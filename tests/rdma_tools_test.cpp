@@ -209,7 +209,7 @@ TEST_F(RdmaTools, IproutesRdmaToolListsTheDeviceAndItsLink) {
   EXPECT_NE(r.out.find("node_guid " + format_guid(record().node_guid)), std::string::npos) << r.out;
   r = run_tool({"rdma", "link", "show", "nosuchdevice/1"});
   EXPECT_NE(r.exit_code, 0) << r.out;
-  r = run_tool({"rdma", "resource", "show", "cq"});  // not answered: an error, not a made-up list
+  r = run_tool({"rdma", "resource", "show", "pd"});  // not answered: an error, not a made-up list
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.err.find("Operation not supported"), std::string::npos) << r.err;
 }

@@ -798,7 +798,7 @@ TEST_F(UdpOnLoopback, SendWithInvalidateCarriesItsIethInTshark) {
 }
 
 // iproute2's `rdma` where the kernel has no RDMA netlink: the preload answers
-// `rdma resource show [qp]` and `rdma statistic show` from the device's
+// `rdma resource show [qp|cq]` and `rdma statistic show` from the device's
 // memory. A pingpong server's QP is listed while it waits for its client;
 // once both are done no QP is, and the port's counters are the device's.
 TEST_F(UdpOnLoopback, IproutesRdmaToolShowsLiveQpsAndTheDevicesCounters) {
@@ -822,9 +822,17 @@ TEST_F(UdpOnLoopback, IproutesRdmaToolShowsLiveQpsAndTheDevicesCounters) {
     if (!std::regex_search(qps.out, server_qp)) std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   EXPECT_TRUE(std::regex_search(qps.out, server_qp)) << qps.out << qps.err;
+  // ibv_rc_pingpong's one CQ (rx_depth 500 + 1 entries, rounded up to a
+  // power of two) serves its QP as send and as receive CQ: two users.
+  const ProcessResult cqs = rdma({"rdma", "resource", "show", "cq", "-j"});
+  EXPECT_TRUE(std::regex_search(
+      cqs.out,
+      std::regex(
+          R"re(\{"ifindex":1,"ifname":"softverbs0","cqn":\d+,"cqe":512,"users":2,"pid":\d+,"comm":"ibv_rc_pingpong"\})re")))
+      << cqs.out << cqs.err;
   ProcessResult summary = rdma({"rdma", "resource", "show"});
   EXPECT_EQ(summary.exit_code, 0) << summary.err;
-  EXPECT_TRUE(std::regex_search(summary.out, std::regex(R"(^1: softverbs0: cq \d+ qp 1 mr \d+ srq 0 ctx 1)")))
+  EXPECT_TRUE(std::regex_search(summary.out, std::regex(R"(^1: softverbs0: cq 1 qp 1 mr \d+ srq 0 ctx 1)")))
       << summary.out;
 
   ProcessResult finished;
@@ -839,6 +847,7 @@ TEST_F(UdpOnLoopback, IproutesRdmaToolShowsLiveQpsAndTheDevicesCounters) {
   qps = rdma({"rdma", "resource", "show", "qp"});
   EXPECT_EQ(qps.exit_code, 0) << qps.err;
   EXPECT_EQ(qps.out, "") << "no process holds a QP any more";
+  EXPECT_EQ(rdma({"rdma", "resource", "show", "cq"}).out, "") << "nor a CQ";
   summary = rdma({"rdma", "resource", "show"});
   EXPECT_NE(summary.out.find("softverbs0: cq 0 qp 0 mr 0 srq 0 ctx 0"), std::string::npos) << summary.out;
 

@@ -75,11 +75,17 @@ std::optional<DeviceSnapshot> read_device_snapshot(const std::filesystem::path& 
   }
   auto owner_lives = [&](uint32_t live, int32_t owner_process) { return live != 0 && processes.alive(owner_process); };
   const uint32_t cq_marks = std::min<uint32_t>(load(shared->cq_high_water), limits::kMaxCq);
-  for (uint32_t i = 0; i < cq_marks; ++i)
-    snapshot.cqs += owner_lives(load(shared->cqs[i].live), load(shared->cqs[i].owner_process));
+  std::vector<uint32_t> cq_users(cq_marks, 0);
+  auto count_user = [&](int32_t cq) {
+    if (cq >= 0 && static_cast<uint32_t>(cq) < cq_marks) ++cq_users[static_cast<size_t>(cq)];
+  };
   const uint32_t srq_marks = std::min<uint32_t>(load(shared->srq_high_water), limits::kMaxSrq);
-  for (uint32_t i = 0; i < srq_marks; ++i)
-    snapshot.srqs += owner_lives(load(shared->srqs[i].live), load(shared->srqs[i].owner_process));
+  for (uint32_t i = 0; i < srq_marks; ++i) {
+    const SrqRecord& record = shared->srqs[i];
+    if (!owner_lives(load(record.live), load(record.owner_process))) continue;
+    ++snapshot.srqs;
+    count_user(load(record.cq));
+  }
   const uint32_t qp_marks = std::min<uint32_t>(load(shared->qp_high_water), limits::kMaxQp);
   for (uint32_t i = 0; i < qp_marks; ++i) {
     const QpRecord& record = shared->qps[i];
@@ -96,6 +102,13 @@ std::optional<DeviceSnapshot> read_device_snapshot(const std::filesystem::path& 
     qp.xrc = load(record.xrc);
     qp.cm_agent = load(record.gsi_agent) != 0;
     snapshot.qps.push_back(qp);
+    count_user(load(record.send_cq));
+    count_user(load(record.recv_cq));
+  }
+  for (uint32_t i = 0; i < cq_marks; ++i) {
+    const CqRecord& record = shared->cqs[i];
+    if (!owner_lives(load(record.live), load(record.owner_process))) continue;
+    snapshot.cqs.push_back({i, load(record.ring.producer.capacity), cq_users[i], load(record.owner_pid)});
   }
   std::sort(snapshot.qps.begin(), snapshot.qps.end(),
             [](const QpSnapshot& a, const QpSnapshot& b) { return a.qpn < b.qpn; });

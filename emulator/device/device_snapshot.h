@@ -29,13 +29,21 @@ struct QpSnapshot {
   bool cm_agent = false;  // the rdma_cm shim's QP1 stand-in (a UD QP)
 };
 
+struct CqSnapshot {
+  uint32_t cqn = 0;    // its record's index
+  uint32_t cqe = 0;    // its capacity
+  uint32_t users = 0;  // references by QPs (as send and as receive CQ) and XRC SRQs
+  int32_t pid = 0;
+};
+
 struct DeviceSnapshot {
   // Every transport counter, summed over the processes that used the device.
   std::vector<std::pair<std::string, uint64_t>> counters;
   // The objects of live processes: an exited process's are not counted,
   // whether or not they were reclaimed yet.
-  uint64_t processes = 0, cqs = 0, srqs = 0, mrs = 0;
+  uint64_t processes = 0, srqs = 0, mrs = 0;
   std::vector<QpSnapshot> qps;  // by QPN
+  std::vector<CqSnapshot> cqs;  // by CQN
 };
 
 // nullopt, with the reason in `error`, when `memory_file` cannot be read or
