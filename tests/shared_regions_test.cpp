@@ -8,12 +8,15 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/shm.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 
 #include "process_runner.h"
 
@@ -237,6 +240,61 @@ TEST(SharedRegions, APeerMapsExactlyTheOwnersPages) {
   release_pages(*backing);
   close(ready[0]);
   close(ready[1]);
+}
+
+// A System V segment (UCX's buffers where huge pages are reserved) is
+// shared as it is: nothing moves, and a peer attaches the segment, even once
+// its creator has marked it for removal as UCX does. With 2 MiB pages too
+// where some are reserved.
+TEST(SharedRegions, ASystemVSegmentIsSharedAsItIsAndPeersAttachIt) {
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  for (const bool huge : {false, true}) {
+    const size_t length = huge ? size_t{4} << 20 : 4 * kPage;
+    const int id = shmget(IPC_PRIVATE, length, IPC_CREAT | 0600 | (huge ? SHM_HUGETLB : 0));
+    if (id < 0 && huge) {
+      std::cout << "no 2 MiB pages reserved: the huge-page segment is not tried\n";
+      continue;
+    }
+    ASSERT_GE(id, 0) << std::strerror(errno);
+    auto* base = static_cast<uint8_t*>(shmat(id, nullptr, 0));
+    ASSERT_NE(base, reinterpret_cast<uint8_t*>(-1));
+    shmctl(id, IPC_RMID, nullptr);
+    std::memset(base, 0x11, length);
+    const std::string before = mapping_of(base);
+    const uint64_t address = reinterpret_cast<uint64_t>(base);
+    auto backing = share_pages(address + kPage, 2 * kPage);
+    ASSERT_TRUE(backing) << huge;
+    EXPECT_EQ(backing->sysv_shm_id, id);
+    EXPECT_EQ(backing->fd, -1);
+    EXPECT_EQ(backing->base, address);
+    EXPECT_EQ(backing->length, length);
+    EXPECT_EQ(mapping_of(base), before) << "the application's mapping stays as it was";
+    // Past the segment's end: not one segment, and not anonymous memory either.
+    EXPECT_FALSE(share_pages(address, length + kPage));
+    const pid_t owner = getpid();
+    pid_t child = fork();
+    if (child == 0) {
+      shmdt(base);  // the peer's view is an attachment of its own
+      uint8_t* view = peer_view(owner, *backing, address + kPage + 100, 50);
+      if (view == nullptr) _exit(1);
+      std::memset(view, 0x22, 50);
+      if (peer_view(owner, *backing, address + length - 10, 11) != nullptr) _exit(2);
+      SharedBacking gone = *backing;
+      gone.id ^= 1;
+      gone.sysv_shm_id = INT32_MAX;  // no such segment
+      if (peer_view(owner, gone, address, 1) != nullptr) _exit(3);
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << huge;
+    for (size_t i = 0; i < length; ++i)
+      ASSERT_EQ(base[i], (i >= kPage + 100 && i < kPage + 150) ? 0x22 : 0x11) << "byte " << i << " huge " << huge;
+    release_pages(*backing);
+    EXPECT_EQ(mapping_of(base), before);
+    shmdt(base);
+  }
 }
 
 TEST(SharedRegions, ForkedChildrenGetTheirOwnCopyOfRegisteredPages) {

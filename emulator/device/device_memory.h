@@ -192,7 +192,7 @@ inline void set_state(QpRecord& qp, QpState state) {
 // What a device memory file begins with: a file of another layout is
 // refused (or replaced when no process uses it).
 inline constexpr uint64_t kDeviceMemoryMagic = 0x736f667476726273ull;  // "softvrbs"
-inline constexpr uint32_t kDeviceMemoryVersion = 22;
+inline constexpr uint32_t kDeviceMemoryVersion = 23;
 
 struct DeviceShared {
   uint64_t magic = 0;

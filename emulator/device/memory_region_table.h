@@ -43,11 +43,12 @@ enum class KeyCheck : uint8_t {
 enum class KeyKind : uint8_t { Region, Window };
 
 // Where the owner's pages of a region can be mapped by peers (see
-// shared_regions.h): descriptor `fd` in the owner maps owner addresses
-// [base, base + length) from offset 0. fd -1: not shareable.
+// shared_regions.h): descriptor `fd` in the owner, or the System V shared
+// memory segment `sysv_shm_id` the owner attached there, maps owner
+// addresses [base, base + length) from offset 0. Both -1: not shareable.
 struct SharedBacking {
   int32_t fd = -1;
-  uint32_t reserved = 0;
+  int32_t sysv_shm_id = -1;
   uint64_t base = 0;
   uint64_t length = 0;
   uint64_t id = 0;  // names the backing in memfd's name and peers' caches

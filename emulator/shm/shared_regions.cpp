@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -46,6 +47,7 @@ std::string memfd_name(uint64_t id) {
 struct Mapping {
   uint64_t low = 0, high = 0;  // [low, high)
   std::string permissions;     // "rw-p", "rw-s", ...
+  uint64_t offset = 0;         // into the file or segment
   std::string inode;
   std::string path;  // empty for anonymous memory
 };
@@ -63,6 +65,7 @@ std::vector<Mapping> read_mappings() {
     std::getline(fields >> std::ws, mapping.path);
     mapping.low = std::stoull(range.substr(0, range.find('-')), nullptr, 16);
     mapping.high = std::stoull(range.substr(range.find('-') + 1), nullptr, 16);
+    mapping.offset = std::stoull(offset, nullptr, 16);
   }
   return mappings;
 }
@@ -161,6 +164,23 @@ bool private_anonymous(uint64_t start, uint64_t end) {
   });
 }
 
+// The System V shared memory segment attached read-write at exactly the
+// mapping that holds all of [start, end), if one is: -1 otherwise. The
+// kernel names such a mapping "/SYSV<key>" with the segment's id as inode
+// (UCX allocates its buffers this way where huge pages are reserved).
+int sysv_segment(uint64_t start, uint64_t end, uint64_t& base, uint64_t& length) {
+  for (const Mapping& m : read_mappings()) {
+    if (m.high <= start) continue;
+    if (m.low > start || m.high < end || m.permissions != "rw-s" || m.path.rfind("/SYSV", 0) != 0 || m.offset != 0)
+      return -1;
+    base = m.low;
+    length = m.high - m.low;
+    const unsigned long id = std::strtoul(m.inode.c_str(), nullptr, 10);
+    return id <= static_cast<unsigned long>(INT32_MAX) ? static_cast<int>(id) : -1;
+  }
+  return -1;
+}
+
 // Is the backing's range still mapped, read-write, from its memfd and
 // nothing else (the application may have unmapped, remapped or protected it
 // since it registered)?
@@ -241,6 +261,7 @@ void place_fork_copies_in_child() {
 struct PeerView {
   uint8_t* mapping = nullptr;  // nullptr: could not be mapped (not retried)
   uint64_t length = 0;
+  bool attached = false;  // a System V segment (shmdt), not a mapping (munmap)
   uint64_t last_use = 0;
 };
 
@@ -280,6 +301,21 @@ uint8_t* map_peer(pid_t owner, const SharedBacking& backing) {
   return mapping == MAP_FAILED ? nullptr : static_cast<uint8_t*>(mapping);
 }
 
+// Attaches the owner's System V segment, after checking that the id still
+// names one at least as large as the backing (an id is reused only after
+// its index has cycled through a new sequence number). Permission is the
+// segment's own: another user's stays on the system-call path.
+uint8_t* attach_segment(pid_t owner, const SharedBacking& backing) {
+  shmid_ds status{};
+  if (shmctl(backing.sysv_shm_id, IPC_STAT, &status) != 0 || status.shm_segsz < backing.length) {
+    debug_log("cannot attach the memory of process %d (segment %d: %s): copies into it take the system-call path",
+              owner, backing.sysv_shm_id, std::strerror(errno));
+    return nullptr;
+  }
+  void* mapping = shmat(backing.sysv_shm_id, nullptr, 0);
+  return mapping == reinterpret_cast<void*>(-1) ? nullptr : static_cast<uint8_t*>(mapping);
+}
+
 }  // namespace
 
 bool region_sharing_enabled() {
@@ -296,6 +332,13 @@ std::optional<SharedBacking> share_pages(uint64_t address, uint64_t length, cons
     return std::nullopt;
   };
   if (!region_sharing_enabled()) return refuse("SOFTVERBS_SHARE_MR=0");
+  // Shared by nature: peers attach the segment itself, and nothing moves.
+  if (SharedBacking segment;
+      length != 0 && address + length > address &&
+      (segment.sysv_shm_id = sysv_segment(address, address + length, segment.base, segment.length)) >= 0) {
+    segment.id = random_u64();
+    return segment;
+  }
   const uint64_t page = page_size();
   if (length == 0 || address % page != 0 || length % page != 0)
     return refuse("not whole pages: pages shared with other data are never moved");
@@ -359,7 +402,7 @@ void release_pages(const SharedBacking& backing) {
 }
 
 uint8_t* peer_view(pid_t owner, const SharedBacking& backing, uint64_t address, uint64_t length) {
-  if (backing.fd < 0 || address < backing.base || length > backing.length ||
+  if ((backing.fd < 0 && backing.sysv_shm_id < 0) || address < backing.base || length > backing.length ||
       address - backing.base > backing.length - length)
     return nullptr;
   std::lock_guard guard(peer_mutex);
@@ -372,13 +415,17 @@ uint8_t* peer_view(pid_t owner, const SharedBacking& backing, uint64_t address, 
         if (at->second.last_use < oldest->second.last_use) oldest = at;
       if (oldest->second.mapping) {
         forget_internal_mapping(oldest->second.mapping);
-        munmap(oldest->second.mapping, oldest->second.length);
+        if (oldest->second.attached)
+          shmdt(oldest->second.mapping);
+        else
+          munmap(oldest->second.mapping, oldest->second.length);
       }
       peer_views.erase(oldest);
     }
     PeerView view;
-    view.mapping = map_peer(owner, backing);
+    view.mapping = backing.sysv_shm_id >= 0 ? attach_segment(owner, backing) : map_peer(owner, backing);
     view.length = backing.length;
+    view.attached = backing.sysv_shm_id >= 0;
     if (view.mapping) note_internal_mapping(view.mapping, view.length);
     it = peer_views.emplace(backing.id, view).first;
   }

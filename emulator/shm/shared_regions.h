@@ -12,7 +12,9 @@
 // until deregistration makes them private pages again. A peer
 // takes the memfd from the owner with pidfd_getfd (the same permission
 // process_vm_writev needs) and maps it once; afterwards a WRITE, READ or SEND
-// into that region is a memcpy.
+// into that region is a memcpy. A region inside one attachment of a System V
+// shared memory segment (huge pages included) is shared as it is: peers
+// attach the segment (shmat, with the segment's own permission).
 //
 // SOFTVERBS_SHARE_MR=0 turns it off (every copy takes the system-call path).
 #pragma once
