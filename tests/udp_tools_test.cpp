@@ -5,6 +5,9 @@
 // decodes and whose ICRCs scapy recomputes. These tests share lo's port
 // 4791, so ctest runs them one at a time (RESOURCE_LOCK roce_port_lo).
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -378,6 +381,58 @@ TEST_F(UdpOnLoopback, UdDatagramsWithNoReceivePostedAreCounted) {
                   env_, 60);
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_EQ(counters()["ud_no_receive_dropped"], 1u);
+}
+
+// Every flow's source port (RoCE's 0xC000-0xFFFF, which overlaps Linux's
+// ephemeral ports) held by another socket of 127.0.0.1, as any program's
+// UDP sockets may hold one: the packets leave from port 4791 instead, their
+// ICRC computed over that port. (Computed over the flow's port, every one
+// was dropped as damaged and the pingpongs failed with retries exceeded.)
+TEST_F(UdpOnLoopback, FlowsWhosePortsAnotherProgramHoldsLeaveFromPort4791) {
+  constexpr int kFirstFlowPort = 0xc000, kPorts = 0x4000;
+  rlimit files{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &files), 0);
+  const rlim_t saved = files.rlim_cur;
+  files.rlim_cur = std::min<rlim_t>(files.rlim_max, kPorts + 1024);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &files), 0);
+  ASSERT_GE(files.rlim_cur, static_cast<rlim_t>(kPorts + 256)) << "too few file descriptors to hold the ports";
+  struct HeldPorts {
+    std::vector<int> fds;
+    ~HeldPorts() {
+      for (int fd : fds) ::close(fd);
+    }
+  } held;
+  for (int port = kFirstFlowPort; port < kFirstFlowPort + kPorts; ++port) {
+    const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    // A port some other socket of this machine holds stays held.
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0)
+      held.fds.push_back(fd);
+    else
+      ::close(fd);
+  }
+  EXPECT_GT(held.fds.size(), static_cast<size_t>(kPorts) * 9 / 10);
+  const std::string gid = ipv4_gid_index();
+  for (const char* tool : {"ibv_rc_pingpong", "ibv_ud_pingpong"}) {
+    std::vector<std::string> server = {tool, "-d", "softverbs0", "-g", gid, "-p", port_for(tool), "-c", "-n", "200"};
+    std::vector<std::string> client = server;
+    client.push_back("127.0.0.1");
+    Pair r = run_pair(server, client);
+    EXPECT_EQ(r.client.exit_code, 0) << tool << ": " << r.client.err << r.client.out;
+    EXPECT_EQ(r.server.exit_code, 0) << tool << ": " << r.server.err << r.server.out;
+  }
+  for (int fd : held.fds) ::close(fd);
+  held.fds.clear();
+  files.rlim_cur = saved;
+  setrlimit(RLIMIT_NOFILE, &files);
+  auto count = counters();
+  EXPECT_GE(count["rx_packets"], 800u);
+  EXPECT_EQ(count["icrc_errors"], 0u);
+  EXPECT_EQ(count["retransmissions"], 0u);
 }
 
 // cmtime connects 500 ids at once. No CM MAD is lost (five per connection:

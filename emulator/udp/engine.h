@@ -382,6 +382,9 @@ class PortEngine : public TransportPort {
     wire::IpAddress local{};
     wire::IpAddress remote{};
     uint16_t source_port = 0;
+    // The port it really leaves from, which its ICRC covers: port 4791
+    // where another program holds `source_port`.
+    uint16_t leaves_from = 0;
     uint32_t scope_id = 0;
     int fd = -1;
     SocketAddressStorage to;
@@ -408,7 +411,12 @@ class PortEngine : public TransportPort {
 
   // ---- sending (send_batch.cpp; batch_room and send_bytes below) --------------------
 
-  int send_socket(const wire::IpAddress& local, uint16_t port);
+  struct SendSocket {
+    int fd = -1;
+    uint16_t leaves_from = 0;  // its port
+  };
+  // The socket a flow from `port` at `local` leaves from.
+  SendSocket send_socket(const wire::IpAddress& local, uint16_t port);
   const SendTarget& send_target(const Path& path, uint16_t source_port);
   // Queues a datagram for sending (a copy of its bytes); consecutive
   // datagrams of one flow and one size leave together in one UDP GSO send
@@ -579,6 +587,9 @@ class PortEngine : public TransportPort {
   int usable_cpus_ = 1;
   std::optional<boost::asio::posix::stream_descriptor> ready_waiter_;
   std::map<std::pair<wire::IpAddress, uint16_t>, Fd> send_sockets_;
+  // Flow ports another program held when we tried to bind them, and when
+  // to try again (see send_socket).
+  std::map<std::pair<wire::IpAddress, uint16_t>, Clock::time_point> ports_held_elsewhere_;
   // The last flow transmit() sent on: a QP's requests, and the ACKs and
   // responses it sends back, take the same way packet after packet, and the
   // socket lookup and address build cost (a map keyed by 16-byte addresses)

@@ -100,6 +100,9 @@ inline constexpr uint32_t kHeldBatchPackets = 16;
 // kDeferralPause each time it happens again.
 inline constexpr auto kFirstDeferralPause = std::chrono::milliseconds(1);
 inline constexpr auto kDeferralPause = std::chrono::milliseconds(100);
+// How long a flow whose source port another program holds leaves from port
+// 4791 before its port is tried again (see PortEngine::send_socket).
+inline constexpr auto kHeldPortRetry = std::chrono::seconds(1);
 // Deadlines at least this far off are armed by whichever thread finds them;
 // nearer ones reprogram the CPU's timer (a hypervisor trap) and are left to
 // the io thread.

@@ -21,36 +21,46 @@ namespace {
 bool gso_refused(int error) { return error == EINVAL || error == EIO || error == ENOPROTOOPT || error == EOPNOTSUPP; }
 }  // namespace
 
-int PortEngine::send_socket(const IpAddress& local, uint16_t port) {
+PortEngine::SendSocket PortEngine::send_socket(const IpAddress& local, uint16_t port) {
   auto key = std::make_pair(local, port);
-  auto it = send_sockets_.find(key);
-  if (it != send_sockets_.end()) return it->second.get();
+  if (auto it = send_sockets_.find(key); it != send_sockets_.end()) return {it->second.get(), port};
+  // The flow's port is taken by another program (an ephemeral port of any
+  // socket may be one): the packet leaves from port 4791, still a valid
+  // RoCEv2 packet once its ICRC covers that port. Tried again a while
+  // later, not at every packet: a failed bind costs three system calls.
+  auto fallback = [&]() -> SendSocket {
+    auto receive = receive_fd_by_address_.find(local);
+    return {receive != receive_fd_by_address_.end() ? receive->second : -1, kRoceV2Port};
+  };
+  const Clock::time_point now = Clock::now();
+  if (auto held = ports_held_elsewhere_.find(key); held != ports_held_elsewhere_.end()) {
+    if (now < held->second) return fallback();
+    ports_held_elsewhere_.erase(held);
+  }
   int fd = bind_udp(local, port, ifindex_);
   if (fd < 0) {
-    // The flow's port is taken by someone who is not us (another user):
-    // send from port 4791, still a valid RoCEv2 packet.
-    auto receive = receive_fd_by_address_.find(local);
-    fd = receive != receive_fd_by_address_.end() ? receive->second : -1;
-    if (fd >= 0) return fd;
-    return -1;
+    ports_held_elsewhere_[key] = now + kHeldPortRetry;
+    return fallback();
   }
   send_sockets_.emplace(key, Fd(fd));
   send_peers_.emplace(fd, SendPeer{});
   last_peer_fd_ = -1;  // the number may be one a closed socket had
-  return fd;
+  return {fd, port};
 }
 
 const PortEngine::SendTarget& PortEngine::send_target(const Path& path, uint16_t source_port) {
   if (last_target_.same_flow(path, source_port)) return last_target_;
+  const SendSocket socket = send_socket(path.local, source_port);
   SendTarget target{path.local,
                     path.remote,
                     source_port,
+                    socket.leaves_from,
                     path.scope_id,
-                    send_socket(path.local, source_port),
+                    socket.fd,
                     to_sockaddr(path.remote, kRoceV2Port, path.scope_id)};
-  // A flow whose port another user holds goes out from port 4791 (see
-  // send_socket); not remembered, so that its next packet tries the port again.
-  if (send_sockets_.count({path.local, source_port}) == 0) {
+  // A flow sent from port 4791 is not remembered as the last, so that a
+  // packet after kHeldPortRetry tries its own port again.
+  if (socket.leaves_from != source_port) {
     fallback_target_ = target;
     return fallback_target_;
   }

@@ -67,10 +67,11 @@ void PortEngine::transmit(UdpQp& qp, const Path& path, uint32_t destination_qpn,
   flow.hop_limit = path.hop_limit;
   flow.flow_label = path.flow_label;
 
+  const SendTarget& target = send_target(path, flow.source_port);
+  flow.source_port = target.leaves_from;
   // The ICRC: IP/UDP headers (cached per flow and length) and BTH masked,
   // then the rest.
   const uint32_t headers_crc = icrc_headers_.headers_crc(flow, total);
-  const SendTarget& target = send_target(path, flow.source_port);
   const int fd = target.fd;
   const SocketAddressStorage& to = target.to;
   const bool capturing = memory_->shared().capture.active.load(std::memory_order_relaxed);
@@ -157,8 +158,9 @@ void PortEngine::send_cm_answer(const FlowAddress& arrived, std::span<const uint
   flow.destination = path.remote;
   flow.source_port = flow_source_port(kGsiQpn, kGsiQpn);
   flow.destination_port = kRoceV2Port;
-  const uint32_t headers_crc = icrc_headers_.headers_crc(flow, total);
   const SendTarget& target = send_target(path, flow.source_port);
+  flow.source_port = target.leaves_from;
+  const uint32_t headers_crc = icrc_headers_.headers_crc(flow, total);
   uint8_t* const bytes = batch_room(target.fd, target.to, total);
   const iovec payload{const_cast<uint8_t*>(mad.data()), mad.size()};
   write_packet(bytes, std::span(header.data(), header_length), std::span(&payload, 1), mad.size(),
