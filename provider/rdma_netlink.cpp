@@ -303,7 +303,7 @@ std::vector<uint8_t> summary_message(const Device& device, const DeviceSnapshot&
   put_device(message, device);
   const std::pair<std::string, uint64_t> counts[] = {{"cq", snapshot.cqs.size()},
                                                      {"qp", snapshot.qps.size()},
-                                                     {"mr", snapshot.mrs},
+                                                     {"mr", snapshot.mrs.size()},
                                                      {"srq", snapshot.srqs},
                                                      {"ctx", snapshot.processes}};
   put_named_values(message,
@@ -313,7 +313,7 @@ std::vector<uint8_t> summary_message(const Device& device, const DeviceSnapshot&
   return message.finish();
 }
 
-// A resource dump (RES_QP_GET, RES_CQ_GET): `items` as entries of nested
+// A resource dump (RES_QP_GET, RES_CQ_GET, RES_MR_GET): `items` as entries of nested
 // table `table`, 32 to a message so that each fits the tool's receive buffer.
 template <typename Item, typename PutEntry>
 std::vector<std::vector<uint8_t>> dump_messages(const Device& device, const std::vector<Item>& items,
@@ -361,6 +361,35 @@ void put_cq(Message& message, const CqSnapshot& cq) {
   message.put_u32(RDMA_NLDEV_ATTR_RES_CQN, cq.cqn);
 }
 
+// As the kernel: the keys and the address of a region only to a caller
+// with CAP_NET_ADMIN (the rkey is what a peer needs to reach it).
+bool has_net_admin() {
+  FILE* status = std::fopen("/proc/self/status", "re");
+  if (status == nullptr) return false;
+  constexpr unsigned kCapNetAdmin = 12;
+  bool has = false;
+  char line[256];
+  while (std::fgets(line, sizeof line, status) != nullptr) {
+    if (std::strncmp(line, "CapEff:", 7) != 0) continue;
+    has = (std::strtoull(line + 7, nullptr, 16) >> kCapNetAdmin & 1) != 0;
+    break;
+  }
+  std::fclose(status);
+  return has;
+}
+
+void put_mr(Message& message, const MrSnapshot& mr, bool privileged) {
+  if (privileged) {
+    message.put_u32(RDMA_NLDEV_ATTR_RES_RKEY, mr.key);
+    message.put_u32(RDMA_NLDEV_ATTR_RES_LKEY, mr.key);
+    message.put_u64(RDMA_NLDEV_ATTR_RES_IOVA, mr.iova);
+  }
+  message.put_u64(RDMA_NLDEV_ATTR_RES_MRLEN, mr.length);
+  message.put_u32(RDMA_NLDEV_ATTR_RES_MRN, mr.mrn);
+  message.put_u32(RDMA_NLDEV_ATTR_RES_PDN, mr.pd_handle);
+  message.put_u32(RDMA_NLDEV_ATTR_RES_PID, static_cast<uint32_t>(mr.pid));
+}
+
 // RDMA_NLDEV_CMD_STAT_GET of a port: the device's counters, as an HCA's
 // port hardware counters.
 std::vector<uint8_t> counters_message(const Device& device, uint32_t port, const DeviceSnapshot& snapshot,
@@ -400,7 +429,7 @@ bool u32_attribute(const nlmsghdr& request, uint16_t type, uint32_t* value) {
   return true;
 }
 
-// The answers to RES_GET, RES_QP_GET, RES_CQ_GET and STAT_GET about a softverbs device,
+// The answers to RES_GET, RES_QP_GET, RES_CQ_GET, RES_MR_GET and STAT_GET about a softverbs device,
 // from its memory; nullopt where softverbs does not answer the request (a
 // real device, per-QP counters, counter modes).
 std::optional<std::vector<std::vector<uint8_t>>> resource_answers(const nlmsghdr& request, const Device& device,
@@ -409,10 +438,11 @@ std::optional<std::vector<std::vector<uint8_t>>> resource_answers(const nlmsghdr
   const bool summary = type == nldev_type(RDMA_NLDEV_CMD_RES_GET) && !dump;
   const bool qps = type == nldev_type(RDMA_NLDEV_CMD_RES_QP_GET) && dump;
   const bool cqs = type == nldev_type(RDMA_NLDEV_CMD_RES_CQ_GET) && dump;
+  const bool mrs = type == nldev_type(RDMA_NLDEV_CMD_RES_MR_GET) && dump;
   const bool counters =
       type == nldev_type(RDMA_NLDEV_CMD_STAT_GET) && !dump && !has_attribute(request, RDMA_NLDEV_ATTR_STAT_MODE) &&
       !has_attribute(request, RDMA_NLDEV_ATTR_STAT_RES) && !has_attribute(request, RDMA_NLDEV_ATTR_STAT_COUNTER_ID);
-  if ((!summary && !qps && !cqs && !counters) || device.memory_file.empty()) return std::nullopt;
+  if ((!summary && !qps && !cqs && !mrs && !counters) || device.memory_file.empty()) return std::nullopt;
   std::string error;
   const std::optional<DeviceSnapshot> snapshot = read_device_snapshot(device.memory_file, &error);
   if (!snapshot) return std::vector<std::vector<uint8_t>>{error_message(ENODEV, request)};
@@ -431,6 +461,10 @@ std::optional<std::vector<std::vector<uint8_t>>> resource_answers(const nlmsghdr
   } else if (cqs) {
     answers =
         dump_messages(device, snapshot->cqs, RDMA_NLDEV_ATTR_RES_CQ, RDMA_NLDEV_ATTR_RES_CQ_ENTRY, request, put_cq);
+  } else if (mrs) {
+    const bool privileged = has_net_admin();
+    answers = dump_messages(device, snapshot->mrs, RDMA_NLDEV_ATTR_RES_MR, RDMA_NLDEV_ATTR_RES_MR_ENTRY, request,
+                            [&](Message& message, const MrSnapshot& mr) { put_mr(message, mr, privileged); });
   } else if (acknowledge) {
     answers.push_back(error_message(0, request));
   }

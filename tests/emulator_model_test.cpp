@@ -14,6 +14,7 @@
 #include "device/device_limits.h"
 #include "device/device_memory.h"
 #include "device/device_snapshot.h"
+#include "device/shared_mutex.h"
 #include "device/transport_counters.h"
 #include "host/device_config.h"
 #include "host/device_registry.h"
@@ -98,6 +99,31 @@ TEST(DeviceSnapshot, SeesLiveQpsAndCountersAndRefusesOtherFiles) {
                                [](const auto& counter) { return counter.first == "rx_packets"; });
   ASSERT_NE(rx, snapshot->counters.end());
   EXPECT_EQ(rx->second, 7u);
+
+  // Regions of live processes are listed, windows and the regions of
+  // records no live process holds are not.
+  std::optional<uint32_t> key, window, orphan;
+  {
+    ExclusiveLock lock(memory->shared().memory_lock);
+    key = memory->shared().mrs.register_region(3, getpid(), 0x10000, 0x2000, 4096, access::kLocalWrite, {},
+                                               memory->process_slot());
+    window = memory->shared().mrs.allocate_window(3, getpid(), memory->process_slot(), 2);
+    orphan = memory->shared().mrs.register_region(3, 1, 0x30000, 0x30000, 64, 0, {}, -1);
+  }
+  ASSERT_TRUE(key && window && orphan);
+  snapshot = read_device_snapshot(file, &error);
+  ASSERT_TRUE(snapshot) << error;
+  ASSERT_EQ(snapshot->mrs.size(), 1u);
+  EXPECT_EQ(snapshot->mrs[0].key, *key);
+  EXPECT_EQ(snapshot->mrs[0].pd_handle, 3u);
+  EXPECT_EQ(snapshot->mrs[0].iova, 0x2000u);
+  EXPECT_EQ(snapshot->mrs[0].length, 4096u);
+  EXPECT_EQ(snapshot->mrs[0].pid, getpid());
+  {
+    ExclusiveLock lock(memory->shared().memory_lock);
+    ASSERT_TRUE(memory->shared().mrs.deregister(*key));
+  }
+  EXPECT_TRUE(read_device_snapshot(file, &error)->mrs.empty());
 
   qp.live = 0;  // destroyed: no longer listed
   snapshot = read_device_snapshot(file, &error);

@@ -885,9 +885,26 @@ TEST_F(UdpOnLoopback, IproutesRdmaToolShowsLiveQpsAndTheDevicesCounters) {
       std::regex(
           R"re(\{"ifindex":1,"ifname":"softverbs0","cqn":\d+,"cqe":512,"users":2,"pid":\d+,"comm":"ibv_rc_pingpong"\})re")))
       << cqs.out << cqs.err;
+  // Its one 4 KiB buffer's MR; the keys and address only to a caller with
+  // CAP_NET_ADMIN, as the kernel shows them.
+  const ProcessResult mrs = rdma({"rdma", "resource", "show", "mr", "-j"});
+  const std::regex server_mr(
+      R"re(\{"ifindex":1,"ifname":"softverbs0","mrn":\d+,"rkey":"([0-9a-f]+)","lkey":"([0-9a-f]+)","iova":"[0-9a-f]+","mrlen":4096,"pdn":\d+,"pid":\d+,"comm":"ibv_rc_pingpong"\})re");
+  std::smatch mr;
+  EXPECT_TRUE(std::regex_search(mrs.out, mr, server_mr)) << mrs.out << mrs.err;
+  if (!mr.empty()) {
+    EXPECT_EQ(mr[1], mr[2]);
+  }
+  if (run_process({"sh", "-c", "command -v setpriv"}).exit_code == 0) {
+    const ProcessResult unprivileged = rdma(
+        {"setpriv", "--inh-caps=-all", "--bounding-set=-net_admin", "rdma", "resource", "show", "mr", "mrlen", "4096"});
+    EXPECT_TRUE(std::regex_search(
+        unprivileged.out, std::regex(R"(^dev softverbs0 mrn \d+ mrlen 4096 pdn \d+ pid \d+ comm ibv_rc_pingpong)")))
+        << unprivileged.out << unprivileged.err;
+  }
   ProcessResult summary = rdma({"rdma", "resource", "show"});
   EXPECT_EQ(summary.exit_code, 0) << summary.err;
-  EXPECT_TRUE(std::regex_search(summary.out, std::regex(R"(^1: softverbs0: cq 1 qp 1 mr \d+ srq 0 ctx 1)")))
+  EXPECT_TRUE(std::regex_search(summary.out, std::regex(R"(^1: softverbs0: cq 1 qp 1 mr 1 srq 0 ctx 1)")))
       << summary.out;
 
   ProcessResult finished;
@@ -903,6 +920,7 @@ TEST_F(UdpOnLoopback, IproutesRdmaToolShowsLiveQpsAndTheDevicesCounters) {
   EXPECT_EQ(qps.exit_code, 0) << qps.err;
   EXPECT_EQ(qps.out, "") << "no process holds a QP any more";
   EXPECT_EQ(rdma({"rdma", "resource", "show", "cq"}).out, "") << "nor a CQ";
+  EXPECT_EQ(rdma({"rdma", "resource", "show", "mr"}).out, "") << "nor an MR";
   summary = rdma({"rdma", "resource", "show"});
   EXPECT_NE(summary.out.find("softverbs0: cq 0 qp 0 mr 0 srq 0 ctx 0"), std::string::npos) << summary.out;
 

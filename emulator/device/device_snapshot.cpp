@@ -71,7 +71,6 @@ std::optional<DeviceSnapshot> read_device_snapshot(const std::filesystem::path& 
   for (int slot = 0; slot < ProcessTable::kCapacity; ++slot) {
     if (!processes.alive(slot)) continue;
     ++snapshot.processes;
-    snapshot.mrs += shared->mrs.owned_by(slot);
   }
   auto owner_lives = [&](uint32_t live, int32_t owner_process) { return live != 0 && processes.alive(owner_process); };
   const uint32_t cq_marks = std::min<uint32_t>(load(shared->cq_high_water), limits::kMaxCq);
@@ -110,6 +109,10 @@ std::optional<DeviceSnapshot> read_device_snapshot(const std::filesystem::path& 
     if (!owner_lives(load(record.live), load(record.owner_process))) continue;
     snapshot.cqs.push_back({i, load(record.ring.producer.capacity), cq_users[i], load(record.owner_pid)});
   }
+  shared->mrs.for_each_live_region([&](const MemoryRegionTable::ListedRegion& region) {
+    if (!processes.alive(region.owner_process)) return;
+    snapshot.mrs.push_back({region.index, region.key, region.pd_handle, region.owner_pid, region.iova, region.length});
+  });
   std::sort(snapshot.qps.begin(), snapshot.qps.end(),
             [](const QpSnapshot& a, const QpSnapshot& b) { return a.qpn < b.qpn; });
   return snapshot;

@@ -36,14 +36,24 @@ struct CqSnapshot {
   int32_t pid = 0;
 };
 
+struct MrSnapshot {
+  uint32_t mrn = 0;  // its slot in the key table
+  uint32_t key = 0;  // lkey and rkey alike
+  uint32_t pd_handle = 0;
+  int32_t pid = 0;
+  uint64_t iova = 0;
+  uint64_t length = 0;
+};
+
 struct DeviceSnapshot {
   // Every transport counter, summed over the processes that used the device.
   std::vector<std::pair<std::string, uint64_t>> counters;
   // The objects of live processes: an exited process's are not counted,
   // whether or not they were reclaimed yet.
-  uint64_t processes = 0, srqs = 0, mrs = 0;
+  uint64_t processes = 0, srqs = 0;
   std::vector<QpSnapshot> qps;  // by QPN
   std::vector<CqSnapshot> cqs;  // by CQN
+  std::vector<MrSnapshot> mrs;  // by MR number (windows are not MRs)
 };
 
 // nullopt, with the reason in `error`, when `memory_file` cannot be read or

@@ -1,7 +1,5 @@
 #include "device/memory_region_table.h"
 
-#include <sched.h>
-
 #include <atomic>
 #include <cerrno>
 
@@ -29,11 +27,6 @@ namespace {
 // Reads of a slot that a writer holds odd, before the key is refused: far
 // more than a preempted writer needs (each try past the first 64 yields).
 constexpr uint64_t kUnlockedAttempts = 1u << 20;
-
-template <typename T>
-T load_relaxed(const T& field) {
-  return std::atomic_ref<T>(const_cast<T&>(field)).load(std::memory_order_relaxed);
-}
 
 template <typename T>
 void store_relaxed(T& field, T value) {
@@ -189,32 +182,22 @@ MemoryRegionTable::Checked MemoryRegionTable::read(const Slot& slot) {
 
 std::optional<MemoryRegionTable::Checked> MemoryRegionTable::read_consistent(const Slot& slot) {
   const MemoryRegion& r = slot.region;
-  std::atomic_ref<uint32_t> sequence(const_cast<uint32_t&>(slot.sequence));
   Checked copy;
-  for (uint64_t attempt = 0;; ++attempt) {
-    uint32_t before = sequence.load(std::memory_order_acquire);
-    if (before & 1) {
-      // A writer is at it: a few stores, unless it was preempted (let it
-      // run) or killed in between (the slot stays unusable until the next
-      // change of it; refusing the key harms nothing).
-      if (attempt >= kUnlockedAttempts) return std::nullopt;
-      if (attempt >= 64) sched_yield();
-      continue;
-    }
-    copy.live = load_relaxed(slot.live);
-    copy.key = load_relaxed(r.key);
-    copy.pd_handle = load_relaxed(r.pd_handle);
-    copy.access = load_relaxed(r.access);
-    copy.owner_pid = load_relaxed(r.owner_pid);
-    copy.address = load_relaxed(r.address);
-    copy.iova = load_relaxed(r.iova);
-    copy.length = load_relaxed(r.length);
-    copy.kind = load_relaxed(r.kind);
-    copy.window_type = load_relaxed(r.window_type);
-    copy.bound_qpn = load_relaxed(r.bound_qpn);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (sequence.load(std::memory_order_relaxed) == before) return copy;
-  }
+  const bool whole = read_unlocked(slot, kUnlockedAttempts, [&] {
+    copy.live = relaxed(slot.live);
+    copy.key = relaxed(r.key);
+    copy.pd_handle = relaxed(r.pd_handle);
+    copy.access = relaxed(r.access);
+    copy.owner_pid = relaxed(r.owner_pid);
+    copy.address = relaxed(r.address);
+    copy.iova = relaxed(r.iova);
+    copy.length = relaxed(r.length);
+    copy.kind = relaxed(r.kind);
+    copy.window_type = relaxed(r.window_type);
+    copy.bound_qpn = relaxed(r.bound_qpn);
+  });
+  if (!whole) return std::nullopt;
+  return copy;
 }
 
 KeyCheck MemoryRegionTable::check_local(uint32_t lkey, uint32_t pd_handle, uint64_t iova, uint64_t length,

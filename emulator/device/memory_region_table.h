@@ -4,6 +4,9 @@
 // table can live in memory shared between processes.
 #pragma once
 
+#include <sched.h>
+
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -169,6 +172,42 @@ class MemoryRegionTable {
   // The ProcessTable's capacity: owner records are counted up to it.
   static constexpr int32_t kOwnerCapacity = 4096;
 
+  // A live region as a listing shows it (iproute2's `rdma resource show mr`).
+  struct ListedRegion {
+    uint32_t index = 0;  // its slot: the kernel's MR number
+    uint32_t key = 0;
+    uint32_t pd_handle = 0;
+    int32_t owner_pid = 0;
+    int32_t owner_process = -1;
+    uint64_t iova = 0;
+    uint64_t length = 0;
+  };
+  // Calls `visit(const ListedRegion&)` for every live region (not window),
+  // each read whole without the lock, so that a reader that maps the table
+  // read-only can list it (device/device_snapshot.cpp). A slot a writer
+  // keeps changing is left out.
+  template <typename Visit>
+  void for_each_live_region(Visit visit) const {
+    for (uint32_t index = 0; index < kCapacity; ++index) {
+      const Slot& slot = slots_[index];
+      bool live = false;
+      KeyKind kind = KeyKind::Region;
+      ListedRegion listed;
+      const bool whole = read_unlocked(slot, kListingAttempts, [&] {
+        live = relaxed(slot.live);
+        kind = relaxed(slot.region.kind);
+        listed = {index,
+                  relaxed(slot.region.key),
+                  relaxed(slot.region.pd_handle),
+                  relaxed(slot.region.owner_pid),
+                  relaxed(slot.region.owner_process),
+                  relaxed(slot.region.iova),
+                  relaxed(slot.region.length)};
+      });
+      if (whole && live && kind == KeyKind::Region) visit(listed);
+    }
+  }
+
  private:
   // A key is its slot's index in bits 8-23 and a random tag around it (the
   // top 8 bits and the low 8), as rxe puts random bits in every key: a peer
@@ -216,6 +255,32 @@ class MemoryRegionTable {
   static Checked read(const Slot& slot);
   // A consistent copy without the lock; none if a writer keeps it changing.
   static std::optional<Checked> read_consistent(const Slot& slot);
+  template <typename T>
+  static T relaxed(const T& field) {
+    return std::atomic_ref<T>(const_cast<T&>(field)).load(std::memory_order_relaxed);
+  }
+  // The reader's side of the slot's sequence lock: `read_fields` (relaxed
+  // loads) until the count was the same even number before and after;
+  // false if a writer kept it odd `attempts` times (one that was preempted
+  // is let run; one killed mid-change leaves the slot unusable until its
+  // next change, and refusing the key harms nothing).
+  template <typename ReadFields>
+  static bool read_unlocked(const Slot& slot, uint64_t attempts, ReadFields read_fields) {
+    std::atomic_ref<uint32_t> sequence(const_cast<uint32_t&>(slot.sequence));
+    for (uint64_t attempt = 0;; ++attempt) {
+      const uint32_t before = sequence.load(std::memory_order_acquire);
+      if (before & 1) {
+        if (attempt >= attempts) return false;
+        if (attempt >= 64) sched_yield();
+        continue;
+      }
+      read_fields();
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (sequence.load(std::memory_order_relaxed) == before) return true;
+    }
+  }
+  // A listing does not wait long for a slot: it shows a moment of the table.
+  static constexpr uint64_t kListingAttempts = 256;
   const Slot* slot_of(uint32_t key) const;
   // Writers (all under the table's lock) change a slot only through these,
   // which keep the sequence count, store what read_consistent reads
