@@ -60,6 +60,13 @@ bool same_address(const sockaddr_in& a, const sockaddr_in& b) {
   return a.sin_family == b.sin_family && a.sin_port == b.sin_port && a.sin_addr.s_addr == b.sin_addr.s_addr;
 }
 
+// Waits for a datagram on `s`: a lost one fails the test with a message
+// rather than leaving a blocking receive to ctest's timeout.
+bool arrives(int s) {
+  pollfd p{s, POLLIN, 0};
+  return rpoll(&p, 1, 10000) == 1;
+}
+
 // The largest datagram: rdma-core's 2048-byte slot less the 8-byte header,
 // unless the port's MTU is smaller still (not on our devices: 4096).
 constexpr size_t kMaxDatagram = 2048 - 8;
@@ -90,6 +97,7 @@ class DgramSockets : public ::testing::Test {
     std::vector<uint8_t> got(kMaxDatagram + 100, 0xEE);
     sockaddr_in from{};
     socklen_t from_len = sizeof from;
+    ASSERT_TRUE(arrives(server_)) << "no datagram within 10 s";
     ASSERT_EQ(rrecvfrom(server_, got.data(), got.size(), 0, as_sockaddr(from), &from_len),
               static_cast<ssize_t>(bytes.size()))
         << strerror(errno);
@@ -102,6 +110,7 @@ class DgramSockets : public ::testing::Test {
               static_cast<ssize_t>(bytes.size()));
     std::vector<uint8_t> echoed(kMaxDatagram, 0);
     from_len = sizeof from;
+    ASSERT_TRUE(arrives(client_)) << "no datagram within 10 s";
     ASSERT_EQ(rrecvfrom(client_, echoed.data(), echoed.size(), 0, as_sockaddr(from), &from_len),
               static_cast<ssize_t>(bytes.size()));
     EXPECT_TRUE(same_address(from, server_address_));
@@ -139,6 +148,7 @@ TEST_F(DgramSockets, AfterTheFirstExchangeDatagramsTravelOverTheQp) {
   EXPECT_EQ(::recv(server_, &peek, 1, MSG_PEEK | MSG_DONTWAIT), -1);
   EXPECT_EQ(errno, EAGAIN);
   std::vector<uint8_t> got(2048);
+  ASSERT_TRUE(arrives(server_)) << "no datagram within 10 s";
   EXPECT_EQ(rrecv(server_, got.data(), got.size(), 0), 1000);
 }
 
@@ -147,6 +157,7 @@ TEST_F(DgramSockets, AShortBufferTakesTheStartOfTheDatagram) {
   const auto bytes = pattern(500, 3);
   ASSERT_EQ(rsendto(client_, bytes.data(), bytes.size(), 0, as_sockaddr(server_address_), sizeof server_address_), 500);
   std::vector<uint8_t> got(100);
+  ASSERT_TRUE(arrives(server_)) << "no datagram within 10 s";
   EXPECT_EQ(rrecv(server_, got.data(), got.size(), MSG_PEEK), 100);
   EXPECT_EQ(rrecv(server_, got.data(), got.size(), 0), 100);  // the peek left it queued
   EXPECT_TRUE(std::equal(got.begin(), got.end(), bytes.begin()));
@@ -172,6 +183,7 @@ TEST_F(DgramSockets, MessageCallsCarryTheAddresses) {
   received.msg_namelen = sizeof from;
   received.msg_iov = &in;
   received.msg_iovlen = 1;
+  ASSERT_TRUE(arrives(server_)) << "no datagram within 10 s";
   ASSERT_EQ(rrecvmsg(server_, &received, 0), 8);
   EXPECT_EQ(std::string(got, 8), "gathered");
   EXPECT_EQ(received.msg_namelen, sizeof(sockaddr_in));
@@ -265,9 +277,11 @@ TEST_F(DgramSockets, AConnectedSocketSendsAndReadsWithoutAddresses) {
   sockaddr_in from{};
   socklen_t from_len = sizeof from;
   std::vector<uint8_t> got(2048);
+  ASSERT_TRUE(arrives(server_)) << "no datagram within 10 s";
   ASSERT_EQ(rrecvfrom(server_, got.data(), got.size(), 0, as_sockaddr(from), &from_len), 700);
   EXPECT_TRUE(same_address(from, client_address_));
   ASSERT_EQ(rsendto(server_, bytes.data(), 100, 0, as_sockaddr(from), from_len), 100);
+  ASSERT_TRUE(arrives(client_)) << "no datagram within 10 s";
   EXPECT_EQ(rrecv(client_, got.data(), got.size(), 0), 100);
 }
 
@@ -320,6 +334,7 @@ TEST_F(DgramSockets, TheUdpExchangeFollowsRdmaCoresFormat) {
   ASSERT_EQ(::sendto(peer, message, sizeof message, 0, as_sockaddr(server_address_), sizeof server_address_), 19);
   char got[16] = {};
   len = sizeof from;
+  ASSERT_TRUE(arrives(server_)) << "no datagram within 10 s";
   ASSERT_EQ(rrecvfrom(server_, got, sizeof got, 0, as_sockaddr(from), &len), 3);
   EXPECT_EQ(std::memcmp(got, "xyz", 3), 0);
   EXPECT_TRUE(same_address(from, peer_address));
@@ -337,6 +352,7 @@ TEST_F(DgramSockets, TheUdpExchangeFollowsRdmaCoresFormat) {
   // client's, which reports the server as the source.
   ASSERT_EQ(rsendto(server_, "hello", 5, 0, as_sockaddr(peer_address), sizeof peer_address), 5);
   len = sizeof from;
+  ASSERT_TRUE(arrives(client_)) << "no datagram within 10 s";
   ASSERT_EQ(rrecvfrom(client_, got, sizeof got, 0, as_sockaddr(from), &len), 5);
   EXPECT_EQ(std::memcmp(got, "hello", 5), 0);
   EXPECT_TRUE(same_address(from, server_address_));
@@ -373,6 +389,7 @@ TEST(DgramSocketsIpv6, LoopbackDatagramsCarryTheirSourceAndTheirLimit) {
               static_cast<ssize_t>(size));
     sockaddr_in6 from{};
     len = sizeof from;
+    ASSERT_TRUE(arrives(s)) << "no datagram within 10 s";
     ASSERT_EQ(rrecvfrom(s, buffer.data(), buffer.size(), 0, reinterpret_cast<sockaddr*>(&from), &len),
               static_cast<ssize_t>(size));
     EXPECT_EQ(len, sizeof(sockaddr_in6));
@@ -382,6 +399,7 @@ TEST(DgramSocketsIpv6, LoopbackDatagramsCarryTheirSourceAndTheirLimit) {
     EXPECT_EQ(rsendto(s, buffer.data(), 2025, 0, reinterpret_cast<sockaddr*>(&from), len), -1);
     EXPECT_EQ(errno, EMSGSIZE);
     ASSERT_EQ(rsendto(s, buffer.data(), size, 0, reinterpret_cast<sockaddr*>(&from), len), static_cast<ssize_t>(size));
+    ASSERT_TRUE(arrives(c)) << "no datagram within 10 s";
     EXPECT_EQ(rrecv(c, buffer.data(), buffer.size(), 0), static_cast<ssize_t>(size));
   }
   EXPECT_EQ(rclose(c), 0);
