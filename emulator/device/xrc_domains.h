@@ -12,7 +12,17 @@
 #include <cstdint>
 #include <optional>
 
+#include "device/qp_state_machine.h"
+
 namespace softverbs {
+
+// Whether a request through a QP of `role` that `qp_owner` holds may reach
+// memory of `memory_owner`: its own process's only, but for an XRC_RECV QP,
+// whose messages land in SRQs (and the regions of their PDs) that any
+// process of its domain may own (the clients of ibv_xsrq_pingpong share one).
+inline bool reaches_memory_of(pid_t memory_owner, pid_t qp_owner, XrcRole role) {
+  return memory_owner == qp_owner || role == XrcRole::Recv;
+}
 
 // The inode a domain is shared by.
 struct InodeKey {

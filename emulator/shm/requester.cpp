@@ -324,11 +324,10 @@ class Execution {
     // A zero-length RDMA READ or WRITE touches no memory, so no key is
     // checked (IBA C9-88): UCX flushes with one that names rkey 0.
     if (length == 0 && needed != access::kRemoteAtomic) return true;
-    // An XRC_RECV QP's keys are checked in the PD of the SRQ a message
-    // names, which any process of the XRC domain may own.
+    // An XRC_RECV QP's keys are checked in the PD of the SRQ a message names.
     return memory_.shared().mrs.check_remote(request_.rkey, target_pd_, target_.qpn, request_.remote_address, length,
                                              needed, &where) == KeyCheck::Ok &&
-           (where.owner_pid == target_.owner_pid || target_.xrc == XrcRole::Recv);
+           reaches_memory_of(where.owner_pid, target_.owner_pid, target_.xrc);
   }
   void deliver_write_immediate(const ReceivePlacement& receive);
 

@@ -345,14 +345,6 @@ struct KeyedRange {
   bool local_key = false;
 };
 
-// Whether a request through `qp` may reach the memory `where` names. Only
-// an XRC_RECV QP reaches another process's: its SRQs, and the regions of
-// their PDs, may belong to any process of the XRC domain (the clients of
-// ibv_xsrq_pingpong share one).
-bool reaches(const UdpQp& qp, const ResolvedRange& where) {
-  return where.owner_pid == current_pid() || qp.xrc == XrcRole::Recv;
-}
-
 // This process's own regions are looked up without the device's memory_lock
 // by default, as the range found stays good while the engine's mutex is
 // held (see gather_local); an XRC_RECV QP's, which may be another
@@ -368,7 +360,8 @@ KeyCheck check_key(TransportPort& port, const UdpQp& qp, const KeyedRange& range
       range.local_key
           ? mrs.check_local(range.key, qp.pd_handle, range.address, range.length, range.needed, &where, lock)
           : mrs.check_remote(range.key, qp.pd_handle, qp.qpn, range.address, range.length, range.needed, &where, lock);
-  if (verdict == KeyCheck::Ok && !reaches(qp, where)) verdict = KeyCheck::InvalidKey;
+  if (verdict == KeyCheck::Ok && !reaches_memory_of(where.owner_pid, current_pid(), qp.xrc))
+    verdict = KeyCheck::InvalidKey;
   return verdict;
 }
 
