@@ -362,8 +362,14 @@ void put_cq(Message& message, const CqSnapshot& cq) {
 }
 
 // As the kernel: the keys and the address of a region only to a caller
-// with CAP_NET_ADMIN (the rkey is what a peer needs to reach it).
+// with CAP_NET_ADMIN in the initial user namespace (the rkey is what a peer
+// needs to reach it); a rootless container's root has it in its own only.
 bool has_net_admin() {
+  constexpr char kInitialUserNamespace[] = "user:[4026531837]";  // the kernel's PROC_USER_INIT_INO
+  char user_namespace[64] = {};
+  if (::readlink("/proc/self/ns/user", user_namespace, sizeof user_namespace - 1) < 0 ||
+      std::strcmp(user_namespace, kInitialUserNamespace) != 0)
+    return false;
   FILE* status = std::fopen("/proc/self/status", "re");
   if (status == nullptr) return false;
   constexpr unsigned kCapNetAdmin = 12;

@@ -125,11 +125,11 @@ TEST_F(DgramSockets, DatagramsOfManySizesArriveWholeWithTheirSource) {
   const size_t sizes[] = {1, 2, 7, 8, 63, 64, 65, 100, 511, 512, 1000, 1023, 1024, 1500, 2000, 2039, kMaxDatagram};
   unsigned seed = 0;
   for (int round = 0; round < 10; ++round)
-    for (size_t size : sizes) round_trip(pattern(size, ++seed));
+    for (size_t size : sizes) ASSERT_NO_FATAL_FAILURE(round_trip(pattern(size, ++seed)));
 }
 
 TEST_F(DgramSockets, AnEmptyDatagramArrivesAsZeroBytes) {
-  round_trip(pattern(16, 1));  // the peers learn each other's QPN
+  ASSERT_NO_FATAL_FAILURE(round_trip(pattern(16, 1)));  // the peers learn each other's QPN
   ASSERT_EQ(rsendto(client_, nullptr, 0, 0, as_sockaddr(server_address_), sizeof server_address_), 0);
   char byte = 0;
   pollfd p{server_, POLLIN, 0};
@@ -140,7 +140,7 @@ TEST_F(DgramSockets, AnEmptyDatagramArrivesAsZeroBytes) {
 // The rsocket's number is its UDP socket: once the first exchange has told
 // each side the other's QPN, nothing more reaches that socket.
 TEST_F(DgramSockets, AfterTheFirstExchangeDatagramsTravelOverTheQp) {
-  round_trip(pattern(100, 1));
+  ASSERT_NO_FATAL_FAILURE(round_trip(pattern(100, 1)));
   const auto bytes = pattern(1000, 2);
   ASSERT_EQ(rsendto(client_, bytes.data(), bytes.size(), 0, as_sockaddr(server_address_), sizeof server_address_),
             1000);
@@ -153,7 +153,7 @@ TEST_F(DgramSockets, AfterTheFirstExchangeDatagramsTravelOverTheQp) {
 }
 
 TEST_F(DgramSockets, AShortBufferTakesTheStartOfTheDatagram) {
-  round_trip(pattern(16, 1));
+  ASSERT_NO_FATAL_FAILURE(round_trip(pattern(16, 1)));
   const auto bytes = pattern(500, 3);
   ASSERT_EQ(rsendto(client_, bytes.data(), bytes.size(), 0, as_sockaddr(server_address_), sizeof server_address_), 500);
   std::vector<uint8_t> got(100);
@@ -191,7 +191,7 @@ TEST_F(DgramSockets, MessageCallsCarryTheAddresses) {
 }
 
 TEST_F(DgramSockets, ADatagramLargerThanOnePacketIsRefused) {
-  round_trip(pattern(16, 1));
+  ASSERT_NO_FATAL_FAILURE(round_trip(pattern(16, 1)));
   std::vector<uint8_t> big(kMaxDatagram + 1);
   EXPECT_EQ(rsendto(client_, big.data(), big.size(), 0, as_sockaddr(server_address_), sizeof server_address_), -1);
   EXPECT_EQ(errno, EMSGSIZE);
@@ -208,7 +208,7 @@ TEST_F(DgramSockets, ADatagramLargerThanOnePacketIsRefused) {
   char byte;
   EXPECT_EQ(rrecv(server_, &byte, 1, MSG_DONTWAIT), -1);
   EXPECT_EQ(errno, EAGAIN);
-  round_trip(pattern(kMaxDatagram, 2));
+  ASSERT_NO_FATAL_FAILURE(round_trip(pattern(kMaxDatagram, 2)));
 }
 
 TEST_F(DgramSockets, ReceivingOnAnEmptyNonBlockingSocketSaysEagain) {
@@ -248,11 +248,11 @@ TEST_F(DgramSockets, SendingWhereNoOneListensNeitherHangsNorAnswers) {
   EXPECT_EQ(rrecv(client_, &byte, 1, MSG_DONTWAIT), -1);
   EXPECT_EQ(errno, EAGAIN);
   // The socket still talks to a live peer.
-  round_trip(pattern(64, 5));
+  ASSERT_NO_FATAL_FAILURE(round_trip(pattern(64, 5)));
 }
 
 TEST_F(DgramSockets, RpollWakesForADatagramSentLater) {
-  round_trip(pattern(16, 1));
+  ASSERT_NO_FATAL_FAILURE(round_trip(pattern(16, 1)));
   std::thread sender([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     const auto bytes = pattern(300, 6);

@@ -61,7 +61,7 @@ void MemoryRegionTable::write_slot(Slot& slot, const MemoryRegion& region, bool 
   store_relaxed(slot.region.pd_handle, region.pd_handle);
   store_relaxed(slot.region.access, region.access);
   store_relaxed(slot.region.owner_pid, region.owner_pid);
-  slot.region.owner_process = region.owner_process;  // read under the lock only
+  store_relaxed(slot.region.owner_process, region.owner_process);  // listings read it unlocked
   store_relaxed(slot.region.address, region.address);
   store_relaxed(slot.region.iova, region.iova);
   store_relaxed(slot.region.length, region.length);
