@@ -304,8 +304,8 @@ std::vector<uint8_t> summary_message(const Device& device, const DeviceSnapshot&
   const std::pair<std::string, uint64_t> counts[] = {{"cq", snapshot.cqs.size()},
                                                      {"qp", snapshot.qps.size()},
                                                      {"mr", snapshot.mrs.size()},
-                                                     {"srq", snapshot.srqs},
-                                                     {"ctx", snapshot.processes}};
+                                                     {"srq", snapshot.srqs.size()},
+                                                     {"ctx", snapshot.contexts.size()}};
   put_named_values(message,
                    {RDMA_NLDEV_ATTR_RES_SUMMARY, RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY,
                     RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY_NAME, RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY_CURR},
@@ -313,7 +313,7 @@ std::vector<uint8_t> summary_message(const Device& device, const DeviceSnapshot&
   return message.finish();
 }
 
-// A resource dump (RES_QP_GET, RES_CQ_GET, RES_MR_GET): `items` as entries of nested
+// A resource dump (RES_QP_GET, RES_CQ_GET, ...): `items` as entries of nested
 // table `table`, 32 to a message so that each fits the tool's receive buffer.
 template <typename Item, typename PutEntry>
 std::vector<std::vector<uint8_t>> dump_messages(const Device& device, const std::vector<Item>& items,
@@ -359,6 +359,35 @@ void put_cq(Message& message, const CqSnapshot& cq) {
   message.put_u64(RDMA_NLDEV_ATTR_RES_USECNT, cq.users);
   message.put_u32(RDMA_NLDEV_ATTR_RES_PID, static_cast<uint32_t>(cq.pid));
   message.put_u32(RDMA_NLDEV_ATTR_RES_CQN, cq.cqn);
+}
+
+void put_srq(Message& message, const SrqSnapshot& srq) {
+  message.put_u32(RDMA_NLDEV_ATTR_RES_SRQN, srq.srqn);
+  message.put_u8(RDMA_NLDEV_ATTR_RES_TYPE, srq.xrc ? 1 : 0);  // the kernel's IB_SRQT_BASIC, IB_SRQT_XRC
+  message.put_u32(RDMA_NLDEV_ATTR_RES_PDN, srq.pd_handle);
+  if (srq.cqn >= 0) message.put_u32(RDMA_NLDEV_ATTR_RES_CQN, static_cast<uint32_t>(srq.cqn));
+  // Its QPs, a range for each run of consecutive QPNs, as the kernel sends them.
+  const size_t table = message.begin_nest(RDMA_NLDEV_ATTR_RES_QP);
+  for (size_t first = 0; first < srq.qpns.size();) {
+    size_t last = first;
+    while (last + 1 < srq.qpns.size() && srq.qpns[last + 1] == srq.qpns[last] + 1) ++last;
+    const size_t entry = message.begin_nest(RDMA_NLDEV_ATTR_RES_QP_ENTRY);
+    if (last == first) {
+      message.put_u32(RDMA_NLDEV_ATTR_RES_LQPN, srq.qpns[first]);
+    } else {
+      message.put_u32(RDMA_NLDEV_ATTR_MIN_RANGE, srq.qpns[first]);
+      message.put_u32(RDMA_NLDEV_ATTR_MAX_RANGE, srq.qpns[last]);
+    }
+    message.end_nest(entry);
+    first = last + 1;
+  }
+  message.end_nest(table);
+  message.put_u32(RDMA_NLDEV_ATTR_RES_PID, static_cast<uint32_t>(srq.pid));
+}
+
+void put_context(Message& message, const ContextSnapshot& context) {
+  message.put_u32(RDMA_NLDEV_ATTR_RES_CTXN, context.ctxn);
+  message.put_u32(RDMA_NLDEV_ATTR_RES_PID, static_cast<uint32_t>(context.pid));
 }
 
 // As the kernel: the keys and the address of a region only to a caller
@@ -435,7 +464,7 @@ bool u32_attribute(const nlmsghdr& request, uint16_t type, uint32_t* value) {
   return true;
 }
 
-// The answers to RES_GET, RES_QP_GET, RES_CQ_GET, RES_MR_GET and STAT_GET about a softverbs device,
+// The answers to RES_GET, the QP, CQ, MR, SRQ and context dumps, and STAT_GET about a softverbs device,
 // from its memory; nullopt where softverbs does not answer the request (a
 // real device, per-QP counters, counter modes).
 std::optional<std::vector<std::vector<uint8_t>>> resource_answers(const nlmsghdr& request, const Device& device,
@@ -445,10 +474,13 @@ std::optional<std::vector<std::vector<uint8_t>>> resource_answers(const nlmsghdr
   const bool qps = type == nldev_type(RDMA_NLDEV_CMD_RES_QP_GET) && dump;
   const bool cqs = type == nldev_type(RDMA_NLDEV_CMD_RES_CQ_GET) && dump;
   const bool mrs = type == nldev_type(RDMA_NLDEV_CMD_RES_MR_GET) && dump;
+  const bool srqs = type == nldev_type(RDMA_NLDEV_CMD_RES_SRQ_GET) && dump;
+  const bool contexts = type == nldev_type(RDMA_NLDEV_CMD_RES_CTX_GET) && dump;
   const bool counters =
       type == nldev_type(RDMA_NLDEV_CMD_STAT_GET) && !dump && !has_attribute(request, RDMA_NLDEV_ATTR_STAT_MODE) &&
       !has_attribute(request, RDMA_NLDEV_ATTR_STAT_RES) && !has_attribute(request, RDMA_NLDEV_ATTR_STAT_COUNTER_ID);
-  if ((!summary && !qps && !cqs && !mrs && !counters) || device.memory_file.empty()) return std::nullopt;
+  if ((!summary && !qps && !cqs && !mrs && !srqs && !contexts && !counters) || device.memory_file.empty())
+    return std::nullopt;
   std::string error;
   const std::optional<DeviceSnapshot> snapshot = read_device_snapshot(device.memory_file, &error);
   if (!snapshot) return std::vector<std::vector<uint8_t>>{error_message(ENODEV, request)};
@@ -471,6 +503,12 @@ std::optional<std::vector<std::vector<uint8_t>>> resource_answers(const nlmsghdr
     const bool privileged = has_net_admin();
     answers = dump_messages(device, snapshot->mrs, RDMA_NLDEV_ATTR_RES_MR, RDMA_NLDEV_ATTR_RES_MR_ENTRY, request,
                             [&](Message& message, const MrSnapshot& mr) { put_mr(message, mr, privileged); });
+  } else if (srqs) {
+    answers =
+        dump_messages(device, snapshot->srqs, RDMA_NLDEV_ATTR_RES_SRQ, RDMA_NLDEV_ATTR_RES_SRQ_ENTRY, request, put_srq);
+  } else if (contexts) {
+    answers = dump_messages(device, snapshot->contexts, RDMA_NLDEV_ATTR_RES_CTX, RDMA_NLDEV_ATTR_RES_CTX_ENTRY, request,
+                            put_context);
   } else if (acknowledge) {
     answers.push_back(error_message(0, request));
   }

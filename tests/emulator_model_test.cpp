@@ -75,6 +75,11 @@ TEST(DeviceSnapshot, SeesLiveQpsAndCountersAndRefusesOtherFiles) {
   memory->shared().cqs[cq_index].ring.producer.capacity = 64;
   qp.send_cq = qp.recv_cq = cq_index;
   qp.type = QpType::Uc;
+  const int srq_index = memory->allocate_srq();
+  ASSERT_GE(srq_index, 0);
+  SrqRecord& srq = memory->shared().srqs[srq_index];
+  srq.pd_handle = 5;
+  qp.srq = srq_index;
   qp.attributes.dest_qpn = 0x1234;
   qp.attributes.sq_psn = 99;
   set_state(qp, QpState::Rts);
@@ -88,7 +93,15 @@ TEST(DeviceSnapshot, SeesLiveQpsAndCountersAndRefusesOtherFiles) {
   EXPECT_EQ(snapshot->qps[0].dest_qpn, 0x1234u);
   EXPECT_EQ(snapshot->qps[0].sq_psn, 99u);
   EXPECT_EQ(snapshot->qps[0].pid, getpid());
-  EXPECT_EQ(snapshot->processes, 1u);
+  ASSERT_EQ(snapshot->contexts.size(), 1u);
+  EXPECT_EQ(snapshot->contexts[0].ctxn, static_cast<uint32_t>(memory->process_slot()));
+  EXPECT_EQ(snapshot->contexts[0].pid, getpid());
+  ASSERT_EQ(snapshot->srqs.size(), 1u);
+  EXPECT_EQ(snapshot->srqs[0].srqn, srq.srqn);
+  EXPECT_FALSE(snapshot->srqs[0].xrc);
+  EXPECT_EQ(snapshot->srqs[0].pd_handle, 5u);
+  EXPECT_EQ(snapshot->srqs[0].cqn, -1) << "a basic SRQ has no CQ of its own";
+  EXPECT_EQ(snapshot->srqs[0].qpns, std::vector<uint32_t>{qp.qpn});
   ASSERT_EQ(snapshot->cqs.size(), 1u);
   EXPECT_EQ(snapshot->cqs[0].cqn, static_cast<uint32_t>(cq_index));
   EXPECT_EQ(snapshot->cqs[0].cqe, 64u);

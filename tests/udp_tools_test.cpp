@@ -902,6 +902,9 @@ TEST_F(UdpOnLoopback, IproutesRdmaToolShowsLiveQpsAndTheDevicesCounters) {
         unprivileged.out, std::regex(R"(^dev softverbs0 mrn \d+ mrlen 4096 pdn \d+ pid \d+ comm ibv_rc_pingpong)")))
         << unprivileged.out << unprivileged.err;
   }
+  const ProcessResult contexts = rdma({"rdma", "resource", "show", "ctx"});
+  EXPECT_TRUE(std::regex_search(contexts.out, std::regex(R"(^dev softverbs0 ctxn \d+ pid \d+ comm ibv_rc_pingpong)")))
+      << contexts.out << contexts.err;
   ProcessResult summary = rdma({"rdma", "resource", "show"});
   EXPECT_EQ(summary.exit_code, 0) << summary.err;
   EXPECT_TRUE(std::regex_search(summary.out, std::regex(R"(^1: softverbs0: cq 1 qp 1 mr 1 srq 0 ctx 1)")))
@@ -921,6 +924,7 @@ TEST_F(UdpOnLoopback, IproutesRdmaToolShowsLiveQpsAndTheDevicesCounters) {
   EXPECT_EQ(qps.out, "") << "no process holds a QP any more";
   EXPECT_EQ(rdma({"rdma", "resource", "show", "cq"}).out, "") << "nor a CQ";
   EXPECT_EQ(rdma({"rdma", "resource", "show", "mr"}).out, "") << "nor an MR";
+  EXPECT_EQ(rdma({"rdma", "resource", "show", "ctx"}).out, "") << "nor a context";
   summary = rdma({"rdma", "resource", "show"});
   EXPECT_NE(summary.out.find("softverbs0: cq 0 qp 0 mr 0 srq 0 ctx 0"), std::string::npos) << summary.out;
 
@@ -943,6 +947,46 @@ TEST_F(UdpOnLoopback, IproutesRdmaToolShowsLiveQpsAndTheDevicesCounters) {
   ProcessResult per_qp = rdma({"rdma", "statistic", "qp", "show"});
   EXPECT_NE(per_qp.exit_code, 0) << per_qp.out;
   EXPECT_NE(per_qp.err.find("Operation not supported"), std::string::npos) << per_qp.err;
+}
+
+// ibv_srq_pingpong's server: one SRQ that its 16 QPs receive from, as
+// `rdma resource show srq` lists it on a kernel device.
+TEST_F(UdpOnLoopback, IproutesRdmaToolListsAnSrqWithTheQpsThatUseIt) {
+  if (run_process({"sh", "-c", "command -v rdma"}).exit_code != 0) GTEST_SKIP() << "iproute2's rdma is not installed";
+  if (run_process({NETLINK_PROBE}).out.find("\nNETLINK_RDMA: ok") != std::string::npos)
+    GTEST_SKIP() << "this kernel has RDMA netlink (ib_core): `rdma` shows its devices, not softverbs'";
+  const std::string gid = ipv4_gid_index();
+  ASSERT_FALSE(gid.empty());
+  const std::vector<std::string> server = {"ibv_srq_pingpong",        "-d", "softverbs0", "-g", gid, "-p",
+                                           port_for("rdma_tool_srq"), "-n", "100"};
+  std::vector<std::string> client = server;
+  client.push_back("127.0.0.1");
+  auto background = std::async(std::launch::async, [&] { return run_process(under_softverbs(server), env_, 120); });
+  const std::regex listed(
+      R"re(^dev softverbs0 srqn \d+ type BASIC lqpn ((\d+,){15}\d+) pdn \d+ pid \d+ comm ibv_srq_pingpon)re");
+  ProcessResult srqs;
+  std::smatch match;
+  for (int i = 0; i < 200 && !std::regex_search(srqs.out, match, listed); ++i) {
+    srqs = run_process(under_softverbs({"rdma", "resource", "show", "srq"}), env_);
+    if (!std::regex_search(srqs.out, listed)) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(std::regex_search(srqs.out, match, listed)) << srqs.out << srqs.err;
+  if (!match.empty()) {
+    // Every QP it names is one of the server's, listed by `rdma resource show qp`.
+    const std::string qps = run_process(under_softverbs({"rdma", "resource", "show", "qp"}), env_).out;
+    std::stringstream numbers(match[1].str());
+    for (std::string qpn; std::getline(numbers, qpn, ',');)
+      EXPECT_NE(qps.find("lqpn " + qpn + " "), std::string::npos) << qpn << " in:\n" << qps;
+  }
+  ProcessResult finished;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    finished = run_process(under_softverbs(client), env_, 120);
+    if (finished.exit_code == 0 || finished.err.find("Couldn't connect") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(finished.exit_code, 0) << finished.err;
+  EXPECT_EQ(background.get().exit_code, 0);
+  EXPECT_EQ(run_process(under_softverbs({"rdma", "resource", "show", "srq"}), env_).out, "");
 }
 
 }  // namespace

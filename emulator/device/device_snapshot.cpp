@@ -70,7 +70,7 @@ std::optional<DeviceSnapshot> read_device_snapshot(const std::filesystem::path& 
   const ProcessTable& processes = shared->processes;
   for (int slot = 0; slot < ProcessTable::kCapacity; ++slot) {
     if (!processes.alive(slot)) continue;
-    ++snapshot.processes;
+    snapshot.contexts.push_back({static_cast<uint32_t>(slot), processes.pid_of(slot)});
   }
   auto owner_lives = [&](uint32_t live, int32_t owner_process) { return live != 0 && processes.alive(owner_process); };
   const uint32_t cq_marks = std::min<uint32_t>(load(shared->cq_high_water), limits::kMaxCq);
@@ -79,11 +79,16 @@ std::optional<DeviceSnapshot> read_device_snapshot(const std::filesystem::path& 
     if (cq >= 0 && static_cast<uint32_t>(cq) < cq_marks) ++cq_users[static_cast<size_t>(cq)];
   };
   const uint32_t srq_marks = std::min<uint32_t>(load(shared->srq_high_water), limits::kMaxSrq);
+  std::vector<int32_t> listed_srq(srq_marks, -1);  // a record's place in snapshot.srqs
   for (uint32_t i = 0; i < srq_marks; ++i) {
     const SrqRecord& record = shared->srqs[i];
     if (!owner_lives(load(record.live), load(record.owner_process))) continue;
-    ++snapshot.srqs;
-    count_user(load(record.cq));
+    const int32_t cq = load(record.cq);
+    const bool xrc = load(record.xrcd_id) != 0;
+    listed_srq[i] = static_cast<int32_t>(snapshot.srqs.size());
+    snapshot.srqs.push_back(
+        {load(record.srqn), xrc, load(record.pd_handle), xrc ? cq : -1, load(record.owner_pid), {}});
+    count_user(cq);
   }
   const uint32_t qp_marks = std::min<uint32_t>(load(shared->qp_high_water), limits::kMaxQp);
   for (uint32_t i = 0; i < qp_marks; ++i) {
@@ -101,6 +106,9 @@ std::optional<DeviceSnapshot> read_device_snapshot(const std::filesystem::path& 
     qp.xrc = load(record.xrc);
     qp.cm_agent = load(record.gsi_agent) != 0;
     snapshot.qps.push_back(qp);
+    if (const int32_t srq = load(record.srq);
+        srq >= 0 && static_cast<uint32_t>(srq) < srq_marks && listed_srq[srq] >= 0)
+      snapshot.srqs[static_cast<size_t>(listed_srq[srq])].qpns.push_back(qp.qpn);
     count_user(load(record.send_cq));
     count_user(load(record.recv_cq));
   }
@@ -115,6 +123,7 @@ std::optional<DeviceSnapshot> read_device_snapshot(const std::filesystem::path& 
   });
   std::sort(snapshot.qps.begin(), snapshot.qps.end(),
             [](const QpSnapshot& a, const QpSnapshot& b) { return a.qpn < b.qpn; });
+  for (SrqSnapshot& srq : snapshot.srqs) std::sort(srq.qpns.begin(), srq.qpns.end());
   return snapshot;
 }
 

@@ -45,15 +45,31 @@ struct MrSnapshot {
   uint64_t length = 0;
 };
 
+struct SrqSnapshot {
+  uint32_t srqn = 0;
+  bool xrc = false;
+  uint32_t pd_handle = 0;
+  int32_t cqn = -1;  // an XRC SRQ's CQ; -1 for a basic SRQ
+  int32_t pid = 0;
+  std::vector<uint32_t> qpns;  // the QPs that receive from it
+};
+
+// A process using the device: as the kernel lists each open context.
+struct ContextSnapshot {
+  uint32_t ctxn = 0;  // its record in the device's process table
+  int32_t pid = 0;
+};
+
 struct DeviceSnapshot {
   // Every transport counter, summed over the processes that used the device.
   std::vector<std::pair<std::string, uint64_t>> counters;
   // The objects of live processes: an exited process's are not counted,
   // whether or not they were reclaimed yet.
-  uint64_t processes = 0, srqs = 0;
-  std::vector<QpSnapshot> qps;  // by QPN
-  std::vector<CqSnapshot> cqs;  // by CQN
-  std::vector<MrSnapshot> mrs;  // by MR number (windows are not MRs)
+  std::vector<ContextSnapshot> contexts;  // by ctxn
+  std::vector<SrqSnapshot> srqs;          // by SRQ record
+  std::vector<QpSnapshot> qps;            // by QPN
+  std::vector<CqSnapshot> cqs;            // by CQN
+  std::vector<MrSnapshot> mrs;            // by MR number (windows are not MRs)
 };
 
 // nullopt, with the reason in `error`, when `memory_file` cannot be read or
