@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <regex>
@@ -58,16 +59,18 @@ class UdpOnLoopback : public ::testing::Test {
     return roce_v2_gid_index(run_process({SOFTVERBS_CLI, "status"}, env_).out, ipv4_mapped_gid("127.0.0.1"));
   }
 
-  // Starts `server`, then `client` until it connects (the server listens
-  // on TCP for the exchange of QP numbers), and waits for both.
+  // Starts `server`, calls `while_server_waits`, then runs `client` until
+  // it connects (the server listens on TCP for the exchange of QP numbers),
+  // and waits for both.
   struct Pair {
     ProcessResult server, client;
   };
   Pair run_pair(const std::vector<std::string>& server, const std::vector<std::string>& client,
-                std::vector<std::string> extra_env = {}) {
+                std::vector<std::string> extra_env = {}, const std::function<void()>& while_server_waits = {}) {
     std::vector<std::string> env = env_;
     env.insert(env.end(), extra_env.begin(), extra_env.end());
     auto background = std::async(std::launch::async, [&] { return run_process(under_softverbs(server), env, 120); });
+    if (while_server_waits) while_server_waits();
     Pair result;
     for (int attempt = 0; attempt < 100; ++attempt) {
       result.client = run_process(under_softverbs(client), env, 120);
@@ -853,79 +856,96 @@ TEST_F(UdpOnLoopback, SendWithInvalidateCarriesItsIethInTshark) {
 }
 
 // iproute2's `rdma` where the kernel has no RDMA netlink: the preload answers
-// `rdma resource show [qp|cq]` and `rdma statistic show` from the device's
-// memory. A pingpong server's QP is listed while it waits for its client;
-// once both are done no QP is, and the port's counters are the device's.
-TEST_F(UdpOnLoopback, IproutesRdmaToolShowsLiveQpsAndTheDevicesCounters) {
-  if (run_process({"sh", "-c", "command -v rdma"}).exit_code != 0) GTEST_SKIP() << "iproute2's rdma is not installed";
-  if (run_process({NETLINK_PROBE}).out.find("\nNETLINK_RDMA: ok") != std::string::npos)
-    GTEST_SKIP() << "this kernel has RDMA netlink (ib_core): `rdma` shows its devices, not softverbs'";
-  const std::string gid = ipv4_gid_index();
-  ASSERT_FALSE(gid.empty());
-  const std::vector<std::string> server = {"ibv_rc_pingpong",     "-d", "softverbs0", "-g", gid, "-p",
-                                           port_for("rdma_tool"), "-n", "500"};
-  std::vector<std::string> client = server;
-  client.push_back("127.0.0.1");
-  auto rdma = [&](std::vector<std::string> words) { return run_process(under_softverbs(std::move(words)), env_); };
-  auto background = std::async(std::launch::async, [&] { return run_process(under_softverbs(server), env_, 120); });
+// its resource and statistic queries about softverbs devices from the
+// device's memory.
+class RdmaToolOnLoopback : public UdpOnLoopback {
+ protected:
+  void SetUp() override {
+    if (run_process({"sh", "-c", "command -v rdma"}).exit_code != 0) GTEST_SKIP() << "iproute2's rdma is not installed";
+    if (run_process({NETLINK_PROBE}).out.find("\nNETLINK_RDMA: ok") != std::string::npos)
+      GTEST_SKIP() << "this kernel has RDMA netlink (ib_core): `rdma` shows its devices, not softverbs'";
+    UdpOnLoopback::SetUp();
+  }
+  ProcessResult rdma(std::vector<std::string> words) const {
+    return run_process(under_softverbs(std::move(words)), env_);
+  }
+  // Runs `tool` as a pingpong server and client over 127.0.0.1's RoCE v2 GID,
+  // calling `while_server_waits` once the server is started; both must pass.
+  void pingpong(const std::string& tool, const std::string& iterations,
+                const std::function<void()>& while_server_waits) {
+    const std::string gid = ipv4_gid_index();
+    ASSERT_FALSE(gid.empty());
+    const std::vector<std::string> server = {tool, "-d",           "softverbs0", "-g",      gid,
+                                             "-p", port_for(tool), "-n",         iterations};
+    std::vector<std::string> client = server;
+    client.push_back("127.0.0.1");
+    const Pair r = run_pair(server, client, {}, while_server_waits);
+    EXPECT_EQ(r.client.exit_code, 0) << r.client.err;
+    EXPECT_EQ(r.server.exit_code, 0) << r.server.err;
+  }
+  // `rdma` with `words` until its output matches `wanted` (a server
+  // starting up), at most 5 s.
+  ProcessResult rdma_until(const std::vector<std::string>& words, const std::regex& wanted) const {
+    ProcessResult listed;
+    for (int i = 0; i < 200; ++i) {
+      listed = rdma(words);
+      if (std::regex_search(listed.out, wanted)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return listed;
+  }
+};
 
-  const std::regex server_qp(
-      R"re(\{"ifindex":1,"ifname":"softverbs0","port":1,"lqpn":\d+,"rqpn":\d+,"type":"RC","state":"INIT",.*"pid":\d+,"comm":"ibv_rc_pingpong"\})re");
-  ProcessResult qps;
-  for (int i = 0; i < 200 && !std::regex_search(qps.out, server_qp); ++i) {
-    qps = rdma({"rdma", "resource", "show", "qp", "-j"});
-    if (!std::regex_search(qps.out, server_qp)) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  EXPECT_TRUE(std::regex_search(qps.out, server_qp)) << qps.out << qps.err;
-  // ibv_rc_pingpong's one CQ (rx_depth 500 + 1 entries, rounded up to a
-  // power of two) serves its QP as send and as receive CQ: two users.
-  const ProcessResult cqs = rdma({"rdma", "resource", "show", "cq", "-j"});
-  EXPECT_TRUE(std::regex_search(
-      cqs.out,
-      std::regex(
-          R"re(\{"ifindex":1,"ifname":"softverbs0","cqn":\d+,"cqe":512,"users":2,"pid":\d+,"comm":"ibv_rc_pingpong"\})re")))
-      << cqs.out << cqs.err;
-  // Its one 4 KiB buffer's MR; the keys and address only to a caller with
-  // CAP_NET_ADMIN, as the kernel shows them.
-  const ProcessResult mrs = rdma({"rdma", "resource", "show", "mr", "-j"});
-  const std::regex server_mr(
-      R"re(\{"ifindex":1,"ifname":"softverbs0","mrn":\d+,"rkey":"([0-9a-f]+)","lkey":"([0-9a-f]+)","iova":"[0-9a-f]+","mrlen":4096,"pdn":\d+,"pid":\d+,"comm":"ibv_rc_pingpong"\})re");
-  std::smatch mr;
-  EXPECT_TRUE(std::regex_search(mrs.out, mr, server_mr)) << mrs.out << mrs.err;
-  if (!mr.empty()) {
-    EXPECT_EQ(mr[1], mr[2]);
-  }
-  if (run_process({"sh", "-c", "command -v setpriv"}).exit_code == 0) {
-    const ProcessResult unprivileged = rdma(
-        {"setpriv", "--inh-caps=-all", "--bounding-set=-net_admin", "rdma", "resource", "show", "mr", "mrlen", "4096"});
+// A pingpong server's QP, CQ, MR and context are listed while it waits for
+// its client; once both are done none is, and the port's counters are the
+// device's.
+TEST_F(RdmaToolOnLoopback, ShowsLiveQpsAndTheDevicesCounters) {
+  pingpong("ibv_rc_pingpong", "500", [&] {
+    const std::regex server_qp(
+        R"re(\{"ifindex":1,"ifname":"softverbs0","port":1,"lqpn":\d+,"rqpn":\d+,"type":"RC","state":"INIT",.*"pid":\d+,"comm":"ibv_rc_pingpong"\})re");
+    const ProcessResult qps = rdma_until({"rdma", "resource", "show", "qp", "-j"}, server_qp);
+    EXPECT_TRUE(std::regex_search(qps.out, server_qp)) << qps.out << qps.err;
+    // ibv_rc_pingpong's one CQ (rx_depth 500 + 1 entries, rounded up to a
+    // power of two) serves its QP as send and as receive CQ: two users.
+    const ProcessResult cqs = rdma({"rdma", "resource", "show", "cq", "-j"});
     EXPECT_TRUE(std::regex_search(
-        unprivileged.out, std::regex(R"(^dev softverbs0 mrn \d+ mrlen 4096 pdn \d+ pid \d+ comm ibv_rc_pingpong)")))
-        << unprivileged.out << unprivileged.err;
-  }
-  const ProcessResult contexts = rdma({"rdma", "resource", "show", "ctx"});
-  EXPECT_TRUE(std::regex_search(contexts.out, std::regex(R"(^dev softverbs0 ctxn \d+ pid \d+ comm ibv_rc_pingpong)")))
-      << contexts.out << contexts.err;
-  ProcessResult summary = rdma({"rdma", "resource", "show"});
-  EXPECT_EQ(summary.exit_code, 0) << summary.err;
-  EXPECT_TRUE(std::regex_search(summary.out, std::regex(R"(^1: softverbs0: cq 1 qp 1 mr 1 srq 0 ctx 1)")))
-      << summary.out;
+        cqs.out,
+        std::regex(
+            R"re(\{"ifindex":1,"ifname":"softverbs0","cqn":\d+,"cqe":512,"users":2,"pid":\d+,"comm":"ibv_rc_pingpong"\})re")))
+        << cqs.out << cqs.err;
+    // Its one 4 KiB buffer's MR; the keys and address only to a caller with
+    // CAP_NET_ADMIN, as the kernel shows them.
+    const ProcessResult mrs = rdma({"rdma", "resource", "show", "mr", "-j"});
+    const std::regex server_mr(
+        R"re(\{"ifindex":1,"ifname":"softverbs0","mrn":\d+,"rkey":"([0-9a-f]+)","lkey":"([0-9a-f]+)","iova":"[0-9a-f]+","mrlen":4096,"pdn":\d+,"pid":\d+,"comm":"ibv_rc_pingpong"\})re");
+    std::smatch mr;
+    EXPECT_TRUE(std::regex_search(mrs.out, mr, server_mr)) << mrs.out << mrs.err;
+    if (!mr.empty()) {
+      EXPECT_EQ(mr[1], mr[2]);
+    }
+    if (run_process({"sh", "-c", "command -v setpriv"}).exit_code == 0) {
+      const ProcessResult unprivileged = rdma({"setpriv", "--inh-caps=-all", "--bounding-set=-net_admin", "rdma",
+                                               "resource", "show", "mr", "mrlen", "4096"});
+      EXPECT_TRUE(std::regex_search(
+          unprivileged.out, std::regex(R"(^dev softverbs0 mrn \d+ mrlen 4096 pdn \d+ pid \d+ comm ibv_rc_pingpong)")))
+          << unprivileged.out << unprivileged.err;
+    }
+    const ProcessResult contexts = rdma({"rdma", "resource", "show", "ctx"});
+    EXPECT_TRUE(std::regex_search(contexts.out, std::regex(R"(^dev softverbs0 ctxn \d+ pid \d+ comm ibv_rc_pingpong)")))
+        << contexts.out << contexts.err;
+    const ProcessResult summary = rdma({"rdma", "resource", "show"});
+    EXPECT_EQ(summary.exit_code, 0) << summary.err;
+    EXPECT_TRUE(std::regex_search(summary.out, std::regex(R"(^1: softverbs0: cq 1 qp 1 mr 1 srq 0 ctx 1)")))
+        << summary.out;
+  });
 
-  ProcessResult finished;
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    finished = run_process(under_softverbs(client), env_, 120);
-    if (finished.exit_code == 0 || finished.err.find("Couldn't connect") == std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_EQ(finished.exit_code, 0) << finished.err;
-  EXPECT_EQ(background.get().exit_code, 0);
-
-  qps = rdma({"rdma", "resource", "show", "qp"});
+  const ProcessResult qps = rdma({"rdma", "resource", "show", "qp"});
   EXPECT_EQ(qps.exit_code, 0) << qps.err;
   EXPECT_EQ(qps.out, "") << "no process holds a QP any more";
   EXPECT_EQ(rdma({"rdma", "resource", "show", "cq"}).out, "") << "nor a CQ";
   EXPECT_EQ(rdma({"rdma", "resource", "show", "mr"}).out, "") << "nor an MR";
   EXPECT_EQ(rdma({"rdma", "resource", "show", "ctx"}).out, "") << "nor a context";
-  summary = rdma({"rdma", "resource", "show"});
+  const ProcessResult summary = rdma({"rdma", "resource", "show"});
   EXPECT_NE(summary.out.find("softverbs0: cq 0 qp 0 mr 0 srq 0 ctx 0"), std::string::npos) << summary.out;
 
   // Every counter as `softverbs stat` shows it, in the kernel's hardware
@@ -951,42 +971,21 @@ TEST_F(UdpOnLoopback, IproutesRdmaToolShowsLiveQpsAndTheDevicesCounters) {
 
 // ibv_srq_pingpong's server: one SRQ that its 16 QPs receive from, as
 // `rdma resource show srq` lists it on a kernel device.
-TEST_F(UdpOnLoopback, IproutesRdmaToolListsAnSrqWithTheQpsThatUseIt) {
-  if (run_process({"sh", "-c", "command -v rdma"}).exit_code != 0) GTEST_SKIP() << "iproute2's rdma is not installed";
-  if (run_process({NETLINK_PROBE}).out.find("\nNETLINK_RDMA: ok") != std::string::npos)
-    GTEST_SKIP() << "this kernel has RDMA netlink (ib_core): `rdma` shows its devices, not softverbs'";
-  const std::string gid = ipv4_gid_index();
-  ASSERT_FALSE(gid.empty());
-  const std::vector<std::string> server = {"ibv_srq_pingpong",        "-d", "softverbs0", "-g", gid, "-p",
-                                           port_for("rdma_tool_srq"), "-n", "100"};
-  std::vector<std::string> client = server;
-  client.push_back("127.0.0.1");
-  auto background = std::async(std::launch::async, [&] { return run_process(under_softverbs(server), env_, 120); });
-  const std::regex listed(
-      R"re(^dev softverbs0 srqn \d+ type BASIC lqpn ((\d+,){15}\d+) pdn \d+ pid \d+ comm ibv_srq_pingpon)re");
-  ProcessResult srqs;
-  std::smatch match;
-  for (int i = 0; i < 200 && !std::regex_search(srqs.out, match, listed); ++i) {
-    srqs = run_process(under_softverbs({"rdma", "resource", "show", "srq"}), env_);
-    if (!std::regex_search(srqs.out, listed)) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  EXPECT_TRUE(std::regex_search(srqs.out, match, listed)) << srqs.out << srqs.err;
-  if (!match.empty()) {
+TEST_F(RdmaToolOnLoopback, ListsAnSrqWithTheQpsThatUseIt) {
+  pingpong("ibv_srq_pingpong", "100", [&] {
+    const std::regex listed(
+        R"re(^dev softverbs0 srqn \d+ type BASIC lqpn ((\d+,){15}\d+) pdn \d+ pid \d+ comm ibv_srq_pingpon)re");
+    const ProcessResult srqs = rdma_until({"rdma", "resource", "show", "srq"}, listed);
+    std::smatch match;
+    EXPECT_TRUE(std::regex_search(srqs.out, match, listed)) << srqs.out << srqs.err;
+    if (match.empty()) return;
     // Every QP it names is one of the server's, listed by `rdma resource show qp`.
-    const std::string qps = run_process(under_softverbs({"rdma", "resource", "show", "qp"}), env_).out;
+    const std::string qps = rdma({"rdma", "resource", "show", "qp"}).out;
     std::stringstream numbers(match[1].str());
     for (std::string qpn; std::getline(numbers, qpn, ',');)
       EXPECT_NE(qps.find("lqpn " + qpn + " "), std::string::npos) << qpn << " in:\n" << qps;
-  }
-  ProcessResult finished;
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    finished = run_process(under_softverbs(client), env_, 120);
-    if (finished.exit_code == 0 || finished.err.find("Couldn't connect") == std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_EQ(finished.exit_code, 0) << finished.err;
-  EXPECT_EQ(background.get().exit_code, 0);
-  EXPECT_EQ(run_process(under_softverbs({"rdma", "resource", "show", "srq"}), env_).out, "");
+  });
+  EXPECT_EQ(rdma({"rdma", "resource", "show", "srq"}).out, "");
 }
 
 }  // namespace
