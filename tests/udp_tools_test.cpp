@@ -396,9 +396,11 @@ TEST_F(UdpOnLoopback, FlowsWhosePortsAnotherProgramHoldsLeaveFromPort4791) {
   rlimit files{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &files), 0);
   const rlim_t saved = files.rlim_cur;
-  files.rlim_cur = std::min<rlim_t>(files.rlim_max, kPorts + 1024);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &files), 0);
-  ASSERT_GE(files.rlim_cur, static_cast<rlim_t>(kPorts + 256)) << "too few file descriptors to hold the ports";
+  // A hard limit below what holding the ports takes is raised where we may (root).
+  files.rlim_cur = kPorts + 1024;
+  files.rlim_max = std::max(files.rlim_max, files.rlim_cur);
+  if (setrlimit(RLIMIT_NOFILE, &files) != 0)
+    GTEST_SKIP() << "cannot hold " << kPorts << " sockets: RLIMIT_NOFILE's hard limit is below it";
   struct HeldPorts {
     std::vector<int> fds;
     ~HeldPorts() {
